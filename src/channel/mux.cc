@@ -1,0 +1,446 @@
+#include "channel/mux.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <vector>
+
+namespace trybox::channel {
+
+class MuxCore : public std::enable_shared_from_this<MuxCore> {
+ public:
+  MuxCore(UniqueFd fd, Role role) : fd_(std::move(fd)), role_(role) {}
+
+  Status SendFrame(uint32_t stream, FrameType type, uint8_t channel, std::string_view payload) {
+    char hdr[kHeaderSize];
+    EncodeHeader(stream, type, channel, static_cast<uint32_t>(payload.size()), hdr);
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (write_failed_) return Unavailable("channel lost: " + DeathReason());
+    struct iovec iov[2] = {{hdr, kHeaderSize},
+                           {const_cast<char*>(payload.data()), payload.size()}};
+    size_t total = kHeaderSize + payload.size();
+    size_t done = 0;
+    while (done < total) {
+      // Advance the iovec past what was written.
+      struct iovec cur[2];
+      int n = 0;
+      size_t skip = done;
+      for (auto& v : iov) {
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        cur[n].iov_base = static_cast<char*>(v.iov_base) + skip;
+        cur[n].iov_len = v.iov_len - skip;
+        skip = 0;
+        ++n;
+      }
+      ssize_t w = ::writev(fd_.get(), cur, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        write_failed_ = true;
+        Status st = ErrnoError("write to channel", err);
+        return Unavailable("channel lost: " + st.message());
+      }
+      done += static_cast<size_t>(w);
+    }
+    return Status::Ok();
+  }
+
+  std::string DeathReason() const {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return death_reason_;
+  }
+
+  bool Alive() const {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return death_reason_.empty();
+  }
+
+  Result<std::shared_ptr<Stream>> Open(const Json& request) {
+    std::shared_ptr<Stream> s;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (!death_reason_.empty()) return Unavailable("channel lost: " + death_reason_);
+      uint32_t id = next_id_;
+      next_id_ += 2;
+      s.reset(new Stream(shared_from_this(), id));
+      streams_[id] = s;
+    }
+    Status st = SendFrame(s->id(), FrameType::kOpen, 0, request.dump());
+    if (!st.ok()) {
+      Forget(s->id());
+      return st;
+    }
+    return s;
+  }
+
+  void Forget(uint32_t id) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    streams_.erase(id);
+  }
+
+  void ReadLoop() {
+    std::vector<char> buf(512 * 1024);
+    std::string reason;
+    for (;;) {
+      ssize_t n = ::read(fd_.get(), buf.data(), buf.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        reason = ErrnoError("read from channel").message();
+        break;
+      }
+      if (n == 0) {
+        reason = decoder_.HasPartial()
+                     ? "connection closed mid-frame (" + decoder_.DescribePartial() + ")"
+                     : "connection closed";
+        break;
+      }
+      decoder_.Feed(std::string_view(buf.data(), static_cast<size_t>(n)));
+      Status bad;
+      for (;;) {
+        auto f = decoder_.Next();
+        if (!f.ok()) {
+          if (f.status().code() != Code::kUnavailable) bad = f.status();
+          break;
+        }
+        Dispatch(std::move(f).value());
+      }
+      if (!bad.ok()) {
+        reason = bad.message();
+        break;
+      }
+      if (stopping_) {
+        reason = "shut down";
+        break;
+      }
+    }
+    Die(reason);
+  }
+
+  void Die(const std::string& reason) {
+    std::map<uint32_t, std::weak_ptr<Stream>> streams;
+    DeathHandler_t on_death;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (!death_reason_.empty()) return;
+      death_reason_ = reason.empty() ? "connection closed" : reason;
+      streams.swap(streams_);
+      on_death = on_death_;
+    }
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      write_failed_ = true;
+    }
+    for (auto& [id, weak] : streams) {
+      if (auto s = weak.lock()) {
+        std::lock_guard<std::mutex> lock(s->mu_);
+        s->conn_error_ = death_reason_;
+        s->cv_.notify_all();
+      }
+    }
+    if (on_death) on_death(death_reason_);
+  }
+
+  void Dispatch(Frame f) {
+    if (f.stream == 0) {
+      if (f.type == FrameType::kEvent && on_control_) {
+        Json body = Json::parse(f.payload, nullptr, /*allow_exceptions=*/false);
+        if (!body.is_discarded()) on_control_(body);
+      }
+      return;
+    }
+    if (f.type == FrameType::kOpen) {
+      HandleOpen(std::move(f));
+      return;
+    }
+    std::shared_ptr<Stream> s;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      auto it = streams_.find(f.stream);
+      if (it != streams_.end()) s = it->second.lock();
+    }
+    // Frames for a stream we no longer track are late arrivals after a local reset: dropped.
+    if (!s) return;
+    Stream::Message m;
+    bool finish = false;
+    switch (f.type) {
+      case FrameType::kCredit: {
+        const auto* u = reinterpret_cast<const unsigned char*>(f.payload.data());
+        uint32_t grant = u[0] | u[1] << 8 | u[2] << 16 | static_cast<uint32_t>(u[3]) << 24;
+        std::lock_guard<std::mutex> lock(s->mu_);
+        s->send_credit_ += grant;
+        s->cv_.notify_all();
+        return;
+      }
+      case FrameType::kData: {
+        std::unique_lock<std::mutex> lock(s->mu_);
+        if (f.payload.size() > s->recv_window_) {
+          lock.unlock();
+          (void)s->Reset("flow control violated: peer sent past its window");
+          return;
+        }
+        s->recv_window_ -= f.payload.size();
+        m.kind = Stream::Message::Kind::kData;
+        m.channel = f.channel;
+        m.data = std::move(f.payload);
+        break;
+      }
+      case FrameType::kEof:
+        m.kind = Stream::Message::Kind::kEof;
+        m.channel = f.channel;
+        break;
+      case FrameType::kEvent:
+      case FrameType::kEnd:
+      case FrameType::kReset: {
+        Json body = Json::parse(f.payload, nullptr, false);
+        if (body.is_discarded() || !body.is_object()) {
+          m.kind = Stream::Message::Kind::kReset;
+          m.body = {{"reason", std::string("malformed JSON in ") + FrameTypeName(f.type) +
+                                   " frame from peer"}};
+          finish = true;
+          (void)SendFrame(f.stream, FrameType::kReset, 0, m.body.dump());
+          break;
+        }
+        m.kind = f.type == FrameType::kEvent ? Stream::Message::Kind::kEvent
+                 : f.type == FrameType::kEnd ? Stream::Message::Kind::kEnd
+                                             : Stream::Message::Kind::kReset;
+        m.body = std::move(body);
+        finish = f.type != FrameType::kEvent;
+        break;
+      }
+      default:
+        return;
+    }
+    const bool is_reset = m.kind == Stream::Message::Kind::kReset;
+    bool forget = false;
+    {
+      std::lock_guard<std::mutex> lock(s->mu_);
+      if (s->remote_done_) return;  // nothing is accepted after END/RESET
+      if (finish) {
+        s->remote_done_ = true;
+        if (is_reset) s->local_done_ = true;
+        forget = s->local_done_;
+      }
+      s->inbox_.push_back(std::move(m));
+      s->cv_.notify_all();
+    }
+    if (forget) Forget(f.stream);
+  }
+
+  void HandleOpen(Frame f) {
+    bool peer_parity_ok = (role_ == Role::kHost) ? (f.stream % 2 == 0) : (f.stream % 2 == 1);
+    Json req = Json::parse(f.payload, nullptr, false);
+    std::shared_ptr<Stream> s;
+    std::string refuse;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (!peer_parity_ok) {
+        refuse = "stream id has the wrong parity for the opener";
+      } else if (streams_.count(f.stream)) {
+        refuse = "stream id already in use";
+      } else if (!on_open_) {
+        refuse = "this end accepts no requests";
+      } else if (req.is_discarded() || !req.is_object()) {
+        refuse = "malformed JSON in OPEN frame";
+      } else {
+        s.reset(new Stream(shared_from_this(), f.stream));
+        streams_[f.stream] = s;
+      }
+    }
+    if (!s) {
+      (void)SendFrame(f.stream, FrameType::kReset, 0, Json{{"reason", refuse}}.dump());
+      return;
+    }
+    std::thread([handler = on_open_, s, req = std::move(req)]() mutable {
+      handler(s, std::move(req));
+    }).detach();
+  }
+
+  using DeathHandler_t = Mux::DeathHandler;
+
+  UniqueFd fd_;
+  const Role role_;
+  FrameDecoder decoder_;  // reader thread only
+  std::mutex write_mu_;
+  bool write_failed_ GUARDED_BY(write_mu_) = false;
+  mutable std::mutex state_mu_;
+  std::map<uint32_t, std::weak_ptr<Stream>> streams_ GUARDED_BY(state_mu_);
+  uint32_t next_id_ GUARDED_BY(state_mu_) = 1;
+  std::string death_reason_ GUARDED_BY(state_mu_);
+  std::atomic<bool> stopping_{false};
+  // Set before Start(); read-only afterwards.
+  Mux::OpenHandler on_open_;
+  Mux::ControlHandler on_control_;
+  Mux::DeathHandler on_death_;
+};
+
+// ---- Stream ----
+
+Stream::~Stream() {
+  bool done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done = (local_done_ && remote_done_) || !conn_error_.empty();
+    if (!done && !local_done_) local_done_ = true;
+  }
+  if (!done) {
+    // Not finished on both sides: tell the peer, so it stops sending and frees its half.
+    bool sent_end;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sent_end = remote_done_;
+    }
+    if (!sent_end) {
+      (void)core_->SendFrame(id_, FrameType::kReset, 0,
+                             Json{{"reason", "stream abandoned by its owner"}}.dump());
+    }
+  }
+  core_->Forget(id_);
+}
+
+Status Stream::Write(uint8_t channel, std::string_view data) {
+  while (!data.empty()) {
+    size_t n;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return send_credit_ > 0 || local_done_ || remote_done_ || !conn_error_.empty();
+      });
+      if (!conn_error_.empty()) return Unavailable("channel lost: " + conn_error_);
+      if (local_done_) return FailedPrecondition("write after the stream was finished");
+      if (remote_done_ && send_credit_ == 0) {
+        return Unavailable("peer finished the stream");
+      }
+      n = std::min<uint64_t>({data.size(), send_credit_, kMaxDataChunk});
+      send_credit_ -= n;
+    }
+    RETURN_IF_ERROR(core_->SendFrame(id_, FrameType::kData, channel, data.substr(0, n)));
+    data.remove_prefix(n);
+  }
+  return Status::Ok();
+}
+
+Status Stream::CloseWrite(uint8_t channel) {
+  return core_->SendFrame(id_, FrameType::kEof, channel, {});
+}
+
+Status Stream::SendEvent(const Json& body) {
+  return core_->SendFrame(id_, FrameType::kEvent, 0, body.dump());
+}
+
+Status Stream::End(const Json& body) {
+  bool forget;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (local_done_) return FailedPrecondition("stream already finished");
+    local_done_ = true;
+    forget = remote_done_;
+    cv_.notify_all();
+  }
+  Status st = core_->SendFrame(id_, FrameType::kEnd, 0, body.dump());
+  if (forget) core_->Forget(id_);
+  return st;
+}
+
+Status Stream::Reset(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (local_done_ && remote_done_) return Status::Ok();
+    local_done_ = true;
+    remote_done_ = true;
+    cv_.notify_all();
+  }
+  Status st = core_->SendFrame(id_, FrameType::kReset, 0, Json{{"reason", reason}}.dump());
+  core_->Forget(id_);
+  return st;
+}
+
+bool Stream::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return local_done_ || remote_done_;
+}
+
+Result<Stream::Message> Stream::Next(Deadline deadline) {
+  uint64_t grant = 0;
+  Message m;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [&] { return !inbox_.empty() || !conn_error_.empty() || end_delivered_; };
+    if (deadline) {
+      if (!cv_.wait_until(lock, *deadline, ready)) return DeadlineExceeded("no message in time");
+    } else {
+      cv_.wait(lock, ready);
+    }
+    if (inbox_.empty()) {
+      if (end_delivered_) return FailedPrecondition("stream already ended");
+      return Unavailable("channel lost: " + conn_error_);
+    }
+    m = std::move(inbox_.front());
+    inbox_.pop_front();
+    if (m.kind == Message::Kind::kEnd || m.kind == Message::Kind::kReset) end_delivered_ = true;
+    if (m.kind == Message::Kind::kData) {
+      consumed_unacked_ += m.data.size();
+      if (consumed_unacked_ >= kInitialWindow / 4 && !remote_done_) {
+        grant = consumed_unacked_;
+        consumed_unacked_ = 0;
+        recv_window_ += grant;
+      }
+    }
+  }
+  if (grant > 0) {
+    char p[4];
+    for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((grant >> (8 * i)) & 0xff);
+    // A lost credit frame means the connection is dead, which the next Next() reports.
+    (void)core_->SendFrame(id_, FrameType::kCredit, 0, std::string_view(p, 4));
+  }
+  return m;
+}
+
+// ---- Mux ----
+
+Mux::Mux(UniqueFd fd, Role role) : core_(std::make_shared<MuxCore>(std::move(fd), role)) {
+  std::lock_guard<std::mutex> lock(core_->state_mu_);
+  core_->next_id_ = role == Role::kHost ? 1 : 2;
+}
+
+Mux::~Mux() { Shutdown(); }
+
+void Mux::OnOpen(OpenHandler h) { core_->on_open_ = std::move(h); }
+void Mux::OnControl(ControlHandler h) { core_->on_control_ = std::move(h); }
+void Mux::OnDeath(DeathHandler h) { core_->on_death_ = std::move(h); }
+
+void Mux::Start() {
+  reader_ = std::thread([core = core_] { core->ReadLoop(); });
+}
+
+Result<std::shared_ptr<Stream>> Mux::Open(const Json& request) { return core_->Open(request); }
+
+Status Mux::SendControl(const Json& event) {
+  return core_->SendFrame(0, FrameType::kEvent, 0, event.dump());
+}
+
+bool Mux::alive() const { return core_->Alive(); }
+std::string Mux::death_reason() const { return core_->DeathReason(); }
+
+void Mux::Shutdown() {
+  core_->stopping_ = true;
+  // Wakes the reader: sockets get shutdown(2); anything else (a tty-like port) is left to
+  // the peer, and the reader is detached rather than joined forever.
+  struct stat st;
+  bool is_socket = ::fstat(core_->fd_.get(), &st) == 0 && S_ISSOCK(st.st_mode);
+  if (is_socket) ::shutdown(core_->fd_.get(), SHUT_RDWR);
+  if (reader_.joinable()) {
+    if (is_socket) {
+      reader_.join();
+    } else {
+      reader_.detach();
+    }
+  }
+  core_->Die("shut down");
+}
+
+}  // namespace trybox::channel

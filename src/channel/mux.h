@@ -1,0 +1,136 @@
+// Mux: many independent streams over one byte connection (a virtio-serial port in the
+// guest, a unix socket on the host). Wire format: docs/protocol/channel.md.
+//
+// Ownership and threads:
+//  - A Mux owns its fd and one reader thread that decodes frames and routes them to streams.
+//  - Writes from any thread are serialised on one lock, a whole frame at a time, so frames
+//    never interleave. DATA frames are at most kMaxDataChunk bytes, which keeps streams fair.
+//  - Each stream has a per-direction credit window: a writer blocks once it has sent
+//    kInitialWindow bytes the reader has not consumed. A slow consumer stalls only its own
+//    stream, never the connection.
+//  - Streams are shared_ptrs: the Mux holds only weak references. Dropping a stream that has
+//    not finished resets it on the wire.
+//  - When the connection dies (EOF, read error, malformed frame) every stream's Next()
+//    returns kUnavailable naming the reason, and every blocked Write() fails. Nothing is
+//    reported as success after that.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "channel/frame.h"
+#include "util/fd.h"
+#include "util/status.h"
+#include "util/thread_annotations.h"
+
+namespace trybox::channel {
+
+using Json = nlohmann::json;
+
+// Initial credit per stream per direction.
+inline constexpr uint32_t kInitialWindow = 4u << 20;
+
+class MuxCore;
+
+class Stream {
+ public:
+  struct Message {
+    enum class Kind { kData, kEof, kEvent, kEnd, kReset };
+    Kind kind = Kind::kData;
+    uint8_t channel = 0;
+    std::string data;  // kData
+    Json body;         // kEvent, kEnd, kReset
+  };
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  uint32_t id() const { return id_; }
+
+  // Sends bytes on `channel`, blocking while the peer's window is full.
+  Status Write(uint8_t channel, std::string_view data);
+  Status CloseWrite(uint8_t channel);
+  Status SendEvent(const Json& body);
+  // Sends the final result. After End the stream accepts no more writes.
+  Status End(const Json& body);
+  // Aborts the stream in both directions.
+  Status Reset(const std::string& reason);
+
+  // Next message from the peer. kUnavailable once the connection is gone; kFailedPrecondition
+  // after the stream has ended; kDeadlineExceeded if `deadline` passes first.
+  Result<Message> Next(Deadline deadline = std::nullopt);
+
+  // True once an END or RESET was received or sent.
+  bool finished() const;
+
+ private:
+  friend class MuxCore;
+  Stream(std::shared_ptr<MuxCore> core, uint32_t id) : core_(std::move(core)), id_(id) {}
+
+  std::shared_ptr<MuxCore> core_;
+  const uint32_t id_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Message> inbox_ GUARDED_BY(mu_);
+  uint64_t send_credit_ GUARDED_BY(mu_) = kInitialWindow;
+  uint64_t recv_window_ GUARDED_BY(mu_) = kInitialWindow;  // bytes the peer may still send
+  uint64_t consumed_unacked_ GUARDED_BY(mu_) = 0;
+  bool remote_done_ GUARDED_BY(mu_) = false;  // END/RESET received
+  bool local_done_ GUARDED_BY(mu_) = false;   // END/RESET sent
+  bool end_delivered_ GUARDED_BY(mu_) = false;
+  std::string conn_error_ GUARDED_BY(mu_);  // non-empty once the connection died
+};
+
+enum class Role { kHost, kGuest };  // host opens odd stream ids, guest even ones
+
+class Mux {
+ public:
+  // Called on a fresh thread for each OPEN from the peer. The handler owns the stream and
+  // must End or Reset it.
+  using OpenHandler = std::function<void(std::shared_ptr<Stream>, Json request)>;
+  // Called on the reader thread for each EVENT on stream 0 (connection-level messages).
+  using ControlHandler = std::function<void(const Json& event)>;
+  // Called once, on the reader thread, when the connection dies.
+  using DeathHandler = std::function<void(const std::string& reason)>;
+
+  Mux(UniqueFd fd, Role role);
+  ~Mux();
+  Mux(const Mux&) = delete;
+  Mux& operator=(const Mux&) = delete;
+
+  void OnOpen(OpenHandler h);
+  void OnControl(ControlHandler h);
+  void OnDeath(DeathHandler h);
+  // Starts the reader thread. Set handlers first.
+  void Start();
+
+  Result<std::shared_ptr<Stream>> Open(const Json& request);
+  Status SendControl(const Json& event);
+
+  bool alive() const;
+  // Why the connection died ("" while alive).
+  std::string death_reason() const;
+  // Stops reading, fails all streams, and joins the reader. Idempotent.
+  void Shutdown();
+
+ private:
+  std::shared_ptr<MuxCore> core_;
+  std::thread reader_;
+};
+
+}  // namespace trybox::channel

@@ -1,0 +1,196 @@
+#include "channel/mux.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+namespace trybox::channel {
+namespace {
+
+using Kind = Stream::Message::Kind;
+
+struct Pair {
+  std::unique_ptr<Mux> host, guest;
+};
+
+// A real socketpair with a host end and a guest end; the guest echoes requests.
+Pair MakePair(Mux::OpenHandler guest_handler) {
+  int sv[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Pair p;
+  p.host = std::make_unique<Mux>(UniqueFd(sv[0]), Role::kHost);
+  p.guest = std::make_unique<Mux>(UniqueFd(sv[1]), Role::kGuest);
+  p.guest->OnOpen(std::move(guest_handler));
+  p.host->Start();
+  p.guest->Start();
+  return p;
+}
+
+// Reads the rest of a stream: data per channel, and the final message.
+struct Drained {
+  std::string out, err;
+  Stream::Message last;
+  Status status;
+};
+Drained Drain(Stream& s) {
+  Drained d;
+  for (;;) {
+    auto m = s.Next();
+    if (!m.ok()) {
+      d.status = m.status();
+      return d;
+    }
+    if (m->kind == Kind::kData) (m->channel == kChanErr ? d.err : d.out) += m->data;
+    if (m->kind == Kind::kEnd || m->kind == Kind::kReset) {
+      d.last = std::move(*m);
+      return d;
+    }
+  }
+}
+
+TEST(MuxTest, RequestAndEndRoundTrip) {
+  auto p = MakePair([](std::shared_ptr<Stream> s, Json req) {
+    (void)s->End({{"echo", req["op"]}});
+  });
+  auto s = p.host->Open({{"op", "ping"}});
+  ASSERT_TRUE(s.ok());
+  auto d = Drain(**s);
+  ASSERT_TRUE(d.status.ok()) << d.status.ToString();
+  EXPECT_EQ(d.last.kind, Kind::kEnd);
+  EXPECT_EQ(d.last.body["echo"], "ping");
+  // After the END, the stream reports it ended rather than inventing more messages.
+  EXPECT_EQ((*s)->Next().status().code(), Code::kFailedPrecondition);
+}
+
+TEST(MuxTest, LargeTransferIsByteExactThroughFlowControl) {
+  // 3x the window each way forces many credit round trips.
+  const size_t size = 3 * kInitialWindow + 12345;
+  auto p = MakePair([](std::shared_ptr<Stream> s, Json) {
+    std::string got;
+    for (;;) {
+      auto m = s->Next();
+      if (!m.ok()) return;
+      if (m->kind == Kind::kData) got += m->data;
+      if (m->kind == Kind::kEof) break;
+    }
+    (void)s->Write(kChanOut, got);
+    (void)s->CloseWrite(kChanOut);
+    (void)s->End({{"bytes", got.size()}});
+  });
+  std::string payload(size, '\0');
+  for (size_t i = 0; i < size; ++i) payload[i] = static_cast<char>((i * 2654435761u) >> 13);
+  auto s = p.host->Open({{"op", "echo"}});
+  ASSERT_TRUE(s.ok());
+  std::thread writer([&] {
+    ASSERT_TRUE((*s)->Write(kChanIn, payload).ok());
+    ASSERT_TRUE((*s)->CloseWrite(kChanIn).ok());
+  });
+  auto d = Drain(**s);
+  writer.join();
+  ASSERT_TRUE(d.status.ok()) << d.status.ToString();
+  EXPECT_EQ(d.last.body["bytes"], size);
+  EXPECT_TRUE(d.out == payload);
+}
+
+TEST(MuxTest, SlowStreamDoesNotBlockOthers) {
+  std::atomic<bool> release{false};
+  auto p = MakePair([&](std::shared_ptr<Stream> s, Json req) {
+    if (req["op"] == "flood") {
+      // Fills its window and blocks: the consumer never reads it until released.
+      (void)s->Write(kChanOut, std::string(2 * kInitialWindow, 'f'));
+      (void)s->End({});
+      return;
+    }
+    (void)s->End({{"pong", true}});
+  });
+  auto flood = p.host->Open({{"op", "flood"}});
+  ASSERT_TRUE(flood.ok());
+  for (int i = 0; i < 20; ++i) {
+    auto s = p.host->Open({{"op", "ping"}});
+    ASSERT_TRUE(s.ok());
+    auto d = Drain(**s);
+    ASSERT_TRUE(d.status.ok());
+    EXPECT_EQ(d.last.body["pong"], true);
+  }
+  auto d = Drain(**flood);
+  EXPECT_EQ(d.out.size(), 2 * kInitialWindow);
+}
+
+TEST(MuxTest, PeerDeathFailsPendingStreams) {
+  std::atomic<bool> opened{false};
+  auto p = MakePair([&](std::shared_ptr<Stream> s, Json) {
+    opened = true;
+    (void)s->Next();  // waits until the connection dies
+  });
+  auto s = p.host->Open({{"op", "hang"}});
+  ASSERT_TRUE(s.ok());
+  while (!opened) std::this_thread::yield();
+  p.guest->Shutdown();
+  auto m = (*s)->Next();
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kUnavailable);
+  EXPECT_NE(m.status().message().find("channel lost"), std::string::npos);
+  EXPECT_FALSE(p.host->Open({{"op", "x"}}).ok());
+}
+
+TEST(MuxTest, FrameCutInHalfKillsConnectionWithReason) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Mux host(UniqueFd(sv[0]), Role::kHost);
+  std::promise<std::string> died;
+  host.OnDeath([&](const std::string& why) { died.set_value(why); });
+  host.Start();
+  std::string wire = EncodeFrame({2, FrameType::kEvent, 0, R"({"type":"x"})"});
+  ASSERT_EQ(::write(sv[1], wire.data(), 7), 7);
+  ::close(sv[1]);
+  std::string why = died.get_future().get();
+  EXPECT_NE(why.find("mid-frame"), std::string::npos) << why;
+}
+
+TEST(MuxTest, BadLengthKillsConnectionWithReason) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Mux host(UniqueFd(sv[0]), Role::kHost);
+  std::promise<std::string> died;
+  host.OnDeath([&](const std::string& why) { died.set_value(why); });
+  host.Start();
+  char hdr[kHeaderSize];
+  EncodeHeader(2, FrameType::kData, 0, 0xffffffffu, hdr);
+  ASSERT_EQ(::write(sv[1], hdr, kHeaderSize), static_cast<ssize_t>(kHeaderSize));
+  std::string why = died.get_future().get();
+  EXPECT_NE(why.find("exceeds the limit"), std::string::npos) << why;
+  ::close(sv[1]);
+}
+
+TEST(MuxTest, HandlerlessEndRefusesOpens) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Mux a(UniqueFd(sv[0]), Role::kHost), b(UniqueFd(sv[1]), Role::kGuest);
+  a.Start();
+  b.Start();
+  auto s = a.Open({{"op", "x"}});
+  ASSERT_TRUE(s.ok());
+  auto m = (*s)->Next();
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->kind, Kind::kReset);
+  EXPECT_EQ(m->body["reason"], "this end accepts no requests");
+}
+
+TEST(MuxTest, ControlEventsReachTheHandler) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Mux a(UniqueFd(sv[0]), Role::kHost), b(UniqueFd(sv[1]), Role::kGuest);
+  std::promise<Json> hello;
+  a.OnControl([&](const Json& e) { hello.set_value(e); });
+  a.Start();
+  b.Start();
+  ASSERT_TRUE(b.SendControl({{"type", "hello"}}).ok());
+  EXPECT_EQ(hello.get_future().get()["type"], "hello");
+}
+
+}  // namespace
+}  // namespace trybox::channel

@@ -1,0 +1,148 @@
+#include "util/fd.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
+namespace trybox {
+
+UniqueFd::~UniqueFd() { Reset(); }
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) Reset(other.Release());
+  return *this;
+}
+
+int UniqueFd::Release() {
+  int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+Status UniqueFd::Close() {
+  if (fd_ < 0) return Status::Ok();
+  int fd = Release();
+  // close(2) must not be retried on EINTR on Linux: the fd is gone either way.
+  if (::close(fd) != 0 && errno != EINTR) return ErrnoError("close");
+  return Status::Ok();
+}
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+Status WriteFull(int fd, const void* data, size_t len) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = ::write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write");
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status ReadFull(int fd, void* data, size_t len) {
+  char* p = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = ::read(fd, p + got, len - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("read");
+    }
+    if (n == 0) return Unavailable(got == 0 ? "eof" : "truncated");
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<size_t> ReadSome(int fd, void* data, size_t len) {
+  for (;;) {
+    ssize_t n = ::read(fd, data, len);
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno != EINTR) return ErrnoError("read");
+  }
+}
+
+Result<UniqueFd> OpenFile(const std::string& path, int flags, mode_t mode) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  if (fd < 0) return ErrnoError("open " + path);
+  return UniqueFd(fd);
+}
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ASSIGN_OR_RETURN(size_t n, ReadSome(fd.get(), buf, sizeof buf));
+    if (n == 0) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mode) {
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode));
+    Status st = WriteFull(fd.get(), data);
+    if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoError("fsync " + tmp);
+    if (st.ok()) st = fd.Close();
+    if (!st.ok()) {
+      ::unlink(tmp.c_str());
+      return st.Annotate("write " + path);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status st = ErrnoError("rename " + tmp + " -> " + path);
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  return Status::Ok();
+}
+
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  // Read-only directories (frozen images) would make remove_all fail; open them up first.
+  if (std::filesystem::is_directory(std::filesystem::symlink_status(path, ec))) {
+    for (auto it = std::filesystem::recursive_directory_iterator(
+             path, std::filesystem::directory_options::skip_permission_denied, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) ::chmod(it->path().c_str(), 0700);
+    }
+    ::chmod(path.c_str(), 0700);
+  }
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Internal("remove " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
+Status MakeDirs(const std::string& path, mode_t mode) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return Internal("mkdir " + path + ": " + ec.message());
+  ::chmod(path.c_str(), mode);
+  return Status::Ok();
+}
+
+Result<TempDir> TempDir::Make(const std::string& parent, const std::string& prefix) {
+  std::string tmpl = parent + "/" + prefix + "XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl);
+  return TempDir(tmpl);
+}
+
+TempDir::~TempDir() {
+  if (!path_.empty()) (void)RemoveTree(path_);
+}
+
+}  // namespace trybox

@@ -1,0 +1,246 @@
+#include "util/process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+namespace trybox {
+
+std::string ExitInfo::Describe() const {
+  if (exited) return "exit code " + std::to_string(code);
+  return std::string("signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
+}
+
+static ExitInfo FromWaitStatus(int status) {
+  ExitInfo info;
+  if (WIFEXITED(status)) {
+    info.exited = true;
+    info.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    info.signal = WTERMSIG(status);
+  }
+  return info;
+}
+
+Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
+  if (opts.argv.empty()) return InvalidArgument("spawn: empty argv");
+  // Everything the child needs is prepared before fork: after it only async-signal-safe
+  // calls are allowed, since the parent may be multithreaded.
+  std::vector<char*> argv;
+  for (const auto& a : opts.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  if (opts.env) {
+    for (const auto& e : *opts.env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+  }
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoError("pipe2");
+  int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull < 0) {
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    return ErrnoError("open /dev/null");
+  }
+  const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
+  char* const* env_arr = opts.env ? envp.data() : environ;
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    Status st = ErrnoError("fork");
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    ::close(devnull);
+    return st;
+  }
+  if (pid == 0) {
+    auto fail = [&](int stage) {
+      int e[2] = {stage, errno};
+      (void)!::write(err_pipe[1], e, sizeof e);
+      ::_exit(127);
+    };
+    if (opts.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(1);
+    sigset_t all;
+    sigemptyset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+    int in = opts.stdin_fd >= 0 ? opts.stdin_fd : devnull;
+    int out = opts.stdout_fd >= 0 ? opts.stdout_fd : devnull;
+    int errfd = opts.stderr_fd >= 0 ? opts.stderr_fd : devnull;
+    // dup everything above 2 first so a target fd of 0..2 is never clobbered mid-way.
+    int fin = ::fcntl(in, F_DUPFD_CLOEXEC, 3), fout = ::fcntl(out, F_DUPFD_CLOEXEC, 3),
+        ferr = ::fcntl(errfd, F_DUPFD_CLOEXEC, 3);
+    if (fin < 0 || fout < 0 || ferr < 0) fail(2);
+    if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) fail(2);
+    // Close every other inherited fd except the error pipe (which is CLOEXEC).
+    ::syscall(SYS_close_range, 3, err_pipe[1] - 1, 0);
+    ::syscall(SYS_close_range, err_pipe[1] + 1, ~0U, 0);
+    if (cwd && ::chdir(cwd) != 0) fail(3);
+    ::execve(argv[0], argv.data(), env_arr);
+    if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr) ::execvpe(argv[0], argv.data(), env_arr);
+    fail(4);
+  }
+  ::close(err_pipe[1]);
+  ::close(devnull);
+  int e[2];
+  ssize_t n;
+  do {
+    n = ::read(err_pipe[0], e, sizeof e);
+  } while (n < 0 && errno == EINTR);
+  ::close(err_pipe[0]);
+  ChildProcess child(pid);
+  if (n == static_cast<ssize_t>(sizeof e)) {
+    (void)child.Wait();
+    static const char* kStage[] = {"", "setpgid", "dup2", "chdir", "execve"};
+    return ErrnoError(std::string(e[0] >= 1 && e[0] <= 4 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
+  }
+  return child;
+}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
+  if (this != &o) {
+    KillAndReap();
+    pid_ = o.pid_;
+    o.pid_ = -1;
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() { KillAndReap(); }
+
+void ChildProcess::KillAndReap() {
+  if (pid_ <= 0) return;
+  ::kill(-pid_, SIGKILL);
+  ::kill(pid_, SIGKILL);
+  int status;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+}
+
+pid_t ChildProcess::Release() {
+  pid_t p = pid_;
+  pid_ = -1;
+  return p;
+}
+
+Status ChildProcess::Signal(int sig) const {
+  if (pid_ <= 0) return FailedPrecondition("process already reaped");
+  if (::kill(-pid_, sig) != 0 && ::kill(pid_, sig) != 0) return ErrnoError("kill");
+  return Status::Ok();
+}
+
+Result<ExitInfo> ChildProcess::Wait() {
+  if (pid_ <= 0) return FailedPrecondition("process already reaped");
+  int status;
+  while (::waitpid(pid_, &status, 0) < 0) {
+    if (errno != EINTR) return ErrnoError("waitpid");
+  }
+  pid_ = -1;
+  return FromWaitStatus(status);
+}
+
+Result<std::optional<ExitInfo>> ChildProcess::TryWait() {
+  if (pid_ <= 0) return FailedPrecondition("process already reaped");
+  int status;
+  pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r < 0) return ErrnoError("waitpid");
+  if (r == 0) return std::optional<ExitInfo>();
+  pid_ = -1;
+  return std::optional<ExitInfo>(FromWaitStatus(status));
+}
+
+Result<ExitInfo> ChildProcess::WaitFor(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return FailedPrecondition("process already reaped");
+  // A pidfd makes the wait poll-able without a busy loop.
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  if (pidfd >= 0) {
+    struct pollfd p = {pidfd, POLLIN, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    } while (r < 0 && errno == EINTR);
+    ::close(pidfd);
+    if (r == 0) {
+      (void)Signal(SIGKILL);
+      ASSIGN_OR_RETURN(ExitInfo info, Wait());
+      (void)info;
+      return DeadlineExceeded("timed out after " + std::to_string(timeout.count()) + " ms");
+    }
+  }
+  return Wait();
+}
+
+Result<CommandResult> RunCommand(const std::vector<std::string>& argv,
+                                 std::chrono::milliseconds timeout) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoError("pipe2");
+  UniqueFd rd(p[0]), wr(p[1]);
+  SpawnOptions opts;
+  opts.argv = argv;
+  opts.stdout_fd = wr.get();
+  opts.stderr_fd = wr.get();
+  ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(opts));
+  wr.Reset();
+  std::string out;
+  std::thread reader([&] {
+    char buf[8192];
+    for (;;) {
+      auto n = ReadSome(rd.get(), buf, sizeof buf);
+      if (!n.ok() || *n == 0) break;
+      out.append(buf, *n);
+      if (out.size() > 128 * 1024) out.erase(0, out.size() - 64 * 1024);
+    }
+  });
+  auto info = child.WaitFor(timeout);
+  reader.join();
+  if (!info.ok()) return info.status().Annotate(argv[0]);
+  if (out.size() > 64 * 1024) out.erase(0, out.size() - 64 * 1024);
+  return CommandResult{*info, std::move(out)};
+}
+
+Status RunChecked(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
+  ASSIGN_OR_RETURN(CommandResult r, RunCommand(argv, timeout));
+  if (r.exit.exited && r.exit.code == 0) return Status::Ok();
+  std::string tail = r.output.size() > 2000 ? r.output.substr(r.output.size() - 2000) : r.output;
+  return Internal(argv[0] + " failed (" + r.exit.Describe() + "): " + tail);
+}
+
+bool ProcessExists(pid_t pid) {
+  if (pid <= 0) return false;
+  return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+std::string ProcessCmdline(pid_t pid) {
+  auto s = ReadFileToString("/proc/" + std::to_string(pid) + "/cmdline");
+  if (!s.ok()) return "";
+  std::string out = *s;
+  for (char& c : out)
+    if (c == '\0') c = ' ';
+  return out;
+}
+
+std::optional<std::string> FindInPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = ::getenv("PATH");
+  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    if (end == std::string::npos) end = p.size();
+    std::string cand = p.substr(start, end - start) + "/" + name;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace trybox

@@ -1,0 +1,89 @@
+// ChildProcess: a process we started, in its own process group. Move-only. The destructor
+// kills the whole group with SIGKILL and reaps the leader, so no child outlives its owner
+// by accident; call Wait() for an orderly end.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "util/fd.h"
+#include "util/status.h"
+
+namespace trybox {
+
+// How a process ended, as waitpid(2) saw it.
+struct ExitInfo {
+  bool exited = false;  // true: `code` is valid; false: `signal` is valid
+  int code = 0;
+  int signal = 0;
+  std::string Describe() const;
+};
+
+struct SpawnOptions {
+  std::vector<std::string> argv;
+  // If set, the child's whole environment; otherwise it inherits ours.
+  std::optional<std::vector<std::string>> env;
+  std::string cwd;
+  // -1 means /dev/null. Fds are dup'ed into 0/1/2 in the child; every other fd is closed.
+  int stdin_fd = -1;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  // Detach from our session entirely (setsid) instead of only a new process group.
+  bool new_session = false;
+};
+
+class ChildProcess {
+ public:
+  static Result<ChildProcess> Spawn(const SpawnOptions& opts);
+
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& o) noexcept : pid_(o.pid_) { o.pid_ = -1; }
+  ChildProcess& operator=(ChildProcess&& o) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0; }
+  // Signals the whole process group.
+  Status Signal(int sig) const;
+  // Blocks until the leader exits and reaps it.
+  Result<ExitInfo> Wait();
+  // Reaps if it has exited; nullopt if still running.
+  Result<std::optional<ExitInfo>> TryWait();
+  // Waits up to `timeout`; on expiry kills the group and reaps.
+  Result<ExitInfo> WaitFor(std::chrono::milliseconds timeout);
+  // Forgets the child without killing it (it is someone else's to reap now).
+  pid_t Release();
+
+ private:
+  explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  void KillAndReap();
+  pid_t pid_ = -1;
+};
+
+// Runs a command to completion, capturing stdout+stderr (capped at 64 KiB, the tail kept).
+// Fails with the command's output if it exits non-zero.
+struct CommandResult {
+  ExitInfo exit;
+  std::string output;
+};
+Result<CommandResult> RunCommand(const std::vector<std::string>& argv,
+                                 std::chrono::milliseconds timeout = std::chrono::minutes(30));
+// RunCommand that turns a non-zero exit into an error naming the command and its output tail.
+Status RunChecked(const std::vector<std::string>& argv,
+                  std::chrono::milliseconds timeout = std::chrono::minutes(30));
+
+// True if a process with this pid exists (signal 0 reaches it or EPERM).
+bool ProcessExists(pid_t pid);
+// /proc/PID/cmdline with NULs turned into spaces; empty if gone.
+std::string ProcessCmdline(pid_t pid);
+
+// Finds an executable by name in $PATH (or returns `name` if it contains a slash).
+std::optional<std::string> FindInPath(const std::string& name);
+
+}  // namespace trybox
