@@ -1,1 +1,53 @@
-int main() { return 1; }
+// tryboxd: the per-user (or system) trybox daemon. Usually started by the CLI on demand.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <thread>
+
+#include "daemon/daemon.h"
+#include "util/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tryboxd: owns trybox VMs, images and records; serves the trybox socket"};
+  trybox::daemon::Options opts;
+  opts.paths = trybox::Paths::FromEnvironment();
+  std::string accel;
+  app.add_option("--accel", accel, "Force the accelerator instead of probing")
+      ->check(CLI::IsMember({"kvm", "tcg"}));
+  app.add_option("--qemu", opts.qemu, "QEMU system emulator binary");
+  bool debug = false;
+  app.add_flag("--debug", debug, "Verbose logging");
+  CLI11_PARSE(app, argc, argv);
+  opts.force_accel = accel;
+  if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
+
+  // Signals are taken by one thread with sigwait; every other thread has them blocked.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  trybox::daemon::Daemon d(opts);
+  trybox::Status st = d.Init();
+  if (!st.ok()) {
+    std::cerr << "tryboxd: " << st.ToString() << "\n";
+    return st.code() == trybox::Code::kAlreadyExists ? 3 : 1;
+  }
+  std::thread([&d, set] {
+    int sig;
+    sigwait(&set, &sig);
+    trybox::LogInfo("daemon", std::string("stopping on ") + strsignal(sig));
+    d.Stop();
+  }).detach();
+  st = d.Serve();
+  if (!st.ok()) {
+    std::cerr << "tryboxd: " << st.ToString() << "\n";
+    return 1;
+  }
+  trybox::LogInfo("daemon", "stopped; destroying VMs");
+  return 0;
+}

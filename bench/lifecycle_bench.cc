@@ -1,0 +1,226 @@
+// Lifecycle benchmarks (issue 2). Prints figures; asserts nothing.
+//
+//   cold create -> first exec reply   p50/p99 over N VMs
+//   exec round trip of `true`         p50/p99, trybox vs qemu-guest-agent guest-exec
+//   stdout streaming                  MB/s, trybox vs qemu-guest-agent (same guest, same run)
+//   put / get                         MB/s
+//
+// Usage: lifecycle_bench [--vms N] [--execs N] [--stream-mib N] [--file-mib N]
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/client.h"
+#include "cli/transfer.h"
+#include "tests/e2e/harness.h"
+#include "util/socket.h"
+
+using trybox::Result;
+using trybox::Status;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using Kind = trybox::channel::Stream::Message::Kind;
+
+namespace {
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+[[noreturn]] void Die(const std::string& what, const Status& st) {
+  std::fprintf(stderr, "bench: %s: %s\n", what.c_str(), st.ToString().c_str());
+  std::exit(1);
+}
+
+// Runs argv in the VM; returns stdout bytes, and the outcome in *result.
+uint64_t Exec(trybox::cli::Client& c, const std::string& vm, const std::vector<std::string>& argv,
+              Json* result) {
+  auto s = c.Open({{"verb", "exec"}, {"vm", vm}, {"argv", argv}});
+  if (!s.ok()) Die("exec", s.status());
+  uint64_t bytes = 0;
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) Die("exec", m.status());
+    if (m->kind == Kind::kData) bytes += m->data.size();
+    if (m->kind == Kind::kEnd) {
+      if (result) *result = m->body;
+      return bytes;
+    }
+  }
+}
+
+std::string Create(trybox::cli::Client& c) {
+  auto r = c.Call({{"verb", "create"}, {"image", "debian-12"}});
+  if (!r.ok()) Die("create", r.status());
+  return (*r)["vm"]["id"];
+}
+
+// A minimal qemu-guest-agent client: JSON commands on the VM's org.qemu.guest_agent.0 port.
+class Qga {
+ public:
+  explicit Qga(trybox::UniqueFd fd) : fd_(std::move(fd)) {}
+  Result<Json> Call(const Json& cmd) {
+    std::string line = cmd.dump();
+    RETURN_IF_ERROR(trybox::WriteFull(fd_.get(), line));
+    for (;;) {
+      size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string one = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        Json j = Json::parse(one, nullptr, false);
+        if (j.is_discarded()) continue;
+        if (j.contains("error")) return trybox::Internal("qga: " + j["error"].dump());
+        return j["return"];
+      }
+      char tmp[65536];
+      ASSIGN_OR_RETURN(size_t n, trybox::ReadSome(fd_.get(), tmp, sizeof tmp));
+      if (n == 0) return trybox::Unavailable("qga closed");
+      buf_.append(tmp, n);
+    }
+  }
+  // Runs to completion, polling guest-exec-status as fast as it answers; returns out bytes.
+  Result<uint64_t> Exec(const std::string& path, const std::vector<std::string>& args) {
+    ASSIGN_OR_RETURN(Json started,
+                     Call({{"execute", "guest-exec"},
+                           {"arguments", {{"path", path}, {"arg", args}, {"capture-output", true}}}}));
+    int pid = started["pid"];
+    for (;;) {
+      ASSIGN_OR_RETURN(Json st, Call({{"execute", "guest-exec-status"}, {"arguments", {{"pid", pid}}}}));
+      if (st.value("exited", false)) {
+        std::string b64 = st.value("out-data", "");
+        return static_cast<uint64_t>(b64.size() / 4 * 3);
+      }
+    }
+  }
+
+ private:
+  trybox::UniqueFd fd_;
+  std::string buf_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int vms = 10, execs = 100, stream_mib = 256, file_mib = 256, qga_stream_mib = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    int v = std::atoi(argv[i + 1]);
+    if (a == "--vms") vms = v;
+    if (a == "--execs") execs = v;
+    if (a == "--stream-mib") stream_mib = v;
+    if (a == "--file-mib") file_mib = v;
+    if (a == "--qga-stream-mib") qga_stream_mib = v;
+  }
+  auto h = trybox::e2e::Harness::Start();
+  if (!h.ok()) Die("start tryboxd", h.status());
+  ::setenv("TRYBOX_HOME", (*h)->home().c_str(), 1);
+  auto client = trybox::cli::Client::Connect(trybox::Paths::FromEnvironment(), false);
+  if (!client.ok()) Die("connect", client.status());
+  auto& c = **client;
+  auto doc = c.Call({{"verb", "doctor"}});
+  std::printf("accel: %s (%s)\n", (*doc)["accel"]["accel"].dump().c_str(),
+              (*doc)["accel"]["reason"].get<std::string>().c_str());
+
+  // 1. Cold create -> first exec reply.
+  std::vector<double> cold;
+  for (int i = 0; i < vms; ++i) {
+    auto t0 = Clock::now();
+    std::string id = Create(c);
+    Json r;
+    Exec(c, id, {"true"}, &r);
+    cold.push_back(Ms(t0, Clock::now()));
+    (void)c.Call({{"verb", "destroy"}, {"vm", id}});
+  }
+  std::printf("cold create -> first exec reply (n=%d): p50 %.0f ms  p99 %.0f ms\n", vms,
+              Pct(cold, 50), Pct(cold, 99));
+
+  std::string id = Create(c);
+  // 2. Exec round trip, trybox.
+  std::vector<double> rt;
+  for (int i = 0; i < execs + 5; ++i) {
+    auto t0 = Clock::now();
+    Json r;
+    Exec(c, id, {"/bin/true"}, &r);
+    if (i >= 5) rt.push_back(Ms(t0, Clock::now()));
+  }
+  // 3. Streaming, trybox.
+  auto t0 = Clock::now();
+  uint64_t streamed = Exec(c, id, {"head", "-c", std::to_string(stream_mib) + "M", "/dev/zero"}, nullptr);
+  double stream_s = Ms(t0, Clock::now()) / 1000;
+  double trybox_stream = static_cast<double>(streamed) / 1e6 / stream_s;
+
+  // 4. put/get.
+  auto dir = trybox::TempDir::Make("/tmp", "tbx-bench-");
+  std::string f = dir->path() + "/blob";
+  (void)trybox::RunChecked({"sh", "-c", "head -c " + std::to_string(file_mib) + "M /dev/urandom > " + f});
+  t0 = Clock::now();
+  auto put = trybox::cli::PutPath(c, id, f, "/root/blob");
+  double put_s = Ms(t0, Clock::now()) / 1000;
+  if (!put.ok()) Die("put", put.status());
+  t0 = Clock::now();
+  auto get = trybox::cli::GetPath(c, id, "/root/blob", dir->path() + "/back");
+  double get_s = Ms(t0, Clock::now()) / 1000;
+  if (!get.ok()) Die("get", get.status());
+  double mb = static_cast<double>(file_mib) * 1048576 / 1e6;
+
+  // 5. qemu-guest-agent in the same guest: start it through trybox, then talk to its port.
+  Json r;
+  Exec(c, id, {"sh", "-c",
+               "for p in /sys/class/virtio-ports/*; do [ \"$(cat $p/name)\" = org.qemu.guest_agent.0 ] "
+               "&& exec qemu-ga -d -m virtio-serial -p /dev/$(basename $p); done; exit 1"},
+       &r);
+  std::vector<double> qrt;
+  double qga_stream = 0;
+  std::string vmdir = (*h)->vms_dir() + "/" + id;
+  auto qfd = trybox::ConnectUnix(vmdir + "/qga.sock");
+  if (!qfd.ok() || r.value("outcome", "") != "exited" || r.value("exit_code", 1) != 0) {
+    std::printf("qemu-guest-agent: could not start in the guest (%s)\n", r.dump().c_str());
+  } else {
+    Qga q(std::move(*qfd));
+    // Sync first: the port may hold stale bytes from before qemu-ga opened it.
+    for (int i = 0; i < 50; ++i) {
+      auto s = q.Call({{"execute", "guest-sync"}, {"arguments", {{"id", 4242}}}});
+      if (s.ok() && *s == 4242) break;
+    }
+    for (int i = 0; i < 25; ++i) {
+      auto t = Clock::now();
+      auto e = q.Exec("/bin/true", {});
+      if (!e.ok()) Die("qga exec", e.status());
+      if (i >= 5) qrt.push_back(Ms(t, Clock::now()));
+    }
+    t0 = Clock::now();
+    auto e = q.Exec("/usr/bin/head", {"-c", std::to_string(qga_stream_mib) + "M", "/dev/zero"});
+    if (!e.ok()) Die("qga stream", e.status());
+    qga_stream = static_cast<double>(*e) / 1e6 / (Ms(t0, Clock::now()) / 1000);
+  }
+  (void)c.Call({{"verb", "destroy"}, {"vm", id}});
+
+  std::printf("exec round trip of /bin/true (n=%d): trybox p50 %.2f ms p99 %.2f ms", execs,
+              Pct(rt, 50), Pct(rt, 99));
+  if (!qrt.empty()) {
+    std::printf(" | qemu-guest-agent p50 %.2f ms p99 %.2f ms | ratio qga/trybox %.1fx", Pct(qrt, 50),
+                Pct(qrt, 99), Pct(qrt, 50) / Pct(rt, 50));
+  }
+  std::printf("\nstdout streaming: trybox %.0f MB/s (%d MiB)", trybox_stream, stream_mib);
+  if (qga_stream > 0) {
+    std::printf(" | qemu-guest-agent %.1f MB/s (%d MiB) | ratio trybox/qga %.0fx", qga_stream,
+                qga_stream_mib, trybox_stream / qga_stream);
+  }
+  std::printf("\nput %.0f MB/s, get %.0f MB/s (%d MiB random file)\n", mb / put_s, mb / get_s,
+              file_mib);
+  return 0;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages trybox needs to build, test and run. Idempotent: installs
+# only what is missing. Needs root (or sudo).
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  cmake ninja-build g++ pkg-config
+  # libraries
+  nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev libcurl4-openssl-dev
+  libgtest-dev libgmock-dev
+  # running VMs and building images
+  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs kmod xz-utils dpkg-dev
+  # tests and benchmarks
+  procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,411 @@
+#include "cli/cli.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "cli/client.h"
+#include "cli/transfer.h"
+#include "image/image.h"
+#include "util/fd.h"
+#include "util/names.h"
+#include "util/paths.h"
+
+namespace trybox::cli {
+namespace {
+
+using Kind = channel::Stream::Message::Kind;
+constexpr int kTryboxFailed = 125;
+
+void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
+  cmd->add_option("--image", vm.image, "Image to boot")->capture_default_str();
+  cmd->add_option("--memory", vm.memory_mib, "Guest memory in MiB")->capture_default_str();
+  cmd->add_option("--cpus", vm.cpus, "Guest vCPUs")->capture_default_str();
+}
+
+void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
+  cmd->add_option("-e,--env", ex.env, "Set an environment variable K=V (repeatable)");
+  cmd->add_option("-w,--workdir", ex.workdir, "Working directory inside the VM");
+  cmd->add_option("--timeout", ex.timeout_s, "Kill the command after SECONDS");
+  cmd->add_flag("-i,--interactive", ex.interactive, "Forward standard input to the command");
+}
+
+int Fail(const Status& st) {
+  std::cerr << "trybox: " << st.message() << "\n";
+  return kTryboxFailed;
+}
+
+Json EnvObject(const std::vector<std::string>& env) {
+  Json o = Json::object();
+  for (const auto& kv : env) {
+    size_t eq = kv.find('=');
+    o[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return o;
+}
+
+std::string CpPathVm(const std::string& s, std::string* path) {
+  // ID:/path. A local path that contains ':' before any '/' is read as a VM reference,
+  // like docker; prefix ./ to copy such a local file.
+  size_t colon = s.find(':');
+  if (colon == std::string::npos || s.find('/') < colon) return "";
+  *path = s.substr(colon + 1);
+  return s.substr(0, colon);
+}
+
+// Streams one exec, forwarding stdout/stderr as they arrive. Returns the exit code.
+int StreamExec(Client& client, const std::string& vm, const std::vector<std::string>& argv,
+               const ExecOptions& ex) {
+  Json req = {{"verb", "exec"},
+              {"vm", vm},
+              {"argv", argv},
+              {"env", EnvObject(ex.env)},
+              {"timeout_ms", static_cast<int64_t>(ex.timeout_s * 1000)},
+              {"stdin", ex.interactive}};
+  if (!ex.workdir.empty()) req["cwd"] = ex.workdir;
+  auto s = client.Open(req);
+  if (!s.ok()) return Fail(s.status());
+  std::thread input;
+  if (ex.interactive) {
+    input = std::thread([st = *s] {
+      std::string buf(64 * 1024, '\0');
+      for (;;) {
+        auto n = ReadSome(0, buf.data(), buf.size());
+        if (!n.ok() || *n == 0) break;
+        if (!st->Write(channel::kChanIn, std::string_view(buf.data(), *n)).ok()) return;
+      }
+      (void)st->CloseWrite(channel::kChanIn);
+    });
+    input.detach();  // a blocked read on a terminal must not hold the exit
+  }
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) return Fail(m.status().Annotate("lost tryboxd"));
+    switch (m->kind) {
+      case Kind::kData: {
+        int fd = m->channel == channel::kChanErr ? 2 : 1;
+        if (!WriteFull(fd, m->data).ok()) {
+          (void)(*s)->Reset("output closed");
+          return kTryboxFailed;
+        }
+        break;
+      }
+      case Kind::kEnd: {
+        Status st = StatusFromReply(m->body);
+        if (!st.ok()) return Fail(st);
+        std::string msg;
+        int code = ExitCodeFor(m->body["result"], &msg);
+        if (!msg.empty()) std::cerr << "trybox: " << msg << "\n";
+        return code;
+      }
+      case Kind::kReset:
+        return Fail(Unavailable("tryboxd aborted the exec: " + m->body.value("reason", "")));
+      default:
+        break;
+    }
+  }
+}
+
+Result<std::string> CreateVm(Client& client, const VmOptions& vm) {
+  ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "create"},
+                                         {"image", vm.image},
+                                         {"memory_mib", vm.memory_mib},
+                                         {"cpus", vm.cpus}}));
+  return r["vm"]["id"].get<std::string>();
+}
+
+std::string FormatAge(double created) {
+  double age = static_cast<double>(::time(nullptr)) - created;
+  if (age < 120) return std::to_string(static_cast<int>(age)) + "s";
+  if (age < 7200) return std::to_string(static_cast<int>(age / 60)) + "m";
+  return std::to_string(static_cast<int>(age / 3600)) + "h";
+}
+
+int CmdLs(Client& client, bool json) {
+  auto r = client.Call({{"verb", "list"}});
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << (*r)["vms"].dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", "ID", "IMAGE", "STATE", "ACCEL", "MEMORY",
+              "AGE", "NOTE");
+  for (const auto& v : (*r)["vms"]) {
+    std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", v["id"].get<std::string>().c_str(),
+                v["image"].get<std::string>().c_str(), v["state"].get<std::string>().c_str(),
+                v["accel"].get<std::string>().c_str(),
+                (std::to_string(v["memory_mib"].get<int>()) + "M").c_str(),
+                FormatAge(v["created_at"].get<double>()).c_str(),
+                v["note"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+int CmdRm(Client& client, const std::vector<std::string>& ids) {
+  int rc = 0;
+  for (const auto& id : ids) {
+    auto r = client.Call({{"verb", "destroy"}, {"vm", id}});
+    if (!r.ok()) {
+      std::cerr << "trybox: " << r.status().message() << "\n";
+      rc = 1;
+      continue;
+    }
+    const Json& rep = (*r)["report"];
+    bool clean = rep["process_gone"].get<bool>() && rep["sockets_removed"].get<bool>() &&
+                 rep["dir_removed"].get<bool>();
+    std::cout << id << "\n";
+    if (!clean) {
+      std::cerr << "trybox: " << id << " was not fully cleaned up: " << rep.dump() << "\n";
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+int CmdCp(Client& client, const std::string& src, const std::string& dst) {
+  std::string src_path, dst_path;
+  std::string src_vm = CpPathVm(src, &src_path);
+  std::string dst_vm = CpPathVm(dst, &dst_path);
+  if (src_vm.empty() == dst_vm.empty()) {
+    return Fail(InvalidArgument("exactly one of SRC and DST must be ID:/path"));
+  }
+  const std::string& vm = src_vm.empty() ? dst_vm : src_vm;
+  Status st = ValidateName("VM id", vm);
+  if (!st.ok()) return Fail(st);
+  auto r = src_vm.empty() ? PutPath(client, vm, src, dst_path)
+                          : GetPath(client, vm, src_path, dst);
+  if (!r.ok()) return Fail(r.status());
+  return 0;
+}
+
+int CmdImageBuild(const Invocation& inv) {
+  Paths paths = Paths::FromEnvironment();
+  image::BuildOptions o;
+  o.name = inv.image_name;
+  o.images_root = paths.images;
+  o.cache_dir = paths.cache;
+  o.rebuild_rootfs = inv.rebuild_rootfs;
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
+  o.init_binary = dir.substr(0, dir.rfind('/')) + "/trybox-init";
+  o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
+  Status st = image::BuildImage(o);
+  if (!st.ok()) return Fail(st);
+  std::cout << "image " << inv.image_name << " built in " << paths.images << "/"
+            << inv.image_name << "\n";
+  return 0;
+}
+
+int CmdImageLs(bool json) {
+  Paths paths = Paths::FromEnvironment();
+  auto list = image::ListImages(paths.images);
+  if (!list.ok()) return Fail(list.status());
+  Json out = Json::array();
+  for (const auto& im : *list) {
+    out.push_back({{"name", im.name},
+                   {"valid", im.valid},
+                   {"problem", im.problem},
+                   {"kernel", im.manifest.kernel_version},
+                   {"created", im.manifest.created},
+                   {"dir", im.dir}});
+  }
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-16s %-8s %-18s %-22s %s\n", "NAME", "VALID", "KERNEL", "CREATED", "PROBLEM");
+  for (const auto& im : out) {
+    std::printf("%-16s %-8s %-18s %-22s %s\n", im["name"].get<std::string>().c_str(),
+                im["valid"].get<bool>() ? "yes" : "no", im["kernel"].get<std::string>().c_str(),
+                im["created"].get<std::string>().c_str(), im["problem"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+int CmdDoctor(Client& client) {
+  auto r = client.Call({{"verb", "doctor"}});
+  if (!r.ok()) return Fail(r.status());
+  const Json& a = (*r)["accel"];
+  std::cout << "acceleration: " << (a["accel"].is_null() ? "unknown" : a["accel"].get<std::string>())
+            << "\n  why: " << a["reason"].get<std::string>() << "\n";
+  std::cout << "qemu: " << (*r)["qemu"].get<std::string>() << "\n";
+  std::cout << "daemon: pid " << (*r)["daemon_pid"] << ", socket "
+            << (*r)["paths"]["socket"].get<std::string>() << "\n";
+  std::cout << "images (" << (*r)["paths"]["images"].get<std::string>() << "):\n";
+  if ((*r)["images"].empty()) std::cout << "  none; run: trybox image build\n";
+  for (const auto& im : (*r)["images"]) {
+    std::cout << "  " << im["name"].get<std::string>() << ": "
+              << (im["valid"].get<bool>() ? "ok" : "invalid: " + im["problem"].get<std::string>())
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Status ValidateEnvAssignment(const std::string& kv) {
+  size_t eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidArgument("--env takes K=V, got " + QuoteForMessage(kv));
+  }
+  for (size_t i = 0; i < eq; ++i) {
+    char c = kv[i];
+    bool ok = c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+              (i > 0 && c >= '0' && c <= '9');
+    if (!ok) {
+      return InvalidArgument("--env name " + QuoteForMessage(kv.substr(0, eq)) +
+                             " is not a valid environment variable name");
+    }
+  }
+  if (kv.find('\0') != std::string::npos) return InvalidArgument("--env value contains NUL");
+  return Status::Ok();
+}
+
+int ExitCodeFor(const nlohmann::json& result, std::string* message) {
+  std::string outcome = result.value("outcome", "");
+  message->clear();
+  if (outcome == "exited" && result.contains("exit_code") && result["exit_code"].is_number()) {
+    return result["exit_code"].get<int>();
+  }
+  if (outcome == "signaled" && result.contains("signal") && result["signal"].is_number()) {
+    int sig = result["signal"].get<int>();
+    *message = std::string("command killed by signal ") + std::to_string(sig);
+    return 128 + sig;
+  }
+  if (outcome == "timed_out") {
+    *message = "command timed out after " +
+               std::to_string(result.value("timeout_ms", int64_t{0}) / 1000.0).substr(0, 6) + " s";
+    return 124;
+  }
+  if (outcome == "error") {
+    std::string err = result.value("error", "");
+    *message = result.value("message", err);
+    if (err == "not_found") return 127;
+    if (err == "not_executable" || err == "bad_cwd") return 126;
+    return kTryboxFailed;
+  }
+  if (outcome == "channel_lost") {
+    *message = "lost the guest before the command finished: " + result.value("message", "");
+    return kTryboxFailed;
+  }
+  *message = "unexpected exec result: " + result.dump();
+  return kTryboxFailed;
+}
+
+Result<Invocation> Parse(const std::vector<std::string>& args) {
+  Invocation inv;
+  CLI::App app{"trybox: throwaway Linux microVMs for trying things"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all");
+
+  auto* run = app.add_subcommand("run", "Create a VM, run a command in it, destroy it");
+  AddVmOptions(run, inv.vm);
+  AddExecOptions(run, inv.exec);
+  run->add_option("command", inv.argv, "Command and arguments (after --)")->required();
+
+  auto* create = app.add_subcommand("create", "Create a VM and print its id");
+  AddVmOptions(create, inv.vm);
+
+  auto* exec = app.add_subcommand("exec", "Run a command in a running VM");
+  AddExecOptions(exec, inv.exec);
+  exec->add_option("id", inv.id, "VM id")->required();
+  exec->add_option("command", inv.argv, "Command and arguments (after --)")->required();
+
+  auto* cp = app.add_subcommand("cp", "Copy files: trybox cp SRC ID:/path, or ID:/path DST");
+  cp->add_option("src", inv.src)->required();
+  cp->add_option("dst", inv.dst)->required();
+
+  auto* rm = app.add_subcommand("rm", "Destroy VMs");
+  rm->add_option("ids", inv.ids, "VM ids")->required();
+
+  auto* ls = app.add_subcommand("ls", "List VMs");
+  ls->add_flag("--json", inv.json, "JSON output");
+
+  auto* image = app.add_subcommand("image", "Build and list images");
+  image->require_subcommand(1);
+  auto* build = image->add_subcommand("build", "Build an image (default debian-12)");
+  build->add_option("name", inv.image_name, "Image name")->capture_default_str();
+  build->add_flag("--rebuild-rootfs", inv.rebuild_rootfs, "Ignore the cached root filesystem");
+  auto* ils = image->add_subcommand("ls", "List built images");
+  ils->add_flag("--json", inv.json, "JSON output");
+
+  auto* doctor = app.add_subcommand("doctor", "Show the acceleration choice and the set-up");
+
+  std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
+  try {
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    inv.command = "help";
+    inv.help = app.help();
+    for (auto* sub : app.get_subcommands()) inv.help = sub->help();
+    return inv;
+  } catch (const CLI::CallForAllHelp&) {
+    inv.command = "help";
+    inv.help = app.help("", CLI::AppFormatMode::All);
+    return inv;
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgument(e.what());
+  }
+  if (run->parsed()) inv.command = "run";
+  if (create->parsed()) inv.command = "create";
+  if (exec->parsed()) inv.command = "exec";
+  if (cp->parsed()) inv.command = "cp";
+  if (rm->parsed()) inv.command = "rm";
+  if (ls->parsed()) inv.command = "ls";
+  if (build->parsed()) inv.command = "image-build";
+  if (ils->parsed()) inv.command = "image-ls";
+  if (doctor->parsed()) inv.command = "doctor";
+  for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
+  if (inv.exec.timeout_s < 0) return InvalidArgument("--timeout must not be negative");
+  if (inv.command == "run" || inv.command == "create" || inv.command == "image-build") {
+    RETURN_IF_ERROR(ValidateName("image name",
+                                 inv.command == "image-build" ? inv.image_name : inv.vm.image));
+  }
+  if (inv.command == "exec") RETURN_IF_ERROR(ValidateName("VM id", inv.id));
+  for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));
+  return inv;
+}
+
+int Run(const Invocation& inv) {
+  if (inv.command == "help") {
+    std::cout << inv.help;
+    return 0;
+  }
+  if (inv.command == "image-build") return CmdImageBuild(inv);
+  if (inv.command == "image-ls") return CmdImageLs(inv.json);
+  ::signal(SIGPIPE, SIG_IGN);
+  auto client = Client::Connect(Paths::FromEnvironment());
+  if (!client.ok()) return Fail(client.status());
+  Client& c = **client;
+  if (inv.command == "ls") return CmdLs(c, inv.json);
+  if (inv.command == "rm") return CmdRm(c, inv.ids);
+  if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst);
+  if (inv.command == "doctor") return CmdDoctor(c);
+  if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
+  if (inv.command == "create") {
+    auto id = CreateVm(c, inv.vm);
+    if (!id.ok()) return Fail(id.status());
+    std::cout << *id << "\n";
+    return 0;
+  }
+  if (inv.command == "run") {
+    auto id = CreateVm(c, inv.vm);
+    if (!id.ok()) return Fail(id.status());
+    int code = StreamExec(c, *id, inv.argv, inv.exec);
+    auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});
+    if (!r.ok()) {
+      std::cerr << "trybox: could not destroy VM " << *id << ": " << r.status().message() << "\n";
+      if (code == 0) code = kTryboxFailed;
+    }
+    return code;
+  }
+  return Fail(InvalidArgument("unknown command " + inv.command));
+}
+
+}  // namespace trybox::cli

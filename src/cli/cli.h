@@ -1,0 +1,56 @@
+// The trybox command line: parsing (CLI11) and the commands, docker conventions.
+//
+// Exit codes for run/exec: the command's own code; 128+N when signal N killed it; 124 when
+// it timed out; 125 when trybox itself failed (including a lost guest); 126 when the command
+// could not be invoked; 127 when it was not found.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "util/status.h"
+
+namespace trybox::cli {
+
+struct VmOptions {
+  std::string image = "debian-12";
+  int memory_mib = 512;
+  int cpus = 1;
+};
+
+struct ExecOptions {
+  std::vector<std::string> env;  // K=V, validated
+  std::string workdir;
+  double timeout_s = 0;  // 0: none
+  bool interactive = false;  // forward our stdin
+};
+
+struct Invocation {
+  std::string command;  // run create exec cp rm ls image-build image-ls doctor help
+  VmOptions vm;
+  ExecOptions exec;
+  std::vector<std::string> argv;  // run/exec
+  std::string id;                 // exec
+  std::vector<std::string> ids;   // rm
+  std::string src, dst;           // cp
+  bool json = false;
+  std::string image_name = "debian-12";  // image build
+  bool rebuild_rootfs = false;
+  std::string help;  // command == "help": the text to print
+};
+
+// Parses argv (including argv[0]). Errors carry CLI11's message.
+Result<Invocation> Parse(const std::vector<std::string>& args);
+
+// K=V with K a valid environment name.
+Status ValidateEnvAssignment(const std::string& kv);
+
+// The exit code for an exec result body from tryboxd, and a message for stderr (may be "").
+int ExitCodeFor(const nlohmann::json& result, std::string* message);
+
+// Runs a parsed invocation; returns the process exit code.
+int Run(const Invocation& inv);
+
+}  // namespace trybox::cli

@@ -1,0 +1,102 @@
+#include "cli/client.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "util/process.h"
+#include "util/socket.h"
+
+namespace trybox::cli {
+namespace {
+
+std::string DaemonBinary() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    std::string self(buf, static_cast<size_t>(n));
+    std::string beside = self.substr(0, self.rfind('/')) + "/tryboxd";
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return FindInPath("tryboxd").value_or("tryboxd");
+}
+
+Code CodeFromName(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(Code::kInternal); ++c) {
+    if (name == CodeName(static_cast<Code>(c))) return static_cast<Code>(c);
+  }
+  return Code::kInternal;
+}
+
+}  // namespace
+
+Status StatusFromReply(const Json& reply) {
+  if (reply.value("ok", false)) return Status::Ok();
+  if (reply.contains("error") && reply["error"].is_object()) {
+    const Json& e = reply["error"];
+    return Status(CodeFromName(e.value("code", "INTERNAL")), e.value("message", "unknown error"));
+  }
+  return Internal("unexpected reply from tryboxd: " + reply.dump());
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autostart) {
+  auto fd = ConnectUnix(paths.socket());
+  if (!fd.ok() && autostart &&
+      (fd.status().code() == Code::kNotFound || fd.status().code() == Code::kUnavailable)) {
+    RETURN_IF_ERROR(MakeDirs(paths.state, 0700));
+    std::string log_path = paths.state + "/tryboxd.log";
+    ASSIGN_OR_RETURN(UniqueFd log, OpenFile(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600));
+    SpawnOptions opts;
+    opts.argv = {DaemonBinary()};
+    opts.stdout_fd = log.get();
+    opts.stderr_fd = log.get();
+    opts.new_session = true;
+    ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(opts));
+    // Poll for the socket; the daemon exits at once if another one won the race, which is
+    // fine: that one will answer.
+    for (int i = 0; i < 1000; ++i) {
+      fd = ConnectUnix(paths.socket());
+      if (fd.ok()) break;
+      if (child.running()) {
+        auto done = child.TryWait();
+        // Exit code 3: another daemon won the race for the lock; it will answer.
+        if (done.ok() && done->has_value() && !((*done)->exited && (*done)->code == 3)) break;
+      }
+      ::usleep(10000);
+    }
+    if (child.running()) child.Release();  // the daemon lives on, detached
+    if (!fd.ok()) {
+      return Unavailable("started tryboxd but it did not answer on " + paths.socket() +
+                         " (see " + log_path + ")");
+    }
+  }
+  if (!fd.ok()) {
+    return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " +
+                       fd.status().message());
+  }
+  auto mux = std::make_unique<channel::Mux>(std::move(*fd), channel::Role::kHost);
+  mux->Start();
+  return std::unique_ptr<Client>(new Client(std::move(mux)));
+}
+
+Result<std::shared_ptr<channel::Stream>> Client::Open(const Json& request) {
+  return mux_->Open(request);
+}
+
+Result<Json> Client::Call(const Json& request) {
+  ASSIGN_OR_RETURN(auto s, Open(request));
+  for (;;) {
+    ASSIGN_OR_RETURN(auto m, s->Next());
+    if (m.kind == channel::Stream::Message::Kind::kEnd) {
+      RETURN_IF_ERROR(StatusFromReply(m.body));
+      return m.body;
+    }
+    if (m.kind == channel::Stream::Message::Kind::kReset) {
+      return Unavailable("tryboxd aborted the request: " + m.body.value("reason", ""));
+    }
+  }
+}
+
+}  // namespace trybox::cli

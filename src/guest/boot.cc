@@ -1,0 +1,324 @@
+#include "guest/boot.h"
+
+#include <fcntl.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "util/fd.h"
+#include "util/log.h"
+
+#ifndef MODULE_INIT_COMPRESSED_FILE
+#define MODULE_INIT_COMPRESSED_FILE 4
+#endif
+
+namespace trybox::guest {
+namespace {
+
+constexpr const char* kModulesList = "/etc/trybox/modules.load";
+constexpr const char* kKernelVersion = "/etc/trybox/kernel_version";
+constexpr const char* kLower = "/mnt/lower";
+constexpr const char* kScratch = "/mnt/scratch";
+constexpr const char* kNewRoot = "/mnt/root";
+constexpr auto kDiskWait = std::chrono::seconds(10);
+constexpr const char* kProbeMarker = "TRYBOX-PROBE-OK\n";
+constexpr const char* kDefaultHostname = "trybox";
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::strchr(" \t\r\n", s.back()) != nullptr) s.pop_back();
+  size_t start = s.find_first_not_of(" \t");
+  return start == std::string::npos ? "" : s.substr(start);
+}
+
+// Serial output is transmitted after write(2) returns; wait for it before the power goes.
+void DrainConsole() {
+  if (::isatty(2)) ::tcdrain(2);
+}
+
+[[noreturn]] void Fatal(const Status& st) {
+  LogError("init", "boot failed: " + st.message() + "; powering off");
+  PowerOff();
+}
+
+Status MakeDir(const std::string& path, mode_t mode = 0755) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) return ErrnoError("mkdir " + path);
+  return Status::Ok();
+}
+
+Status Mount(const std::string& source, const std::string& target, const char* type,
+             unsigned long flags, const std::string& data = "") {
+  RETURN_IF_ERROR(MakeDir(target));
+  if (::mount(source.c_str(), target.c_str(), type, flags, data.empty() ? nullptr : data.c_str()) != 0) {
+    return ErrnoError(std::string("mount ") + (type ? type : "") + " " + source + " on " + target +
+                      (data.empty() ? "" : " (" + data + ")"));
+  }
+  return Status::Ok();
+}
+
+Status MountEarly() {
+  RETURN_IF_ERROR(Mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  RETURN_IF_ERROR(Mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  RETURN_IF_ERROR(Mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755"));
+  RETURN_IF_ERROR(Mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755"));
+  return Status::Ok();
+}
+
+// The kernel gives init the console as 0/1/2 only if /dev/console existed in the initramfs.
+void AttachConsole() {
+  bool missing = false;
+  for (int fd = 0; fd <= 2; ++fd) missing |= ::fcntl(fd, F_GETFD) < 0;
+  if (!missing) return;
+  int console = ::open("/dev/console", O_RDWR | O_NOCTTY);
+  if (console < 0) return;  // nowhere to report anything; carry on silently
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fd != console && ::fcntl(fd, F_GETFD) < 0) ::dup2(console, fd);
+  }
+  if (console > 2) ::close(console);
+}
+
+[[noreturn]] void Probe() {
+  UniqueFd console(::open("/dev/console", O_WRONLY | O_NOCTTY | O_CLOEXEC));
+  if (console.valid()) {
+    (void)WriteFull(console.get(), kProbeMarker);
+    // Serial output leaves after write(2) returns; the host must see the whole line.
+    ::tcdrain(console.get());
+  }
+  PowerOff();
+}
+
+void LoadModules(const KernelCmdline& cmdline) {
+  auto list = ReadFileToString(kModulesList);
+  if (!list.ok()) {
+    if (list.status().code() != Code::kNotFound) LogError("init", list.status().message());
+    return;  // no list: everything needed is built in
+  }
+  auto version = ReadFileToString(kKernelVersion);
+  if (!version.ok()) {
+    LogError("init", "cannot load modules: " + version.status().message());
+    return;
+  }
+  const std::string dir = "/lib/modules/" + Trim(*version) + "/";
+  size_t start = 0;
+  while (start < list->size()) {
+    size_t nl = list->find('\n', start);
+    if (nl == std::string::npos) nl = list->size();
+    std::string line = Trim(list->substr(start, nl - start));
+    start = nl + 1;
+    if (line.empty() || line[0] == '#') continue;
+    const std::string name = ModuleNameFromPath(line);
+    UniqueFd fd(::open((dir + line).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      LogError("init", "module " + name + ": " + ErrnoError("open " + dir + line).message());
+      continue;
+    }
+    bool compressed = line.size() > 3 && (line.ends_with(".xz") || line.ends_with(".zst") ||
+                                          line.ends_with(".gz"));
+    // Module options on the kernel command line are only applied by whoever loads the
+    // module (e.g. virtio_mmio.device=... when ACPI does not describe the devices).
+    std::string params = ModuleParams(cmdline, name);
+    if (::syscall(SYS_finit_module, fd.get(), params.c_str(),
+                  compressed ? MODULE_INIT_COMPRESSED_FILE : 0) != 0 &&
+        errno != EEXIST) {
+      LogError("init", "module " + name + ": " + ErrnoError("finit_module").message());
+    }
+  }
+}
+
+Status WaitForDevice(const std::string& path, std::chrono::steady_clock::time_point deadline) {
+  struct stat st;
+  while (::stat(path.c_str(), &st) != 0 || !S_ISBLK(st.st_mode)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return NotFound(path + " did not appear within " +
+                      std::to_string(std::chrono::seconds(kDiskWait).count()) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return Status::Ok();
+}
+
+Status MountRoot() {
+  auto deadline = std::chrono::steady_clock::now() + kDiskWait;
+  RETURN_IF_ERROR(WaitForDevice("/dev/vda", deadline));
+  RETURN_IF_ERROR(WaitForDevice("/dev/vdb", deadline));
+  RETURN_IF_ERROR(MakeDir("/mnt"));
+  // noload: the frozen image is attached read-only, so its journal must not be replayed.
+  RETURN_IF_ERROR(Mount("/dev/vda", kLower, "ext4", MS_RDONLY, "noload"));
+  RETURN_IF_ERROR(Mount("/dev/vdb", kScratch, "ext4", MS_NOATIME));
+  RETURN_IF_ERROR(MakeDir(std::string(kScratch) + "/upper"));
+  RETURN_IF_ERROR(MakeDir(std::string(kScratch) + "/work"));
+  return Mount("overlay", kNewRoot, "overlay", 0,
+               std::string("lowerdir=") + kLower + ",upperdir=" + kScratch +
+                   "/upper,workdir=" + kScratch + "/work");
+}
+
+// switch_root: an initramfs cannot be pivot_root'ed away, so the new root is moved over "/".
+Status SwitchRoot() {
+  for (const char* dir : {"/proc", "/sys", "/dev", "/run"}) {
+    std::string target = std::string(kNewRoot) + dir;
+    RETURN_IF_ERROR(MakeDir(target));
+    if (::mount(dir, target.c_str(), nullptr, MS_MOVE, nullptr) != 0) {
+      return ErrnoError(std::string("move ") + dir + " to " + target);
+    }
+  }
+  // The modules are loaded; their files would only hold initramfs memory from now on.
+  (void)RemoveTree("/lib/modules");
+  if (::chdir(kNewRoot) != 0) return ErrnoError(std::string("chdir ") + kNewRoot);
+  if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) {
+    return ErrnoError(std::string("move ") + kNewRoot + " to /");
+  }
+  if (::chroot(".") != 0) return ErrnoError("chroot");
+  if (::chdir("/") != 0) return ErrnoError("chdir /");
+  return Status::Ok();
+}
+
+Status MountLate() {
+  RETURN_IF_ERROR(Mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                        "ptmxmode=0666,mode=0620,gid=5"));
+  RETURN_IF_ERROR(Mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
+  RETURN_IF_ERROR(Mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
+  RETURN_IF_ERROR(Mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  RETURN_IF_ERROR(MakeDir("/run/lock", 01777));
+  ::chmod("/run/lock", 01777);
+  const std::pair<const char*, const char*> links[] = {{"/proc/self/fd", "/dev/fd"},
+                                                        {"/proc/self/fd/0", "/dev/stdin"},
+                                                        {"/proc/self/fd/1", "/dev/stdout"},
+                                                        {"/proc/self/fd/2", "/dev/stderr"}};
+  for (const auto& [target, link] : links) {
+    if (::symlink(target, link) != 0 && errno != EEXIST) {
+      return ErrnoError(std::string("symlink ") + link);
+    }
+  }
+  return Status::Ok();
+}
+
+// True if some line of an /etc/hosts text lists `name` as one of its names.
+bool HostsFileNames(const std::string& text, const std::string& name) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(start, nl - start);
+    start = nl + 1;
+    line = line.substr(0, line.find('#'));
+    size_t pos = line.find_first_of(" \t");  // skip the address
+    while (pos != std::string::npos) {
+      size_t b = line.find_first_not_of(" \t", pos);
+      if (b == std::string::npos) break;
+      size_t e = line.find_first_of(" \t", b);
+      if (line.compare(b, e == std::string::npos ? std::string::npos : e - b, name) == 0) {
+        return true;
+      }
+      pos = e;
+    }
+  }
+  return false;
+}
+
+void SetIdentity(const KernelCmdline& cmdline) {
+  const std::string name = cmdline.hostname.empty() ? kDefaultHostname : cmdline.hostname;
+  if (::sethostname(name.data(), name.size()) != 0) {
+    LogError("init", ErrnoError("sethostname " + name).message());
+  }
+  Status st = WriteFileAtomic("/etc/hostname", name + "\n", 0644);
+  if (!st.ok()) LogError("init", st.message());
+  // Tools that resolve their own hostname (sudo, hostname -f) expect /etc/hosts to know it.
+  auto hosts = ReadFileToString("/etc/hosts");
+  std::string text = hosts.ok() ? *hosts : "127.0.0.1\tlocalhost\n";
+  if (!HostsFileNames(text, name)) {
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    st = WriteFileAtomic("/etc/hosts", text + "127.0.1.1\t" + name + "\n", 0644);
+    if (!st.ok()) LogError("init", st.message());
+  }
+  if (!cmdline.machine_id.empty()) {
+    st = WriteFileAtomic("/etc/machine-id", cmdline.machine_id + "\n", 0444);
+    if (!st.ok()) LogError("init", st.message());
+  }
+}
+
+// While lo is down a loopback listener binds but refuses every connection.
+void LoopbackUp() {
+  UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  struct ifreq ifr;
+  std::memset(&ifr, 0, sizeof ifr);
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (!s.valid() || ::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) {
+    LogError("init", ErrnoError("lo: SIOCGIFFLAGS").message());
+    return;
+  }
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) {
+    LogError("init", ErrnoError("lo: SIOCSIFFLAGS").message());
+  }
+}
+
+}  // namespace
+
+[[noreturn]] void PowerOff() {
+  ::sync();
+  DrainConsole();
+  ::reboot(RB_POWER_OFF);
+  // Only reachable if the kernel refused; PID 1 must not exit (that panics the kernel).
+  for (;;) ::pause();
+}
+
+void UnmountAll() {
+  ::sync();
+  auto mounts = ReadFileToString("/proc/self/mounts");
+  if (mounts.ok()) {
+    std::vector<std::string> targets;
+    size_t start = 0;
+    while (start < mounts->size()) {
+      size_t nl = mounts->find('\n', start);
+      if (nl == std::string::npos) nl = mounts->size();
+      std::string line = mounts->substr(start, nl - start);
+      start = nl + 1;
+      size_t a = line.find(' ');
+      size_t b = a == std::string::npos ? a : line.find(' ', a + 1);
+      if (b != std::string::npos) targets.push_back(line.substr(a + 1, b - a - 1));
+    }
+    for (auto it = targets.rbegin(); it != targets.rend(); ++it) {
+      if (*it == "/" || *it == "/proc" || *it == "/sys" || *it == "/dev") continue;
+      ::umount2(it->c_str(), 0);
+    }
+  }
+  ::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY, nullptr);
+  ::sync();
+}
+
+BootInfo Boot() {
+  Status early = MountEarly();
+  AttachConsole();
+  if (!early.ok()) Fatal(early);
+
+  BootInfo info;
+  auto cmdline = ReadFileToString("/proc/cmdline");
+  if (!cmdline.ok()) Fatal(cmdline.status());
+  info.cmdline = ParseKernelCmdline(*cmdline);
+  if (info.cmdline.probe) Probe();
+  for (const auto& p : info.cmdline.problems) LogError("init", p);
+
+  LoadModules(info.cmdline);
+  if (Status st = MountRoot(); !st.ok()) Fatal(st);
+  if (Status st = SwitchRoot(); !st.ok()) Fatal(st);
+  if (Status st = MountLate(); !st.ok()) Fatal(st);
+  SetIdentity(info.cmdline);
+  LoopbackUp();
+
+  auto boot_id = ReadFileToString("/proc/sys/kernel/random/boot_id");
+  if (!boot_id.ok()) Fatal(boot_id.status());
+  info.boot_id = Trim(*boot_id);
+  return info;
+}
+
+}  // namespace trybox::guest

@@ -1,0 +1,41 @@
+// trybox-init: the guest's PID 1. Boots the guest (guest/boot.h), then serves the control
+// protocol (guest/server.h) until a shutdown request powers it off.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "guest/boot.h"
+#include "guest/reaper.h"
+#include "guest/server.h"
+#include "util/log.h"
+
+int main() {
+  if (::getpid() != 1) {
+    std::fprintf(stderr, "trybox-init: must run as PID 1 (it mounts and powers off the machine)\n");
+    return 2;
+  }
+  // Before any thread exists, so that every thread inherits it: the reaper alone collects
+  // SIGCHLD, with sigwaitinfo.
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) {
+    ::signal(sig, SIG_IGN);
+  }
+  ::umask(022);
+  // PID 1 exiting panics the kernel; a clean power-off with a reason is kinder to the host.
+  std::set_terminate([] {
+    trybox::LogError("init", "fatal: uncaught exception; powering off");
+    trybox::guest::PowerOff();
+  });
+
+  trybox::guest::BootInfo boot = trybox::guest::Boot();
+  trybox::guest::Reaper reaper;
+  reaper.Start();
+  trybox::guest::Server server(reaper, std::move(boot));
+  server.Run();
+}

@@ -1,0 +1,71 @@
+// The guest end of the control channel: the virtio-serial port named org.trybox.ctl.
+//
+// The port is one byte pipe that outlives host connections, and its kernel driver blocks a
+// writer while no host is connected, then lets the write continue into the *next*
+// connection. A Mux writing to the port directly could therefore leave a half-written
+// frame for the next host, and its Shutdown cannot interrupt a blocked read. So the Mux
+// runs on one end of a socketpair and a PortRelay copies between the other end and the
+// port with non-blocking I/O: when the host goes away the relay drops whatever it holds
+// and closes the socket, which the Mux sees as an ordinary connection loss.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "guest/wakeup.h"
+#include "util/fd.h"
+#include "util/status.h"
+#include "util/thread_annotations.h"
+
+namespace trybox::guest {
+
+inline constexpr const char* kControlPortName = "org.trybox.ctl";
+
+// /dev/vportNpM for the port whose sysfs name is `name` (there is no udev, so no
+// /dev/virtio-ports/ symlinks). kNotFound until the port has appeared.
+Result<std::string> FindVirtioPort(const std::string& name);
+
+// True if a host has the port open (the driver reports POLLHUP while none has).
+bool HostConnected(int port_fd);
+
+// Copies port <-> socket on two threads until the host disconnects, the port fails, or the
+// socket's other end (the Mux) closes. Owns both fds. Not copyable or movable.
+class PortRelay {
+ public:
+  // `port` must be open O_RDWR|O_NONBLOCK. Starts both threads.
+  static Result<std::unique_ptr<PortRelay>> Start(UniqueFd port, UniqueFd socket);
+  ~PortRelay();
+  PortRelay(const PortRelay&) = delete;
+  PortRelay& operator=(const PortRelay&) = delete;
+
+  // Blocks until the relay has stopped for any reason; returns why.
+  std::string Wait();
+  // Stops both directions; pending bytes are dropped. Idempotent.
+  void Stop(const std::string& why);
+  // Waits (bounded) until every byte the Mux wrote has been handed to the port. For the
+  // reply to a shutdown, which must leave before the power goes.
+  void Flush(int timeout_ms);
+
+ private:
+  PortRelay(UniqueFd port, UniqueFd socket, Wakeup stop)
+      : port_(std::move(port)), socket_(std::move(socket)), stop_(std::move(stop)) {}
+  void PortToSocket();
+  void SocketToPort();
+
+  UniqueFd port_;
+  UniqueFd socket_;
+  Wakeup stop_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<uint64_t> pending_{0};  // read from the socket, not yet written to the port
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string why_ GUARDED_BY(mu_);
+  std::thread in_, out_;
+};
+
+}  // namespace trybox::guest

@@ -1,0 +1,111 @@
+#include "guest/reaper.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+
+namespace trybox::guest {
+
+bool ChildWatch::exited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+int ChildWatch::Wait() const {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return status_;
+    }
+    struct pollfd p = {reaped_.fd_for_poll(), POLLIN, 0};
+    (void)::poll(&p, 1, -1);
+  }
+}
+
+std::chrono::steady_clock::time_point ChildWatch::exit_time() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exit_time_;
+}
+
+void ChildWatch::Complete(int status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    status_ = status;
+    exit_time_ = std::chrono::steady_clock::now();
+  }
+  reaped_.Signal();
+}
+
+Reaper::~Reaper() {
+  if (thread_.joinable()) thread_.detach();
+}
+
+void Reaper::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Result<std::shared_ptr<ChildWatch>> Reaper::Fork(const std::function<void()>& in_child) {
+  ASSIGN_OR_RETURN(Wakeup reaped, Wakeup::Make());
+  std::shared_ptr<ChildWatch> watch(new ChildWatch(std::move(reaped)));
+  std::lock_guard<std::mutex> lock(mu_);
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoError("fork");
+  if (pid == 0) {
+    in_child();
+    ::_exit(127);
+  }
+  watch->pid_ = pid;
+  children_[pid] = watch;
+  return watch;
+}
+
+void Reaper::Deliver(pid_t pid, int status) {
+  std::shared_ptr<ChildWatch> watch;
+  {
+    // Blocks while a Fork holds the lock, so a child reaped before it was registered is
+    // looked up only after registration.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = children_.find(pid);
+    if (it == children_.end()) return;  // an orphan: reaping it was the whole job
+    watch = std::move(it->second);
+    children_.erase(it);
+  }
+  watch->Complete(status);
+}
+
+void Reaper::Loop() {
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  for (;;) {
+    // Drain before waiting: SIGCHLD coalesces, and children may predate this thread.
+    for (;;) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG | __WALL);
+      if (pid <= 0) {
+        if (pid < 0 && errno == EINTR) continue;
+        break;
+      }
+      Deliver(pid, status);
+    }
+    siginfo_t info;
+    while (::sigwaitinfo(&chld, &info) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+ExitInfo DecodeWaitStatus(int status) {
+  ExitInfo out;
+  if (WIFEXITED(status)) {
+    out.exited = true;
+    out.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    out.signal = WTERMSIG(status);
+  }
+  return out;
+}
+
+}  // namespace trybox::guest

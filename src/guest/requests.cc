@@ -1,0 +1,132 @@
+#include "guest/requests.h"
+
+#include "util/names.h"
+
+namespace trybox::guest {
+namespace {
+
+bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
+
+// An absolute path without NUL bytes.
+Result<std::string> PathField(const Json& request, const char* field) {
+  auto it = request.find(field);
+  if (it == request.end()) return InvalidArgument(std::string("missing \"") + field + "\"");
+  if (!it->is_string()) return InvalidArgument(std::string("\"") + field + "\" must be a string");
+  std::string path = it->get<std::string>();
+  if (path.empty() || path[0] != '/') {
+    return InvalidArgument(std::string("\"") + field + "\" must be an absolute path, got " +
+                           QuoteForMessage(path));
+  }
+  if (HasNul(path)) return InvalidArgument(std::string("\"") + field + "\" contains a NUL byte");
+  return path;
+}
+
+Status OptionalBool(const Json& request, const char* field, bool* out) {
+  auto it = request.find(field);
+  if (it == request.end() || it->is_null()) return Status::Ok();
+  if (!it->is_boolean()) return InvalidArgument(std::string("\"") + field + "\" must be a boolean");
+  *out = it->get<bool>();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::string> RequestOp(const Json& request) {
+  auto it = request.find("op");
+  if (it == request.end()) return InvalidArgument("missing \"op\"");
+  if (!it->is_string()) return InvalidArgument("\"op\" must be a string");
+  return it->get<std::string>();
+}
+
+Result<ExecRequest> ParseExecRequest(const Json& request) {
+  ExecRequest out;
+  auto argv = request.find("argv");
+  if (argv == request.end()) return InvalidArgument("missing \"argv\"");
+  if (!argv->is_array() || argv->empty()) {
+    return InvalidArgument("\"argv\" must be a non-empty array of strings");
+  }
+  for (const auto& a : *argv) {
+    if (!a.is_string()) return InvalidArgument("\"argv\" must be a non-empty array of strings");
+    out.argv.push_back(a.get<std::string>());
+    if (HasNul(out.argv.back())) return InvalidArgument("\"argv\" contains a NUL byte");
+  }
+  if (out.argv[0].empty()) return InvalidArgument("argv[0] is empty");
+
+  auto env = request.find("env");
+  if (env != request.end() && !env->is_null()) {
+    if (!env->is_object()) return InvalidArgument("\"env\" must be an object of strings");
+    for (const auto& [k, v] : env->items()) {
+      if (!v.is_string()) {
+        return InvalidArgument("env " + QuoteForMessage(k) + " must be a string");
+      }
+      if (k.empty() || k.find('=') != std::string::npos || HasNul(k)) {
+        return InvalidArgument("env name " + QuoteForMessage(k) +
+                               " must be non-empty, without '=' or NUL");
+      }
+      std::string value = v.get<std::string>();
+      if (HasNul(value)) return InvalidArgument("env " + QuoteForMessage(k) + " contains a NUL byte");
+      out.env[k] = std::move(value);
+    }
+  }
+
+  if (request.contains("cwd") && !request["cwd"].is_null()) {
+    ASSIGN_OR_RETURN(out.cwd, PathField(request, "cwd"));
+  }
+
+  auto timeout = request.find("timeout_ms");
+  if (timeout != request.end() && !timeout->is_null()) {
+    if (!timeout->is_number_integer() || *timeout < 0 || *timeout > kMaxTimeoutMs) {
+      return InvalidArgument("\"timeout_ms\" must be an integer from 0 to 2^40");
+    }
+    out.timeout_ms = timeout->get<uint64_t>();
+  }
+  RETURN_IF_ERROR(OptionalBool(request, "stdin", &out.stdin_from_stream));
+  return out;
+}
+
+Result<PutRequest> ParsePutRequest(const Json& request) {
+  PutRequest out;
+  ASSIGN_OR_RETURN(out.path, PathField(request, "path"));
+  auto kind = request.find("kind");
+  if (kind != request.end() && !kind->is_null()) {
+    if (*kind == "file") {
+      out.kind = PutKind::kFile;
+    } else if (*kind == "tar") {
+      out.kind = PutKind::kTar;
+    } else {
+      return InvalidArgument("\"kind\" must be \"file\" or \"tar\"");
+    }
+  }
+  if (out.kind == PutKind::kFile) {
+    std::string base = out.path.substr(out.path.rfind('/') + 1);
+    if (base.empty() || base == "." || base == "..") {
+      return InvalidArgument("put of a file needs a path that names a file, got " +
+                             QuoteForMessage(out.path));
+    }
+  }
+  auto mode = request.find("mode");
+  if (mode != request.end() && !mode->is_null()) {
+    if (!mode->is_number_integer() || *mode < 0) {
+      return InvalidArgument("\"mode\" must be a non-negative integer");
+    }
+    out.mode = static_cast<uint32_t>(mode->get<uint64_t>() & 07777);
+  }
+  auto mtime = request.find("mtime_ns");
+  if (mtime != request.end() && !mtime->is_null()) {
+    if (!mtime->is_number_integer()) return InvalidArgument("\"mtime_ns\" must be an integer");
+    if (mtime->is_number_unsigned() && mtime->get<uint64_t>() > INT64_MAX) {
+      return InvalidArgument("\"mtime_ns\" is out of range");
+    }
+    out.mtime_ns = mtime->get<int64_t>();
+  }
+  RETURN_IF_ERROR(OptionalBool(request, "mkdirs", &out.mkdirs));
+  return out;
+}
+
+Result<GetRequest> ParseGetRequest(const Json& request) {
+  GetRequest out;
+  ASSIGN_OR_RETURN(out.path, PathField(request, "path"));
+  return out;
+}
+
+}  // namespace trybox::guest

@@ -1,0 +1,52 @@
+// The requests trybox-init serves, parsed and validated from their OPEN payloads. Pure:
+// no I/O. Fields and defaults: docs/protocol/guest.md. A request with a missing or
+// ill-typed field is rejected (kInvalidArgument naming the field); unknown fields are
+// ignored so that a newer host can talk to an older guest.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "util/status.h"
+
+namespace trybox::guest {
+
+using Json = nlohmann::json;
+
+inline constexpr uint64_t kMaxTimeoutMs = 1ull << 40;  // about 35 years
+
+struct ExecRequest {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  std::string cwd = "/root";
+  uint64_t timeout_ms = 0;  // 0: no timeout; at most kMaxTimeoutMs
+  bool stdin_from_stream = false;  // "stdin"; false: the command's stdin is /dev/null
+};
+
+enum class PutKind { kFile, kTar };
+
+struct PutRequest {
+  std::string path;
+  PutKind kind = PutKind::kFile;
+  uint32_t mode = 0644;  // permission bits only (masked with 07777)
+  std::optional<int64_t> mtime_ns;
+  bool mkdirs = false;
+};
+
+struct GetRequest {
+  std::string path;
+};
+
+// The request's "op", or kInvalidArgument if missing or not a string.
+Result<std::string> RequestOp(const Json& request);
+
+Result<ExecRequest> ParseExecRequest(const Json& request);
+Result<PutRequest> ParsePutRequest(const Json& request);
+Result<GetRequest> ParseGetRequest(const Json& request);
+
+}  // namespace trybox::guest

@@ -1,0 +1,150 @@
+#include "guest/spawn.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "util/fd.h"
+
+namespace trybox::guest {
+namespace {
+
+TEST(MergeEnvTest, DefaultsWithRequestOnTop) {
+  EXPECT_EQ(MergeEnv({}),
+            (std::vector<std::string>{"HOME=/root", "LANG=C.UTF-8",
+                                      std::string("PATH=") + kDefaultPath, "TERM=dumb"}));
+  std::vector<std::string> env = MergeEnv({{"TERM", "xterm"}, {"FOO", ""}, {"PATH", "/x"}});
+  EXPECT_EQ(env, (std::vector<std::string>{"FOO=", "HOME=/root", "LANG=C.UTF-8", "PATH=/x",
+                                           "TERM=xterm"}));
+  EXPECT_EQ(EnvValue(env, "PATH", "?"), "/x");
+  EXPECT_EQ(EnvValue(env, "FOO", "?"), "");
+  EXPECT_EQ(EnvValue(env, "PAT", "?"), "?");
+}
+
+TEST(ExecCandidatesTest, SlashMeansNoSearch) {
+  EXPECT_EQ(ExecCandidates("./run", "/a:/b"), (std::vector<std::string>{"./run"}));
+  EXPECT_EQ(ExecCandidates("/bin/sh", "/a"), (std::vector<std::string>{"/bin/sh"}));
+}
+
+TEST(ExecCandidatesTest, SearchesTheRequestPathInOrderAndEmptyMeansCwd) {
+  EXPECT_EQ(ExecCandidates("ls", "/usr/bin::/bin"),
+            (std::vector<std::string>{"/usr/bin/ls", "ls", "/bin/ls"}));
+  EXPECT_EQ(ExecCandidates("ls", ""), (std::vector<std::string>{"ls"}));
+}
+
+TEST(ExecSearchTest, MissingEverywhereIsNotFound) {
+  ExecSearch s;
+  EXPECT_TRUE(s.Failed(ENOENT));
+  EXPECT_TRUE(s.Failed(ENOTDIR));
+  EXPECT_EQ(s.Result(), ENOENT);
+  EXPECT_EQ(ClassifyExecErrno(s.Result()), SpawnError::kNotFound);
+}
+
+TEST(ExecSearchTest, FoundButNotExecutableWinsOverMissing) {
+  ExecSearch s;
+  EXPECT_TRUE(s.Failed(EACCES));
+  EXPECT_TRUE(s.Failed(ENOENT));
+  EXPECT_EQ(s.Result(), EACCES);
+  EXPECT_EQ(ClassifyExecErrno(s.Result()), SpawnError::kNotExecutable);
+}
+
+TEST(ExecSearchTest, OtherErrorsStopTheSearch) {
+  ExecSearch s;
+  EXPECT_TRUE(s.Failed(EACCES));
+  EXPECT_FALSE(s.Failed(ENOEXEC));
+  EXPECT_EQ(s.Result(), ENOEXEC);
+  EXPECT_EQ(ClassifyExecErrno(ENOEXEC), SpawnError::kNotExecutable);
+  EXPECT_EQ(ClassifyExecErrno(E2BIG), SpawnError::kSpawnFailed);
+}
+
+TEST(SpawnErrorTest, NamesAreTheProtocolStrings) {
+  EXPECT_STREQ(SpawnErrorName(SpawnError::kNotFound), "not_found");
+  EXPECT_STREQ(SpawnErrorName(SpawnError::kNotExecutable), "not_executable");
+  EXPECT_STREQ(SpawnErrorName(SpawnError::kBadCwd), "bad_cwd");
+  EXPECT_STREQ(SpawnErrorName(SpawnError::kSpawnFailed), "spawn_failed");
+}
+
+// The reaper calls waitpid(-1), which would steal other tests' children, so the real spawns
+// run in a re-executed copy of this binary (a threadsafe death test) with only this test.
+void SpawnThroughReaperAndExit() {
+  int failures = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+      ++failures;
+    }
+  };
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  Reaper reaper;
+  reaper.Start();
+
+  auto dir = TempDir::Make(::testing::TempDir(), "spawn_test");
+  expect(dir.ok(), "temp dir");
+  const std::string d = dir->path();
+  expect(WriteFileAtomic(d + "/seven", "#!/bin/sh\necho \"$0 $FOO\"\nexit 7\n", 0755).ok(), "w1");
+  expect(WriteFileAtomic(d + "/plain", "data\n", 0644).ok(), "w2");
+  expect(WriteFileAtomic(d + "/noshebang", "\x01\x02garbage\n", 0755).ok(), "w3");
+
+  auto out = MakePipe();
+  SpawnSpec spec;
+  spec.argv = {"seven"};
+  spec.env = MergeEnv({{"PATH", "/nonexistent:" + d}, {"FOO", "bar"}});
+  spec.stdout_fd = out->write.get();
+  SpawnOutcome ok = Spawn(reaper, spec);
+  out->write.Reset();
+  expect(ok.error == SpawnError::kNone, "spawn seven: " + ok.message);
+  if (ok.child) {
+    ExitInfo e = DecodeWaitStatus(ok.child->Wait());
+    expect(e.exited && e.code == 7, "exit code 7");
+    auto text = ReadFileToString("/proc/self/fd/" + std::to_string(out->read.get()));
+    expect(text.ok() && *text == d + "/seven bar\n", "output: " + (text.ok() ? *text : ""));
+  }
+
+  spec.stdout_fd = -1;
+  spec.argv = {"plain"};
+  SpawnOutcome r = Spawn(reaper, spec);
+  expect(r.error == SpawnError::kNotExecutable, "plain: " + r.message);
+  spec.argv = {"noshebang"};
+  r = Spawn(reaper, spec);
+  expect(r.error == SpawnError::kNotExecutable, "noshebang: " + r.message);
+  spec.argv = {"missing"};
+  r = Spawn(reaper, spec);
+  expect(r.error == SpawnError::kNotFound && r.message.find("missing") != std::string::npos,
+         "missing: " + r.message);
+  spec.argv = {"seven"};
+  spec.cwd = d + "/nonexistent";
+  r = Spawn(reaper, spec);
+  expect(r.error == SpawnError::kBadCwd && r.message.find("nonexistent") != std::string::npos,
+         "bad cwd: " + r.message);
+
+  // A child that exits at once is still delivered; its orphaned grandchild is reaped.
+  spec.cwd = "/";
+  spec.argv = {"/bin/sh", "-c", "sleep 0.1 & exit 3"};
+  for (int i = 0; i < 20; ++i) {
+    SpawnOutcome quick = Spawn(reaper, spec);
+    expect(quick.child && DecodeWaitStatus(quick.child->Wait()).code == 3, "quick exit");
+  }
+  spec.argv = {"/bin/sh", "-c", "kill -TERM $$"};
+  SpawnOutcome sig = Spawn(reaper, spec);
+  ExitInfo e = DecodeWaitStatus(sig.child->Wait());
+  expect(!e.exited && e.signal == SIGTERM, "SIGTERM default restored in child");
+  std::fflush(stderr);
+  std::_Exit(failures == 0 ? 0 : 1);
+}
+
+TEST(SpawnTest, RealSpawnsThroughTheReaperReportOutcomes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // Like PID 1, which ignores SIGTERM: the child must get default dispositions back.
+  auto old = ::signal(SIGTERM, SIG_IGN);
+  EXPECT_EXIT(SpawnThroughReaperAndExit(), ::testing::ExitedWithCode(0), "");
+  ::signal(SIGTERM, old);
+}
+
+}  // namespace
+}  // namespace trybox::guest

@@ -1,0 +1,271 @@
+#include "store/store.h"
+
+#include <sys/time.h>
+
+#include <memory>
+
+namespace trybox::store {
+namespace {
+
+// RAII for a prepared statement, with typed binders.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &st_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(st_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Status prepared() const {
+    if (rc_ == SQLITE_OK) return Status::Ok();
+    return Internal(std::string("sqlite prepare: ") + sqlite3_errmsg(db_));
+  }
+  Stmt& Bind(int i, const std::string& s) {
+    sqlite3_bind_text(st_, i, s.c_str(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(st_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, double v) {
+    sqlite3_bind_double(st_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, std::optional<int> v) {
+    if (v) {
+      sqlite3_bind_int64(st_, i, *v);
+    } else {
+      sqlite3_bind_null(st_, i);
+    }
+    return *this;
+  }
+  // SQLITE_ROW -> true, SQLITE_DONE -> false.
+  Result<bool> Step() {
+    int rc = sqlite3_step(st_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return Status(rc == SQLITE_FULL ? Code::kResourceExhausted : Code::kInternal,
+                  std::string("sqlite: ") + sqlite3_errmsg(db_));
+  }
+  std::string Text(int col) {
+    const unsigned char* t = sqlite3_column_text(st_, col);
+    return t ? reinterpret_cast<const char*>(t) : "";
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(st_, col); }
+  double Double(int col) { return sqlite3_column_double(st_, col); }
+  std::optional<int> OptInt(int col) {
+    if (sqlite3_column_type(st_, col) == SQLITE_NULL) return std::nullopt;
+    return static_cast<int>(sqlite3_column_int64(st_, col));
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* st_ = nullptr;
+  int rc_;
+};
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS vms (
+  id TEXT PRIMARY KEY,
+  image TEXT NOT NULL,
+  image_sha256 TEXT NOT NULL,
+  state TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  accel TEXT NOT NULL,
+  memory_mib INTEGER NOT NULL,
+  cpus INTEGER NOT NULL,
+  dir TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  ended_at REAL NOT NULL DEFAULT 0,
+  note TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS execs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  vm_id TEXT NOT NULL REFERENCES vms(id),
+  argv TEXT NOT NULL,
+  cwd TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  ended_at REAL NOT NULL DEFAULT 0,
+  outcome TEXT NOT NULL,
+  exit_code INTEGER,
+  signal INTEGER,
+  error TEXT NOT NULL DEFAULT '',
+  stdout_bytes INTEGER NOT NULL DEFAULT 0,
+  stderr_bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS execs_vm ON execs(vm_id);
+)sql";
+
+VmRecord ReadVm(Stmt& s) {
+  VmRecord v;
+  v.id = s.Text(0);
+  v.image = s.Text(1);
+  v.image_sha256 = s.Text(2);
+  v.state = s.Text(3);
+  v.pid = s.Int(4);
+  v.accel = s.Text(5);
+  v.memory_mib = static_cast<int>(s.Int(6));
+  v.cpus = static_cast<int>(s.Int(7));
+  v.dir = s.Text(8);
+  v.created_at = s.Double(9);
+  v.ended_at = s.Double(10);
+  v.note = s.Text(11);
+  return v;
+}
+
+constexpr const char* kVmColumns =
+    "id, image, image_sha256, state, pid, accel, memory_mib, cpus, dir, created_at, ended_at, "
+    "note";
+
+}  // namespace
+
+double NowSeconds() {
+  struct timeval tv;
+  ::gettimeofday(&tv, nullptr);
+  return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6;
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return Internal("open store " + path + ": " + msg);
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  sqlite3_busy_timeout(db, 5000);
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;"));
+  RETURN_IF_ERROR(store->Exec(kSchema));
+  return store;
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+Status Store::Exec(const std::string& sql) {
+  std::lock_guard<std::mutex> lock(mu_);
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return Internal("sqlite: " + msg);
+  }
+  return Status::Ok();
+}
+
+Status Store::InsertVm(const VmRecord& v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO vms (id, image, image_sha256, state, pid, accel, memory_mib, cpus, dir, "
+         "created_at, ended_at, note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, v.id).Bind(2, v.image).Bind(3, v.image_sha256).Bind(4, v.state).Bind(5, v.pid);
+  s.Bind(6, v.accel).Bind(7, int64_t{v.memory_mib}).Bind(8, int64_t{v.cpus}).Bind(9, v.dir);
+  s.Bind(10, v.created_at).Bind(11, v.ended_at).Bind(12, v.note);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return Status::Ok();
+}
+
+Status Store::UpdateVmState(const std::string& id, const std::string& state,
+                            const std::string& note) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "UPDATE vms SET state = ?, note = ?, ended_at = ? WHERE id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, state).Bind(2, note).Bind(3, state == "running" ? 0.0 : NowSeconds()).Bind(4, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  if (sqlite3_changes(db_) == 0) return NotFound("no VM record " + id);
+  return Status::Ok();
+}
+
+Result<std::optional<VmRecord>> Store::GetVm(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, (std::string("SELECT ") + kVmColumns + " FROM vms WHERE id = ?").c_str());
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<VmRecord>();
+  return std::optional<VmRecord>(ReadVm(s));
+}
+
+Result<std::vector<VmRecord>> Store::ListVms(const std::vector<std::string>& states) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string sql = std::string("SELECT ") + kVmColumns + " FROM vms";
+  if (!states.empty()) {
+    sql += " WHERE state IN (";
+    for (size_t i = 0; i < states.size(); ++i) sql += i ? ",?" : "?";
+    sql += ")";
+  }
+  sql += " ORDER BY created_at DESC";
+  Stmt s(db_, sql.c_str());
+  RETURN_IF_ERROR(s.prepared());
+  for (size_t i = 0; i < states.size(); ++i) s.Bind(static_cast<int>(i + 1), states[i]);
+  std::vector<VmRecord> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(ReadVm(s));
+  }
+  return out;
+}
+
+Result<int64_t> Store::InsertExec(const ExecRecord& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO execs (vm_id, argv, cwd, started_at, outcome) VALUES (?,?,?,?,?)");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, e.vm_id).Bind(2, e.argv.dump()).Bind(3, e.cwd).Bind(4, e.started_at);
+  s.Bind(5, e.outcome);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+Status Store::FinishExec(const ExecRecord& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "UPDATE execs SET ended_at = ?, outcome = ?, exit_code = ?, signal = ?, error = ?, "
+         "stdout_bytes = ?, stderr_bytes = ? WHERE id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, e.ended_at).Bind(2, e.outcome).Bind(3, e.exit_code).Bind(4, e.signal);
+  s.Bind(5, e.error).Bind(6, e.stdout_bytes).Bind(7, e.stderr_bytes).Bind(8, e.id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return Status::Ok();
+}
+
+Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "SELECT id, vm_id, argv, cwd, started_at, ended_at, outcome, exit_code, signal, error, "
+         "stdout_bytes, stderr_bytes FROM execs WHERE vm_id = ? ORDER BY id");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, vm_id);
+  std::vector<ExecRecord> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ExecRecord e;
+    e.id = s.Int(0);
+    e.vm_id = s.Text(1);
+    e.argv = Json::parse(s.Text(2), nullptr, false);
+    e.cwd = s.Text(3);
+    e.started_at = s.Double(4);
+    e.ended_at = s.Double(5);
+    e.outcome = s.Text(6);
+    e.exit_code = s.OptInt(7);
+    e.signal = s.OptInt(8);
+    e.error = s.Text(9);
+    e.stdout_bytes = s.Int(10);
+    e.stderr_bytes = s.Int(11);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace trybox::store

@@ -1,0 +1,80 @@
+// Store: the daemon's SQLite record of VMs and execs. Schema: docs/store.md.
+//
+// One connection, serialised by a mutex: the daemon's write rate is a handful of rows per
+// exec, far below what needs a pool. WAL mode and a busy timeout let `sqlite3` readers and
+// a second daemon's start-up reaper coexist with it. Thread-safe.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "util/status.h"
+#include "util/thread_annotations.h"
+
+namespace trybox::store {
+
+using Json = nlohmann::json;
+
+struct VmRecord {
+  std::string id;
+  std::string image;
+  std::string image_sha256;  // of the manifest, names the exact frozen image
+  std::string state;         // "running", "dead", "destroyed", "reaped"
+  int64_t pid = 0;
+  std::string accel;
+  int memory_mib = 0;
+  int cpus = 0;
+  std::string dir;
+  double created_at = 0;
+  double ended_at = 0;
+  std::string note;  // why it died, or the destroy report (JSON)
+};
+
+struct ExecRecord {
+  int64_t id = 0;
+  std::string vm_id;
+  Json argv = Json::array();
+  std::string cwd;
+  double started_at = 0;
+  double ended_at = 0;
+  std::string outcome;  // exited, signaled, timed_out, error, channel_lost, running
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  std::string error;
+  int64_t stdout_bytes = 0;
+  int64_t stderr_bytes = 0;
+};
+
+class Store {
+ public:
+  static Result<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  Status InsertVm(const VmRecord& vm);
+  Status UpdateVmState(const std::string& id, const std::string& state, const std::string& note);
+  Result<std::optional<VmRecord>> GetVm(const std::string& id);
+  // VMs in one of `states` (all if empty), newest first.
+  Result<std::vector<VmRecord>> ListVms(const std::vector<std::string>& states = {});
+
+  Result<int64_t> InsertExec(const ExecRecord& e);
+  Status FinishExec(const ExecRecord& e);
+  Result<std::vector<ExecRecord>> ListExecs(const std::string& vm_id);
+
+ private:
+  explicit Store(sqlite3* db) : db_(db) {}
+  Status Exec(const std::string& sql);
+  std::mutex mu_;
+  sqlite3* db_ GUARDED_BY(mu_);
+};
+
+double NowSeconds();
+
+}  // namespace trybox::store

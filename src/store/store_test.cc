@@ -1,0 +1,87 @@
+#include "store/store.h"
+
+#include <gtest/gtest.h>
+
+#include "util/fd.h"
+
+namespace trybox::store {
+namespace {
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = TempDir::Make("/tmp", "store-test-");
+    ASSERT_TRUE(d.ok());
+    dir_.emplace(std::move(*d));
+    auto s = Store::Open(dir_->path() + "/t.db");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+  }
+  std::optional<TempDir> dir_;
+  std::unique_ptr<Store> store_;
+};
+
+VmRecord Vm(const std::string& id) {
+  VmRecord v;
+  v.id = id;
+  v.image = "debian-12";
+  v.image_sha256 = "ab";
+  v.state = "running";
+  v.pid = 42;
+  v.accel = "tcg";
+  v.memory_mib = 512;
+  v.cpus = 1;
+  v.dir = "/run/x";
+  v.created_at = NowSeconds();
+  return v;
+}
+
+TEST_F(StoreTest, VmLifecycleIsRecorded) {
+  ASSERT_TRUE(store_->InsertVm(Vm("aaa")).ok());
+  ASSERT_TRUE(store_->UpdateVmState("aaa", "destroyed", "{}").ok());
+  auto got = store_->GetVm("aaa");
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->state, "destroyed");
+  EXPECT_GT((*got)->ended_at, 0);
+  EXPECT_EQ(store_->UpdateVmState("nope", "dead", "").code(), Code::kNotFound);
+  auto none = store_->GetVm("nope");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
+TEST_F(StoreTest, ListFiltersByState) {
+  ASSERT_TRUE(store_->InsertVm(Vm("a1")).ok());
+  ASSERT_TRUE(store_->InsertVm(Vm("a2")).ok());
+  ASSERT_TRUE(store_->UpdateVmState("a1", "dead", "qemu exited").ok());
+  auto running = store_->ListVms({"running"});
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ(running->size(), 1u);
+  EXPECT_EQ((*running)[0].id, "a2");
+  EXPECT_EQ(store_->ListVms()->size(), 2u);
+}
+
+TEST_F(StoreTest, ExecWithoutExitCodeStoresNull) {
+  ASSERT_TRUE(store_->InsertVm(Vm("v")).ok());
+  ExecRecord e;
+  e.vm_id = "v";
+  e.argv = {"sleep", "9"};
+  e.started_at = NowSeconds();
+  e.outcome = "running";
+  auto id = store_->InsertExec(e);
+  ASSERT_TRUE(id.ok());
+  e.id = *id;
+  e.outcome = "channel_lost";
+  e.error = "channel lost: connection closed";
+  e.ended_at = NowSeconds();
+  ASSERT_TRUE(store_->FinishExec(e).ok());
+  auto list = store_->ListExecs("v");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].outcome, "channel_lost");
+  EXPECT_FALSE((*list)[0].exit_code.has_value());  // a missing exit code is not 0
+  EXPECT_EQ((*list)[0].argv[0], "sleep");
+}
+
+}  // namespace
+}  // namespace trybox::store

@@ -1,0 +1,45 @@
+// Unix stream sockets: connect, and a listener that unlinks its socket file when dropped.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "util/fd.h"
+#include "util/status.h"
+
+namespace trybox {
+
+Result<UniqueFd> ConnectUnix(const std::string& path);
+
+// Owns a listening socket and its path; the destructor closes it and unlinks the path.
+class UnixListener {
+ public:
+  // Binds `path` (replacing a stale socket file), mode 0600.
+  static Result<UnixListener> Listen(const std::string& path);
+  UnixListener(UnixListener&& o) noexcept : fd_(std::move(o.fd_)), path_(std::move(o.path_)) {
+    o.path_.clear();
+  }
+  UnixListener& operator=(UnixListener&&) = delete;
+  ~UnixListener();
+
+  // Blocks for the next connection. kUnavailable after Shutdown().
+  Result<UniqueFd> Accept();
+  // Wakes a blocked Accept (from another thread).
+  void Shutdown();
+  const std::string& path() const { return path_; }
+
+ private:
+  UnixListener(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  UniqueFd fd_;
+  std::string path_;
+};
+
+struct PeerCred {
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+};
+Result<PeerCred> GetPeerCred(int fd);
+
+}  // namespace trybox

@@ -1,0 +1,148 @@
+#include "tests/e2e/harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "util/paths.h"
+#include "util/sha256.h"
+#include "util/socket.h"
+
+namespace trybox::e2e {
+
+std::string BinDir() {
+  const char* b = std::getenv("TRYBOX_BIN_DIR");
+  return b && *b ? b : TRYBOX_BIN_DIR;
+}
+
+std::string Sha256OfFile(const std::string& path) {
+  auto h = Sha256File(path);
+  return h.ok() ? *h : "error: " + h.status().message();
+}
+
+Result<std::unique_ptr<Harness>> Harness::Start() {
+  std::unique_ptr<Harness> h(new Harness());
+  // Short path: unix socket paths are limited to 108 bytes.
+  char tmpl[] = "/tmp/tbx-XXXXXX";
+  if (!::mkdtemp(tmpl)) return ErrnoError("mkdtemp");
+  h->home_ = tmpl;
+  h->images_ = Paths::FromEnvironment().images;
+  RETURN_IF_ERROR(h->SpawnDaemon());
+  return h;
+}
+
+std::vector<std::string> Harness::Env() const {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (kv.rfind("TRYBOX_HOME=", 0) == 0 || kv.rfind("TRYBOX_IMAGES=", 0) == 0) continue;
+    env.push_back(kv);
+  }
+  env.push_back("TRYBOX_HOME=" + home_);
+  env.push_back("TRYBOX_IMAGES=" + images_);
+  return env;
+}
+
+Status Harness::SpawnDaemon() {
+  auto log = OpenFile(home_ + "/tryboxd.log", O_WRONLY | O_CREAT | O_APPEND, 0600);
+  if (!log.ok()) return log.status();
+  SpawnOptions o;
+  o.argv = {BinDir() + "/tryboxd"};
+  o.env = Env();
+  o.stdout_fd = log->get();
+  o.stderr_fd = log->get();
+  ASSIGN_OR_RETURN(daemon_, ChildProcess::Spawn(o));
+  for (int i = 0; i < 1000; ++i) {
+    if (ConnectUnix(socket()).ok()) return Status::Ok();
+    auto done = daemon_.TryWait();
+    if (done.ok() && done->has_value()) {
+      return Internal("tryboxd exited: " + (*done)->Describe() + "; log: " +
+                      ReadFileToString(home_ + "/tryboxd.log").value_or(""));
+    }
+    ::usleep(10000);
+  }
+  return DeadlineExceeded("tryboxd did not open its socket");
+}
+
+void Harness::CrashDaemon() {
+  (void)daemon_.Signal(SIGKILL);
+  (void)daemon_.Wait();
+}
+
+Status Harness::RestartDaemon() { return SpawnDaemon(); }
+
+Status Harness::StopDaemon() {
+  if (!daemon_.running()) return Status::Ok();
+  ::kill(daemon_.pid(), SIGTERM);
+  auto r = daemon_.WaitFor(std::chrono::seconds(60));
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Harness::~Harness() {
+  (void)StopDaemon();
+  for (pid_t p : QemuPids()) ::kill(p, SIGKILL);
+  (void)RemoveTree(home_);
+}
+
+CliResult Harness::Cli(const std::vector<std::string>& args, const std::string& stdin_data) const {
+  CliResult r;
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) return r;
+  UniqueFd in_r(in[0]), in_w(in[1]), out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]);
+  SpawnOptions o;
+  o.argv = {BinDir() + "/trybox"};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env = Env();
+  o.stdin_fd = in_r.get();
+  o.stdout_fd = out_w.get();
+  o.stderr_fd = err_w.get();
+  auto child = ChildProcess::Spawn(o);
+  if (!child.ok()) {
+    r.err = child.status().ToString();
+    return r;
+  }
+  in_r.Reset();
+  out_w.Reset();
+  err_w.Reset();
+  std::thread writer([&] {
+    (void)WriteFull(in_w.get(), stdin_data);
+    in_w.Reset();
+  });
+  auto drain = [](int fd, std::string* s) {
+    char buf[65536];
+    for (;;) {
+      auto n = ReadSome(fd, buf, sizeof buf);
+      if (!n.ok() || *n == 0) return;
+      s->append(buf, *n);
+    }
+  };
+  std::thread eo([&] { drain(err_r.get(), &r.err); });
+  drain(out_r.get(), &r.out);
+  eo.join();
+  writer.join();
+  auto info = child->Wait();
+  if (info.ok()) r.code = info->exited ? info->code : 128 + info->signal;
+  return r;
+}
+
+std::vector<pid_t> Harness::QemuPids() const {
+  std::vector<pid_t> pids;
+  DIR* d = ::opendir("/proc");
+  if (!d) return pids;
+  while (dirent* e = ::readdir(d)) {
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::string cmd = ProcessCmdline(pid);
+    if (cmd.find("trybox-vm-") != std::string::npos && cmd.find(home_) != std::string::npos) {
+      pids.push_back(pid);
+    }
+  }
+  ::closedir(d);
+  return pids;
+}
+
+}  // namespace trybox::e2e

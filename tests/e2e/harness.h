@@ -1,0 +1,59 @@
+// End-to-end harness: a private tryboxd (its own TRYBOX_HOME) driven through the real CLI
+// binary, against the real image built by `trybox image build`. Shared by tests and bench.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "util/fd.h"
+#include "util/process.h"
+#include "util/status.h"
+
+namespace trybox::e2e {
+
+struct CliResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+class Harness {
+ public:
+  // Makes a fresh home and starts tryboxd in it. Images come from TRYBOX_IMAGES or the
+  // user's default image directory, so a built image is shared with the developer's CLI.
+  static Result<std::unique_ptr<Harness>> Start();
+  ~Harness();
+
+  // Runs build/bin/trybox with `args` in this harness's environment.
+  CliResult Cli(const std::vector<std::string>& args, const std::string& stdin_data = "") const;
+  // Environment entries (KEY=VALUE) for a child process that should talk to this daemon.
+  std::vector<std::string> Env() const;
+
+  const std::string& home() const { return home_; }
+  std::string vms_dir() const { return home_ + "/run/vms"; }
+  std::string socket() const { return home_ + "/run/tryboxd.sock"; }
+  pid_t daemon_pid() const { return daemon_.pid(); }
+
+  // Kills the daemon with SIGKILL (as if it crashed), leaving its VMs behind.
+  void CrashDaemon();
+  // Starts a daemon again in the same home.
+  Status RestartDaemon();
+  // SIGTERM and wait: the daemon destroys its VMs on the way out.
+  Status StopDaemon();
+
+  // PIDs of QEMU processes whose command line mentions this harness's home.
+  std::vector<pid_t> QemuPids() const;
+
+ private:
+  Harness() = default;
+  Status SpawnDaemon();
+  std::string home_;
+  std::string images_;
+  ChildProcess daemon_;
+};
+
+std::string BinDir();
+std::string Sha256OfFile(const std::string& path);
+
+}  // namespace trybox::e2e
