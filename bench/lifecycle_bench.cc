@@ -187,8 +187,9 @@ int main(int argc, char** argv) {
   double qga_stream = 0;
   std::string vmdir = (*h)->vms_dir() + "/" + id;
   auto qfd = trybox::ConnectUnix(vmdir + "/qga.sock");
-  if (!qfd.ok() || r.value("outcome", "") != "exited" || r.value("exit_code", 1) != 0) {
-    std::printf("qemu-guest-agent: could not start in the guest (%s)\n", r.dump().c_str());
+  if (!qfd.ok() || r["result"].value("outcome", "") != "exited" || r["result"].value("exit_code", 1) != 0) {
+    std::printf("qemu-guest-agent: could not start in the guest (%s; %s)\n", r.dump().c_str(),
+                qfd.ok() ? "port connected" : qfd.status().ToString().c_str());
   } else {
     Qga q(std::move(*qfd));
     // Sync first: the port may hold stale bytes from before qemu-ga opened it.

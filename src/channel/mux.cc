@@ -281,23 +281,18 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
 // ---- Stream ----
 
 Stream::~Stream() {
-  bool done;
+  bool abandoned;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done = (local_done_ && remote_done_) || !conn_error_.empty();
-    if (!done && !local_done_) local_done_ = true;
+    // Abandoned means finished by neither side. After our own END the peer has its answer:
+    // a RESET on top would contradict it (a responder drops its stream right after END).
+    abandoned = !local_done_ && !remote_done_ && conn_error_.empty();
+    local_done_ = true;
   }
-  if (!done) {
-    // Not finished on both sides: tell the peer, so it stops sending and frees its half.
-    bool sent_end;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sent_end = remote_done_;
-    }
-    if (!sent_end) {
-      (void)core_->SendFrame(id_, FrameType::kReset, 0,
-                             Json{{"reason", "stream abandoned by its owner"}}.dump());
-    }
+  if (abandoned) {
+    // Tell the peer, so it stops sending and frees its half.
+    (void)core_->SendFrame(id_, FrameType::kReset, 0,
+                           Json{{"reason", "stream abandoned by its owner"}}.dump());
   }
   core_->Forget(id_);
 }

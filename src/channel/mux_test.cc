@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <thread>
+#include <vector>
 
 namespace trybox::channel {
 namespace {
@@ -190,6 +192,74 @@ TEST(MuxTest, ControlEventsReachTheHandler) {
   b.Start();
   ASSERT_TRUE(b.SendControl({{"type", "hello"}}).ok());
   EXPECT_EQ(hello.get_future().get()["type"], "hello");
+}
+
+// Frames a Mux sent, read by a raw peer until EOF.
+std::vector<Frame> ReadAllFrames(int fd) {
+  FrameDecoder decoder;
+  char buf[4096];
+  for (;;) {
+    auto n = ReadSome(fd, buf, sizeof buf);
+    if (!n.ok() || *n == 0) break;
+    decoder.Feed(std::string_view(buf, *n));
+  }
+  std::vector<Frame> frames;
+  for (auto f = decoder.Next(); f.ok(); f = decoder.Next()) frames.push_back(std::move(f).value());
+  return frames;
+}
+
+// Bug: a responder that ENDed a stream and then dropped it sent a RESET ("stream abandoned
+// by its owner") after its END, on every request.
+TEST(MuxTest, ResponderDroppingAnEndedStreamSendsNoReset) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd raw(sv[0]);
+  Mux guest(UniqueFd(sv[1]), Role::kGuest);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::shared_ptr<Stream> held;
+  guest.OnOpen([&](std::shared_ptr<Stream> s, Json) {
+    ASSERT_TRUE(s->End({{"ok", true}}).ok());
+    std::lock_guard<std::mutex> lock(mu);
+    held = s;  // the test drops the last reference, so it knows when ~Stream has run
+    cv.notify_all();
+  });
+  guest.Start();
+  ASSERT_TRUE(WriteFull(raw.get(), EncodeFrame({1, FrameType::kOpen, 0, R"({"op":"x"})"})).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return held != nullptr; }));
+  }
+  // Wait for the handler thread to let go of its copies.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (held.use_count() > 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(held.use_count(), 1);
+  held.reset();
+  guest.Shutdown();
+
+  std::vector<Frame> frames = ReadAllFrames(raw.get());
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].type, FrameType::kEnd);
+  EXPECT_EQ(frames[0].stream, 1u);
+}
+
+TEST(MuxTest, RequesterDroppingAnUnfinishedStreamResetsIt) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd raw(sv[0]);
+  Mux host(UniqueFd(sv[1]), Role::kHost);
+  host.Start();
+  {
+    auto s = host.Open({{"op", "x"}});
+    ASSERT_TRUE(s.ok());
+  }
+  host.Shutdown();
+  std::vector<Frame> frames = ReadAllFrames(raw.get());
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].type, FrameType::kOpen);
+  EXPECT_EQ(frames[1].type, FrameType::kReset);
 }
 
 }  // namespace

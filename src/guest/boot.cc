@@ -59,7 +59,8 @@ Status MakeDir(const std::string& path, mode_t mode = 0755) {
 Status Mount(const std::string& source, const std::string& target, const char* type,
              unsigned long flags, const std::string& data = "") {
   RETURN_IF_ERROR(MakeDir(target));
-  if (::mount(source.c_str(), target.c_str(), type, flags, data.empty() ? nullptr : data.c_str()) != 0) {
+  const char* options = data.empty() ? nullptr : data.c_str();
+  if (::mount(source.c_str(), target.c_str(), type, flags, options) != 0) {
     return ErrnoError(std::string("mount ") + (type ? type : "") + " " + source + " on " + target +
                       (data.empty() ? "" : " (" + data + ")"));
   }
@@ -122,8 +123,8 @@ void LoadModules(const KernelCmdline& cmdline) {
       LogError("init", "module " + name + ": " + ErrnoError("open " + dir + line).message());
       continue;
     }
-    bool compressed = line.size() > 3 && (line.ends_with(".xz") || line.ends_with(".zst") ||
-                                          line.ends_with(".gz"));
+    bool compressed = line.size() > 3 &&
+                      (line.ends_with(".xz") || line.ends_with(".zst") || line.ends_with(".gz"));
     // Module options on the kernel command line are only applied by whoever loads the
     // module (e.g. virtio_mmio.device=... when ACPI does not describe the devices).
     std::string params = ModuleParams(cmdline, name);
@@ -191,9 +192,9 @@ Status MountLate() {
   RETURN_IF_ERROR(MakeDir("/run/lock", 01777));
   ::chmod("/run/lock", 01777);
   const std::pair<const char*, const char*> links[] = {{"/proc/self/fd", "/dev/fd"},
-                                                        {"/proc/self/fd/0", "/dev/stdin"},
-                                                        {"/proc/self/fd/1", "/dev/stdout"},
-                                                        {"/proc/self/fd/2", "/dev/stderr"}};
+                                                       {"/proc/self/fd/0", "/dev/stdin"},
+                                                       {"/proc/self/fd/1", "/dev/stdout"},
+                                                       {"/proc/self/fd/2", "/dev/stderr"}};
   for (const auto& [target, link] : links) {
     if (::symlink(target, link) != 0 && errno != EEXIST) {
       return ErrnoError(std::string("symlink ") + link);

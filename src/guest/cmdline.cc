@@ -76,8 +76,8 @@ KernelCmdline ParseKernelCmdline(std::string_view text) {
                                ": not a valid hostname");
       }
     } else if (key == "trybox.machine_id") {
-      bool ok = value.size() == 32 && value.find_first_not_of("0123456789abcdefABCDEF") ==
-                                          std::string::npos;
+      bool ok = value.size() == 32 &&
+                value.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
       if (ok && value.find_first_not_of('0') == std::string::npos) ok = false;
       if (ok) {
         for (char& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -47,8 +47,7 @@ TEST(KernelCmdlineTest, ModuleParamsCollectsOnlyThatModule) {
   KernelCmdline c = ParseKernelCmdline(
       "virtio_mmio.device=512@0xfeb00e00:12 virtio-mmio.device=512@0xfeb00c00:11 "
       "virtio_blk.queue_depth=4 foo.x=\"a b\" virtio_mmio");
-  EXPECT_EQ(ModuleParams(c, "virtio_mmio"),
-            "device=512@0xfeb00e00:12 device=512@0xfeb00c00:11");
+  EXPECT_EQ(ModuleParams(c, "virtio_mmio"), "device=512@0xfeb00e00:12 device=512@0xfeb00c00:11");
   EXPECT_EQ(ModuleParams(c, "virtio-blk"), "queue_depth=4");
   EXPECT_EQ(ModuleParams(c, "foo"), "x=\"a b\"");
   EXPECT_EQ(ModuleParams(c, "ext4"), "");

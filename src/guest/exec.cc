@@ -53,7 +53,8 @@ int PollMillis(Clock::time_point until) {
 std::optional<ExecCgroup> MakeCgroup(uint32_t stream_id) {
   std::string name = "trybox-exec-" + std::to_string(stream_id);
   for (int attempt = 0; attempt < 4; ++attempt) {
-    auto cg = ExecCgroup::Create(attempt == 0 ? name : name + "-" + std::to_string(++g_cgroup_serial));
+    auto cg =
+        ExecCgroup::Create(attempt == 0 ? name : name + "-" + std::to_string(++g_cgroup_serial));
     if (cg.ok()) return std::move(cg).value();
     if (cg.status().code() != Code::kAlreadyExists) {
       // Without cgroups the tree is still killed through its process group.
@@ -90,8 +91,8 @@ class ExecRun {
 
   std::optional<ExecCgroup> cgroup_;
   std::shared_ptr<ChildWatch> child_;
-  UniqueFd out_, err_;    // our read ends
-  UniqueFd stdin_;        // our write end (O_NONBLOCK); control thread only
+  UniqueFd out_, err_;          // our read ends
+  UniqueFd stdin_;              // our write end (O_NONBLOCK); control thread only
   std::optional<Wakeup> wake_;  // abort or stop; polled by both threads
   std::optional<Clock::time_point> deadline_;
   std::atomic<bool> aborted_{false};

@@ -43,15 +43,21 @@ std::string Describe(const std::string& path, int err) { return path + ": " + Er
 
 const char* ErrnoClass(int err) {
   switch (err) {
-    case ENOENT: return "not_found";
-    case ENOTDIR: return "not_a_directory";
+    case ENOENT:
+      return "not_found";
+    case ENOTDIR:
+      return "not_a_directory";
     case ENOSPC:
-    case EDQUOT: return "no_space";
-    default: return "io";
+    case EDQUOT:
+      return "no_space";
+    default:
+      return "io";
   }
 }
 
-Json FailErrno(const std::string& path, int err) { return Fail(ErrnoClass(err), Describe(path, err)); }
+Json FailErrno(const std::string& path, int err) {
+  return Fail(ErrnoClass(err), Describe(path, err));
+}
 
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
@@ -271,8 +277,9 @@ void PutTar(Reaper& reaper, Stream& s, const PutRequest& req) {
     return DrainThenEnd(s, Fail("io", (in.ok() ? err.status() : in.status()).message()));
   }
   ::fcntl(in->write.get(), F_SETPIPE_SZ, kPipeSize);
-  SpawnOutcome tar = StartTar(reaper, {kTar, "-x", "-p", "-f", "-", "-C", req.path, "--no-same-owner"},
-                              in->read.get(), err->write.get(), err->write.get());
+  SpawnOutcome tar =
+      StartTar(reaper, {kTar, "-x", "-p", "-f", "-", "-C", req.path, "--no-same-owner"},
+               in->read.get(), err->write.get(), err->write.get());
   in->read.Reset();
   err->write.Reset();
   if (tar.error != SpawnError::kNone) return DrainThenEnd(s, Fail("tar_failed", tar.message));
@@ -341,7 +348,9 @@ void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct sta
     return;
   }
   ::fcntl(out->read.get(), F_SETPIPE_SZ, kPipeSize);
-  if (!s.SendEvent({{"type", "meta"}, {"kind", "tar"}, {"mode", st.st_mode & 07777},
+  if (!s.SendEvent({{"type", "meta"},
+                    {"kind", "tar"},
+                    {"mode", st.st_mode & 07777},
                     {"mtime_ns", MtimeNs(st)}})
            .ok()) {
     return;
@@ -399,8 +408,8 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request) {
     return;
   }
   if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) {
-    (void)stream.End(Fail("unsupported", path + ": is a symbolic link to nowhere (" +
-                                             ErrnoText(errno) + ")"));
+    (void)stream.End(
+        Fail("unsupported", path + ": is a symbolic link to nowhere (" + ErrnoText(errno) + ")"));
     return;
   }
   if (S_ISREG(st.st_mode)) return GetFile(stream, path);

@@ -84,8 +84,11 @@ class FilesTest : public ::testing::Test {
 TEST_F(FilesTest, PutThenGetRoundTripsBytesModeAndMtime) {
   std::string data(5 << 20, '\0');  // larger than one credit window
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + i / 4096);
-  Reply put = Call({{"op", "put"}, {"path", Path("d/e/f.bin")}, {"mode", 0600},
-                    {"mtime_ns", 1234567890123456789LL}, {"mkdirs", true}},
+  Reply put = Call({{"op", "put"},
+                    {"path", Path("d/e/f.bin")},
+                    {"mode", 0600},
+                    {"mtime_ns", 1234567890123456789LL},
+                    {"mkdirs", true}},
                    &data);
   EXPECT_EQ(put.end, (Json{{"ok", true}, {"bytes", data.size()}}));
   struct stat st;
@@ -99,8 +102,11 @@ TEST_F(FilesTest, PutThenGetRoundTripsBytesModeAndMtime) {
   EXPECT_TRUE(get.eof);
   EXPECT_TRUE(get.out == data);
   ASSERT_EQ(get.events.size(), 1u);
-  EXPECT_EQ(get.events[0], (Json{{"type", "meta"}, {"kind", "file"}, {"mode", 0600},
-                                 {"mtime_ns", 1234567890123456789LL}, {"size", data.size()}}));
+  EXPECT_EQ(get.events[0], (Json{{"type", "meta"},
+                                 {"kind", "file"},
+                                 {"mode", 0600},
+                                 {"mtime_ns", 1234567890123456789LL},
+                                 {"size", data.size()}}));
 }
 
 TEST_F(FilesTest, PutReplacesAnExistingFileAtomically) {
@@ -143,7 +149,8 @@ TEST_F(FilesTest, PutLeavesNoTempFileBehind) {
 
 TEST_F(FilesTest, GetMissingPathIsNotFoundNeverEmpty) {
   Reply r = Call({{"op", "get"}, {"path", Path("nope")}});
-  EXPECT_EQ(r.end, (Json{{"ok", false}, {"error", "not_found"},
+  EXPECT_EQ(r.end, (Json{{"ok", false},
+                         {"error", "not_found"},
                          {"message", Path("nope") + ": no such file or directory"}}));
   EXPECT_TRUE(r.events.empty());
   EXPECT_TRUE(r.out.empty());

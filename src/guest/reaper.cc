@@ -5,7 +5,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 namespace trybox::guest {
 
 bool ChildWatch::exited() const {

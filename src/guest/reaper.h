@@ -19,11 +19,10 @@
 #include <mutex>
 #include <thread>
 
-#include "util/fd.h"
+#include "guest/wakeup.h"
 #include "util/process.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
-#include "guest/wakeup.h"
 
 namespace trybox::guest {
 

@@ -64,7 +64,8 @@ Result<ExecRequest> ParseExecRequest(const Json& request) {
                                " must be non-empty, without '=' or NUL");
       }
       std::string value = v.get<std::string>();
-      if (HasNul(value)) return InvalidArgument("env " + QuoteForMessage(k) + " contains a NUL byte");
+      if (HasNul(value))
+        return InvalidArgument("env " + QuoteForMessage(k) + " contains a NUL byte");
       out.env[k] = std::move(value);
     }
   }

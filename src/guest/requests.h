@@ -6,11 +6,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "util/status.h"
 
@@ -24,7 +23,7 @@ struct ExecRequest {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
   std::string cwd = "/root";
-  uint64_t timeout_ms = 0;  // 0: no timeout; at most kMaxTimeoutMs
+  uint64_t timeout_ms = 0;         // 0: no timeout; at most kMaxTimeoutMs
   bool stdin_from_stream = false;  // "stdin"; false: the command's stdin is /dev/null
 };
 

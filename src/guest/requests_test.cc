@@ -86,12 +86,11 @@ TEST(PutRequestTest, TarMayTargetTheRoot) {
 }
 
 TEST(PutRequestTest, BadFieldsAreRejected) {
-  for (const Json& req : {Json{{"op", "put"}}, Json{{"path", "rel/x"}}, Json{{"path", 5}},
-                          Json{{"path", "/"}}, Json{{"path", "/a/.."}},
-                          Json{{"path", "/a"}, {"kind", "dir"}}, Json{{"path", "/a"}, {"mode", -1}},
-                          Json{{"path", "/a"}, {"mode", "644"}},
-                          Json{{"path", "/a"}, {"mtime_ns", 1.5}},
-                          Json{{"path", "/a"}, {"mkdirs", 1}}}) {
+  for (const Json& req :
+       {Json{{"op", "put"}}, Json{{"path", "rel/x"}}, Json{{"path", 5}}, Json{{"path", "/"}},
+        Json{{"path", "/a/.."}}, Json{{"path", "/a"}, {"kind", "dir"}},
+        Json{{"path", "/a"}, {"mode", -1}}, Json{{"path", "/a"}, {"mode", "644"}},
+        Json{{"path", "/a"}, {"mtime_ns", 1.5}}, Json{{"path", "/a"}, {"mkdirs", 1}}}) {
     EXPECT_FALSE(ParsePutRequest(req).ok()) << req.dump();
   }
 }

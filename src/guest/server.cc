@@ -54,8 +54,8 @@ void Server::Run() {
     if (path.ok()) port.Reset(::open(path->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
     if (!port.valid()) {
       if (!reported) {
-        LogError("init", path.ok() ? ErrnoError("open " + *path).message()
-                                   : path.status().message());
+        LogError("init",
+                 path.ok() ? ErrnoError("open " + *path).message() : path.status().message());
         reported = true;
       }
       std::this_thread::sleep_for(kRetryPause);
@@ -135,9 +135,9 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
                           (op.empty() ? "a request" : op) + ": " + e.what();
     LogError("init", message);
     if (!stream->finished()) {
-      (void)stream->End(op == "exec" ? Json{{"outcome", "error"}, {"error", "internal"},
-                                            {"message", message}}
-                                     : Fail("internal", message));
+      (void)stream->End(
+          op == "exec" ? Json{{"outcome", "error"}, {"error", "internal"}, {"message", message}}
+                       : Fail("internal", message));
     }
   }
   if (!stream->finished()) (void)stream->Reset("request handler ended without a result");

@@ -8,7 +8,6 @@
 
 #include <memory>
 #include <mutex>
-
 #include <nlohmann/json.hpp>
 
 #include "channel/mux.h"

@@ -16,11 +16,16 @@ enum Stage : int { kStageSetsid = 1, kStageCgroup, kStageFds, kStageChdir, kStag
 
 const char* StageName(int stage) {
   switch (stage) {
-    case kStageSetsid: return "setsid";
-    case kStageCgroup: return "join cgroup";
-    case kStageFds: return "set up stdio";
-    case kStageChdir: return "chdir";
-    case kStageExec: return "execve";
+    case kStageSetsid:
+      return "setsid";
+    case kStageCgroup:
+      return "join cgroup";
+    case kStageFds:
+      return "set up stdio";
+    case kStageChdir:
+      return "chdir";
+    case kStageExec:
+      return "execve";
   }
   return "spawn";
 }
@@ -77,11 +82,16 @@ bool ExecSearch::Failed(int err) {
 
 const char* SpawnErrorName(SpawnError e) {
   switch (e) {
-    case SpawnError::kNone: return "none";
-    case SpawnError::kNotFound: return "not_found";
-    case SpawnError::kNotExecutable: return "not_executable";
-    case SpawnError::kBadCwd: return "bad_cwd";
-    case SpawnError::kSpawnFailed: return "spawn_failed";
+    case SpawnError::kNone:
+      return "none";
+    case SpawnError::kNotFound:
+      return "not_found";
+    case SpawnError::kNotExecutable:
+      return "not_executable";
+    case SpawnError::kBadCwd:
+      return "bad_cwd";
+    case SpawnError::kSpawnFailed:
+      return "spawn_failed";
   }
   return "spawn_failed";
 }
@@ -187,29 +197,28 @@ SpawnOutcome Spawn(Reaper& reaper, const SpawnSpec& spec) {
   }
   // The child has _exit'ed (or is about to); the reaper collects it.
   if (n != static_cast<ssize_t>(sizeof e)) {
-    return fail(SpawnError::kSpawnFailed, "spawn " + QuoteForMessage(name) +
-                                              ": lost the child's setup report");
+    return fail(SpawnError::kSpawnFailed,
+                "spawn " + QuoteForMessage(name) + ": lost the child's setup report");
   }
   const int stage = e[0], err = e[1];
   if (stage == kStageChdir) {
-    return fail(SpawnError::kBadCwd, "cwd " + QuoteForMessage(spec.cwd) + ": " + std::strerror(err));
+    return fail(SpawnError::kBadCwd,
+                "cwd " + QuoteForMessage(spec.cwd) + ": " + std::strerror(err));
   }
   if (stage == kStageExec) {
     SpawnError kind = ClassifyExecErrno(err);
     std::string what = QuoteForMessage(name);
     if (kind == SpawnError::kNotFound) {
-      return fail(kind, name.find('/') == std::string::npos
-                            ? what + ": command not found in PATH"
-                            : what + ": no such file");
+      return fail(kind, name.find('/') == std::string::npos ? what + ": command not found in PATH"
+                                                            : what + ": no such file");
     }
     if (kind == SpawnError::kNotExecutable) {
       return fail(kind, what + ": not executable (" + std::strerror(err) + ")");
     }
     return fail(kind, "execve " + what + ": " + std::strerror(err));
   }
-  return fail(SpawnError::kSpawnFailed,
-              std::string("spawn ") + QuoteForMessage(name) + ": " + StageName(stage) + ": " +
-                  std::strerror(err));
+  return fail(SpawnError::kSpawnFailed, std::string("spawn ") + QuoteForMessage(name) + ": " +
+                                            StageName(stage) + ": " + std::strerror(err));
 }
 
 }  // namespace trybox::guest

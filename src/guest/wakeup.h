@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "util/fd.h"
 #include "util/status.h"

@@ -236,6 +236,7 @@ void Vm::WatchQemu() {
   std::lock_guard<std::mutex> lock(mu_);
   qemu_exit_ = info;
   if (death_.empty()) death_ = "QEMU exited (" + info.Describe() + ")";
+  exited_cv_.notify_all();
 }
 
 bool Vm::alive() const {
@@ -245,9 +246,15 @@ bool Vm::alive() const {
 }
 
 std::string Vm::death_reason() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!death_.empty()) return death_;
-  if (mux_ && !mux_->alive()) return "guest channel lost: " + mux_->death_reason();
+  if (mux_ && !mux_->alive()) {
+    // The channel usually closes because QEMU died; its exit status arrives a moment later
+    // and is the more useful reason, so give the watcher a second to report it.
+    exited_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !death_.empty(); });
+    if (!death_.empty()) return death_;
+    return "guest channel lost: " + mux_->death_reason();
+  }
   return "";
 }
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -93,6 +94,7 @@ class Vm {
   std::unique_ptr<channel::Mux> mux_;
   std::thread watcher_;  // waits for QEMU's exit
   mutable std::mutex mu_;
+  mutable std::condition_variable exited_cv_;
   std::optional<ExitInfo> qemu_exit_;  // GUARDED_BY(mu_)
   std::string death_;                  // GUARDED_BY(mu_)
   std::optional<DestroyReport> destroyed_;
