@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <atomic>
 #include <thread>
 
 #include "cli/client.h"
@@ -15,6 +16,7 @@
 #include "util/fd.h"
 #include "util/names.h"
 #include "util/paths.h"
+#include "util/process.h"
 
 namespace trybox::cli {
 namespace {
@@ -195,7 +197,24 @@ int CmdImageBuild(const Invocation& inv) {
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
   o.init_binary = dir.substr(0, dir.rfind('/')) + "/trybox-init";
   o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
+  // Ctrl-C: kill the build's children (mmdebstrap runs in its own process group and would
+  // not see the terminal's signal), so the build fails and removes its partial output.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::atomic<bool> interrupted{false};
+  std::thread([set, &interrupted] {
+    int sig;
+    if (sigwait(&set, &sig) == 0) {
+      interrupted = true;
+      std::cerr << "trybox: interrupted; stopping the build\n";
+      SignalAllChildren(SIGKILL);
+    }
+  }).detach();
   Status st = image::BuildImage(o);
+  if (interrupted) return 130;
   if (!st.ok()) return Fail(st);
   std::cout << "image " << inv.image_name << " built in " << paths.images << "/"
             << inv.image_name << "\n";

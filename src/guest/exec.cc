@@ -134,6 +134,7 @@ void ExecRun::Run() {
   spec.stdout_fd = out->write.get();
   spec.stderr_fd = err->write.get();
   spec.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd_for_child() : -1;
+  spec.cgroup_dir_fd = cgroup_ ? cgroup_->dir_fd_for_clone() : -1;
   const Clock::time_point start = Clock::now();
   SpawnOutcome spawned = Spawn(reaper_, spec);
   // Our copies of the command's ends must go, or EOF never comes.

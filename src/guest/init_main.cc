@@ -1,5 +1,6 @@
 // trybox-init: the guest's PID 1. Boots the guest (guest/boot.h), then serves the control
 // protocol (guest/server.h) until a shutdown request powers it off.
+#include <thread>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "guest/cgroup.h"
 #include "guest/boot.h"
 #include "guest/reaper.h"
 #include "guest/server.h"
@@ -36,6 +38,8 @@ int main() {
   trybox::guest::BootInfo boot = trybox::guest::Boot();
   trybox::guest::Reaper reaper;
   reaper.Start();
+  // Off the boot path: the host's first request need not wait for it.
+  std::thread([] { trybox::guest::PrewarmExecCgroups(4); }).detach();
   trybox::guest::Server server(reaper, std::move(boot));
   server.Run();
 }

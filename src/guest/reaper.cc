@@ -1,5 +1,13 @@
 #include "guest/reaper.h"
 
+#include <linux/sched.h>
+#include <sched.h>
+#include <sys/syscall.h>
+
+#include <cstring>
+
+#include <memory>
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -49,15 +57,51 @@ void Reaper::Start() {
 Result<std::shared_ptr<ChildWatch>> Reaper::Fork(const std::function<void()>& in_child) {
   ASSIGN_OR_RETURN(Wakeup reaped, Wakeup::Make());
   std::shared_ptr<ChildWatch> watch(new ChildWatch(std::move(reaped)));
+  // clone(CLONE_VM|CLONE_VFORK) on a stack of its own, as posix_spawn does: the child
+  // borrows our address space until it execs, so no page tables are copied. Under TCG that
+  // matters: every page-table copy and the TLB flushes that follow cost real time.
+  constexpr size_t kChildStack = 256 * 1024;
+  std::unique_ptr<char[]> stack(new char[kChildStack]);
+  auto trampoline = [](void* arg) -> int {
+    (*static_cast<const std::function<void()>*>(arg))();
+    ::_exit(127);
+  };
   std::lock_guard<std::mutex> lock(mu_);
-  pid_t pid = ::fork();
-  if (pid < 0) return ErrnoError("fork");
+  pid_t pid = ::clone(trampoline, stack.get() + kChildStack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                      const_cast<std::function<void()>*>(&in_child));
+  if (pid < 0) return ErrnoError("clone");
+  watch->pid_ = pid;
+  children_[pid] = watch;
+  return watch;
+}
+
+Result<std::shared_ptr<ChildWatch>> Reaper::ForkIntoCgroup(
+    const std::function<void()>& in_child, int cgroup_dir_fd) {
+  ASSIGN_OR_RETURN(Wakeup reaped, Wakeup::Make());
+  std::shared_ptr<ChildWatch> watch(new ChildWatch(std::move(reaped)));
+  // Joining a cgroup by writing cgroup.procs takes the cgroup write lock, an RCU grace
+  // period: measured 18 ms of a 38 ms /bin/true under TCG. Being born in it does not.
+  // CLONE_VFORK without CLONE_VM: fork semantics (the child returns here on its own copy),
+  // and we are resumed once it has exec'd or exited.
+  struct clone_args args;
+  std::memset(&args, 0, sizeof args);
+  args.flags = CLONE_VFORK | CLONE_INTO_CGROUP;
+  args.exit_signal = SIGCHLD;
+  args.cgroup = static_cast<uint64_t>(cgroup_dir_fd);
+  std::lock_guard<std::mutex> lock(mu_);
+  long pid = ::syscall(SYS_clone3, &args, sizeof args);
+  if (pid < 0) {
+    if (errno == ENOSYS || errno == EINVAL || errno == E2BIG) {
+      return FailedPrecondition("clone3 into a cgroup is not supported here");
+    }
+    return ErrnoError("clone3");
+  }
   if (pid == 0) {
     in_child();
     ::_exit(127);
   }
-  watch->pid_ = pid;
-  children_[pid] = watch;
+  watch->pid_ = static_cast<pid_t>(pid);
+  children_[watch->pid_] = watch;
   return watch;
 }
 

@@ -67,6 +67,11 @@ class Reaper {
   // is locked across fork and registration, so a child that exits at once is still
   // delivered to its watch.
   Result<std::shared_ptr<ChildWatch>> Fork(const std::function<void()>& in_child);
+  // Like Fork, but the child starts life inside the cgroup `cgroup_dir_fd` (clone3 with
+  // CLONE_INTO_CGROUP), which is far cheaper than joining it afterwards. kUnimplemented-ish
+  // failures (old kernel) come back as kFailedPrecondition so the caller can fall back.
+  Result<std::shared_ptr<ChildWatch>> ForkIntoCgroup(const std::function<void()>& in_child,
+                                                     int cgroup_dir_fd);
 
  private:
   void Loop();

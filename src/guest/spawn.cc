@@ -149,12 +149,12 @@ SpawnOutcome Spawn(Reaper& reaper, const SpawnSpec& spec) {
   const int in = spec.stdin_fd >= 0 ? spec.stdin_fd : devnull.get();
   const int outfd = spec.stdout_fd >= 0 ? spec.stdout_fd : devnull.get();
   const int errfd = spec.stderr_fd >= 0 ? spec.stderr_fd : devnull.get();
-  const int cg = spec.cgroup_procs_fd;
+  int cg = spec.cgroup_procs_fd;
   struct sigaction dfl;
   std::memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
 
-  auto forked = reaper.Fork([&] {
+  auto in_child = [&] {
     auto die = [&](int stage) {
       int e[2] = {stage, errno};
       (void)!::write(errw, e, sizeof e);
@@ -182,7 +182,17 @@ SpawnOutcome Spawn(Reaper& reaper, const SpawnSpec& spec) {
     }
     errno = search.Result();
     die(kStageExec);
-  });
+  };
+  Result<std::shared_ptr<ChildWatch>> forked = FailedPrecondition("no cgroup");
+  if (spec.cgroup_dir_fd >= 0) {
+    const int join_fd = cg;
+    cg = -1;  // born in the cgroup: nothing to join
+    forked = reaper.ForkIntoCgroup(in_child, spec.cgroup_dir_fd);
+    if (!forked.ok() && forked.status().code() == Code::kFailedPrecondition) cg = join_fd;
+  }
+  if (!forked.ok() && forked.status().code() == Code::kFailedPrecondition) {
+    forked = reaper.Fork(in_child);
+  }
   if (!forked.ok()) return fail(SpawnError::kSpawnFailed, forked.status().message());
   err_pipe->write.Reset();
 

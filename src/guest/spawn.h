@@ -67,6 +67,9 @@ struct SpawnSpec {
   // If >= 0, an open cgroup.procs the child writes "0" to before anything else, so the
   // whole tree it starts lives in that cgroup.
   int cgroup_procs_fd = -1;
+  // The same cgroup's directory: the child is created inside it when the kernel can
+  // (clone3 CLONE_INTO_CGROUP); otherwise it joins through cgroup_procs_fd.
+  int cgroup_dir_fd = -1;
 };
 
 struct SpawnOutcome {

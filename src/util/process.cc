@@ -10,9 +10,33 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 
 namespace trybox {
+namespace {
+
+std::mutex g_children_mu;
+std::set<pid_t>& LiveChildren() {
+  static std::set<pid_t> live;
+  return live;
+}
+void Track(pid_t pid) {
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  LiveChildren().insert(pid);
+}
+void Untrack(pid_t pid) {
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  LiveChildren().erase(pid);
+}
+
+}  // namespace
+
+void SignalAllChildren(int sig) {
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  for (pid_t p : LiveChildren()) ::kill(-p, sig);
+}
 
 std::string ExitInfo::Describe() const {
   if (exited) return "exit code " + std::to_string(code);
@@ -97,6 +121,7 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   } while (n < 0 && errno == EINTR);
   ::close(err_pipe[0]);
   ChildProcess child(pid);
+  Track(pid);
   if (n == static_cast<ssize_t>(sizeof e)) {
     (void)child.Wait();
     static const char* kStage[] = {"", "setpgid", "dup2", "chdir", "execve"};
@@ -123,11 +148,13 @@ void ChildProcess::KillAndReap() {
   int status;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
+  Untrack(pid_);
   pid_ = -1;
 }
 
 pid_t ChildProcess::Release() {
   pid_t p = pid_;
+  Untrack(p);
   pid_ = -1;
   return p;
 }
@@ -144,6 +171,7 @@ Result<ExitInfo> ChildProcess::Wait() {
   while (::waitpid(pid_, &status, 0) < 0) {
     if (errno != EINTR) return ErrnoError("waitpid");
   }
+  Untrack(pid_);
   pid_ = -1;
   return FromWaitStatus(status);
 }
@@ -154,6 +182,7 @@ Result<std::optional<ExitInfo>> ChildProcess::TryWait() {
   pid_t r = ::waitpid(pid_, &status, WNOHANG);
   if (r < 0) return ErrnoError("waitpid");
   if (r == 0) return std::optional<ExitInfo>();
+  Untrack(pid_);
   pid_ = -1;
   return std::optional<ExitInfo>(FromWaitStatus(status));
 }

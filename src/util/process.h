@@ -78,6 +78,11 @@ Result<CommandResult> RunCommand(const std::vector<std::string>& argv,
 Status RunChecked(const std::vector<std::string>& argv,
                   std::chrono::milliseconds timeout = std::chrono::minutes(30));
 
+// Sends `sig` to the process group of every ChildProcess still running in this process.
+// For an interrupted command-line tool: killing the children makes the work in progress fail
+// and unwind through its own clean-up, instead of leaving them running detached.
+void SignalAllChildren(int sig);
+
 // True if a process with this pid exists (signal 0 reaches it or EPERM).
 bool ProcessExists(pid_t pid);
 // /proc/PID/cmdline with NULs turned into spaces; empty if gone.
