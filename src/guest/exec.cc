@@ -169,7 +169,7 @@ void ExecRun::Run() {
       (void)stream_.CloseWrite(fd == &out_ ? channel::kChanOut : channel::kChanErr);
     }
   }
-  ExitInfo status = DecodeWaitStatus(child_->Wait());
+  ExitInfo status = ExitInfoFromWaitStatus(child_->Wait());
   const int64_t duration = Millis(child_->exit_time() - start);
   Json end;
   if (timed_out_) {

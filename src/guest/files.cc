@@ -140,7 +140,7 @@ class OutputTail {
 };
 
 std::string DescribeTarFailure(int wait_status, const std::string& tail) {
-  ExitInfo e = DecodeWaitStatus(wait_status);
+  ExitInfo e = ExitInfoFromWaitStatus(wait_status);
   std::string what = e.exited ? "tar exited with code " + std::to_string(e.code)
                               : "tar was killed by signal " + std::to_string(e.signal);
   return tail.empty() ? what : what + ": " + tail;

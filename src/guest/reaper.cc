@@ -140,15 +140,5 @@ void Reaper::Loop() {
   }
 }
 
-ExitInfo DecodeWaitStatus(int status) {
-  ExitInfo out;
-  if (WIFEXITED(status)) {
-    out.exited = true;
-    out.code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    out.signal = WTERMSIG(status);
-  }
-  return out;
-}
 
 }  // namespace trybox::guest

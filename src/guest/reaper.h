@@ -82,7 +82,4 @@ class Reaper {
   std::thread thread_;
 };
 
-// A raw waitpid(2) status as the ExitInfo the rest of trybox uses.
-ExitInfo DecodeWaitStatus(int status);
-
 }  // namespace trybox::guest

@@ -100,7 +100,7 @@ void SpawnThroughReaperAndExit() {
   out->write.Reset();
   expect(ok.error == SpawnError::kNone, "spawn seven: " + ok.message);
   if (ok.child) {
-    ExitInfo e = DecodeWaitStatus(ok.child->Wait());
+    ExitInfo e = ExitInfoFromWaitStatus(ok.child->Wait());
     expect(e.exited && e.code == 7, "exit code 7");
     auto text = ReadFileToString("/proc/self/fd/" + std::to_string(out->read.get()));
     expect(text.ok() && *text == d + "/seven bar\n", "output: " + (text.ok() ? *text : ""));
@@ -128,11 +128,11 @@ void SpawnThroughReaperAndExit() {
   spec.argv = {"/bin/sh", "-c", "sleep 0.1 & exit 3"};
   for (int i = 0; i < 20; ++i) {
     SpawnOutcome quick = Spawn(reaper, spec);
-    expect(quick.child && DecodeWaitStatus(quick.child->Wait()).code == 3, "quick exit");
+    expect(quick.child && ExitInfoFromWaitStatus(quick.child->Wait()).code == 3, "quick exit");
   }
   spec.argv = {"/bin/sh", "-c", "kill -TERM $$"};
   SpawnOutcome sig = Spawn(reaper, spec);
-  ExitInfo e = DecodeWaitStatus(sig.child->Wait());
+  ExitInfo e = ExitInfoFromWaitStatus(sig.child->Wait());
   expect(!e.exited && e.signal == SIGTERM, "SIGTERM default restored in child");
   std::fflush(stderr);
   std::_Exit(failures == 0 ? 0 : 1);

@@ -43,7 +43,7 @@ std::string ExitInfo::Describe() const {
   return std::string("signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
 }
 
-static ExitInfo FromWaitStatus(int status) {
+ExitInfo ExitInfoFromWaitStatus(int status) {
   ExitInfo info;
   if (WIFEXITED(status)) {
     info.exited = true;
@@ -173,7 +173,7 @@ Result<ExitInfo> ChildProcess::Wait() {
   }
   Untrack(pid_);
   pid_ = -1;
-  return FromWaitStatus(status);
+  return ExitInfoFromWaitStatus(status);
 }
 
 Result<std::optional<ExitInfo>> ChildProcess::TryWait() {
@@ -184,7 +184,7 @@ Result<std::optional<ExitInfo>> ChildProcess::TryWait() {
   if (r == 0) return std::optional<ExitInfo>();
   Untrack(pid_);
   pid_ = -1;
-  return std::optional<ExitInfo>(FromWaitStatus(status));
+  return std::optional<ExitInfo>(ExitInfoFromWaitStatus(status));
 }
 
 Result<ExitInfo> ChildProcess::WaitFor(std::chrono::milliseconds timeout) {

@@ -23,6 +23,9 @@ struct ExitInfo {
   std::string Describe() const;
 };
 
+// Decodes a waitpid(2) status.
+ExitInfo ExitInfoFromWaitStatus(int status);
+
 struct SpawnOptions {
   std::vector<std::string> argv;
   // If set, the child's whole environment; otherwise it inherits ours.

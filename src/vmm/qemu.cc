@@ -231,13 +231,7 @@ void Vm::WatchQemu() {
   int status;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
-  ExitInfo info;
-  if (WIFEXITED(status)) {
-    info.exited = true;
-    info.code = WEXITSTATUS(status);
-  } else {
-    info.signal = WTERMSIG(status);
-  }
+  ExitInfo info = ExitInfoFromWaitStatus(status);
   std::lock_guard<std::mutex> lock(mu_);
   qemu_exit_ = info;
   if (death_.empty()) death_ = "QEMU exited (" + info.Describe() + ")";
