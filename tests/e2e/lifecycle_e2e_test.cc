@@ -231,6 +231,30 @@ TEST_F(LifecycleE2E, CopyOfMissingPathIsAnErrorNotAnEmptyFile) {
   EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
 }
 
+TEST_F(LifecycleE2E, FullDiskIsItsOwnErrorAndLeavesNoPartialFile) {
+  auto dir = TempDir::Make("/tmp", "tbx-full-");
+  ASSERT_TRUE(dir.ok());
+  std::string blob = dir->path() + "/blob";
+  RandomFile(blob, 4u << 20);
+  std::string id = Create();
+  // Reserve every free block of the VM's writable layer without writing them.
+  CliResult fill = h_->Cli({"exec", id, "--", "sh", "-c",
+                            "fallocate -l $(( $(stat -f -c '%f*%S' /root) )) /root/fill; "
+                            "df --output=avail -B1 /root | tail -1"});
+  ASSERT_EQ(fill.code, 0) << fill.err;
+  ASSERT_LT(std::stoll(fill.out), 1 << 20) << "the layer still has room: " << fill.out;
+  CliResult put = h_->Cli({"cp", blob, id + ":/root/blob"});
+  EXPECT_EQ(put.code, 125);
+  EXPECT_NE(put.err.find("no space left on device"), std::string::npos) << "[" << put.err << "]";
+  CliResult ls = h_->Cli({"exec", id, "--", "sh", "-c", "ls -a /root | grep -c blob || true"});
+  EXPECT_EQ(ls.out, "0\n") << "a partial file was left behind";
+  // The VM still works, and freeing space makes the same put succeed.
+  EXPECT_EQ(h_->Cli({"exec", id, "--", "rm", "/root/fill"}).code, 0);
+  CliResult again = h_->Cli({"cp", blob, id + ":/root/blob"});
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
 TEST_F(LifecycleE2E, LongExecDoesNotBlockOtherRequests) {
   std::string id = Create();
   std::atomic<bool> long_done{false};
