@@ -94,12 +94,14 @@ class Qga {
   }
   // Runs to completion, polling guest-exec-status as fast as it answers; returns out bytes.
   Result<uint64_t> Exec(const std::string& path, const std::vector<std::string>& args) {
-    ASSIGN_OR_RETURN(Json started,
-                     Call({{"execute", "guest-exec"},
-                           {"arguments", {{"path", path}, {"arg", args}, {"capture-output", true}}}}));
+    ASSIGN_OR_RETURN(
+        Json started,
+        Call({{"execute", "guest-exec"},
+              {"arguments", {{"path", path}, {"arg", args}, {"capture-output", true}}}}));
     int pid = started["pid"];
     for (;;) {
-      ASSIGN_OR_RETURN(Json st, Call({{"execute", "guest-exec-status"}, {"arguments", {{"pid", pid}}}}));
+      ASSIGN_OR_RETURN(Json st,
+                       Call({{"execute", "guest-exec-status"}, {"arguments", {{"pid", pid}}}}));
       if (st.value("exited", false)) {
         std::string b64 = st.value("out-data", "");
         return static_cast<uint64_t>(b64.size() / 4 * 3);
@@ -174,14 +176,16 @@ int main(int argc, char** argv) {
   }
   // 3. Streaming, trybox.
   auto t0 = Clock::now();
-  uint64_t streamed = Exec(c, id, {"head", "-c", std::to_string(stream_mib) + "M", "/dev/zero"}, nullptr);
+  uint64_t streamed =
+      Exec(c, id, {"head", "-c", std::to_string(stream_mib) + "M", "/dev/zero"}, nullptr);
   double stream_s = Ms(t0, Clock::now()) / 1000;
   double trybox_stream = static_cast<double>(streamed) / 1e6 / stream_s;
 
   // 4. put/get.
   auto dir = trybox::TempDir::Make("/tmp", "tbx-bench-");
   std::string f = dir->path() + "/blob";
-  (void)trybox::RunChecked({"sh", "-c", "head -c " + std::to_string(file_mib) + "M /dev/urandom > " + f});
+  (void)trybox::RunChecked(
+      {"sh", "-c", "head -c " + std::to_string(file_mib) + "M /dev/urandom > " + f});
   t0 = Clock::now();
   auto put = trybox::cli::PutPath(c, id, f, "/root/blob");
   double put_s = Ms(t0, Clock::now()) / 1000;
@@ -194,15 +198,17 @@ int main(int argc, char** argv) {
 
   // 5. qemu-guest-agent in the same guest: start it through trybox, then talk to its port.
   Json r;
-  Exec(c, id, {"sh", "-c",
-               "for p in /sys/class/virtio-ports/*; do [ \"$(cat $p/name)\" = org.qemu.guest_agent.0 ] "
-               "&& exec qemu-ga -d -m virtio-serial -p /dev/$(basename $p); done; exit 1"},
+  Exec(c, id,
+       {"sh", "-c",
+        "for p in /sys/class/virtio-ports/*; do [ \"$(cat $p/name)\" = org.qemu.guest_agent.0 ] "
+        "&& exec qemu-ga -d -m virtio-serial -p /dev/$(basename $p); done; exit 1"},
        &r);
   std::vector<double> qrt;
   double qga_stream = 0;
   std::string vmdir = (*h)->vms_dir() + "/" + id;
   auto qfd = trybox::ConnectUnix(vmdir + "/qga.sock");
-  if (!qfd.ok() || r["result"].value("outcome", "") != "exited" || r["result"].value("exit_code", 1) != 0) {
+  if (!qfd.ok() || r["result"].value("outcome", "") != "exited" ||
+      r["result"].value("exit_code", 1) != 0) {
     std::printf("qemu-guest-agent: could not start in the guest (%s; %s)\n", r.dump().c_str(),
                 qfd.ok() ? "port connected" : qfd.status().ToString().c_str());
   } else {
@@ -228,12 +234,13 @@ int main(int argc, char** argv) {
   std::printf("exec round trip of /bin/true (n=%d): trybox p50 %.2f ms p99 %.2f ms", execs,
               Pct(rt, 50), Pct(rt, 99));
   if (!qrt.empty()) {
-    std::printf(" | qemu-guest-agent p50 %.2f ms p99 %.2f ms | ratio qga/trybox %.1fx", Pct(qrt, 50),
-                Pct(qrt, 99), Pct(qrt, 50) / Pct(rt, 50));
+    std::printf(" | qemu-guest-agent p50 %.2f ms p99 %.2f ms | ratio qga/trybox %.1fx",
+                Pct(qrt, 50), Pct(qrt, 99), Pct(qrt, 50) / Pct(rt, 50));
   }
-  std::printf("\n  of which the guest's spawn-to-exit: p50 %.2f ms; transport round trip (get of "
-              "a small file, no process): p50 %.2f ms p99 %.2f ms",
-              Pct(in_guest, 50), Pct(transport, 50), Pct(transport, 99));
+  std::printf(
+      "\n  of which the guest's spawn-to-exit: p50 %.2f ms; transport round trip (get of "
+      "a small file, no process): p50 %.2f ms p99 %.2f ms",
+      Pct(in_guest, 50), Pct(transport, 50), Pct(transport, 99));
   std::printf("\nstdout streaming: trybox %.0f MB/s (%d MiB)", trybox_stream, stream_mib);
   if (qga_stream > 0) {
     std::printf(" | qemu-guest-agent %.1f MB/s (%d MiB) | ratio trybox/qga %.0fx", qga_stream,

@@ -12,7 +12,7 @@ PACKAGES=(
   # running VMs and building images
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs kmod xz-utils dpkg-dev
   # tests and benchmarks
-  procps
+  procps clang-format git
 )
 
 missing=()

@@ -19,13 +19,20 @@ void StoreU32(uint32_t v, char* p) {
 
 const char* FrameTypeName(FrameType t) {
   switch (t) {
-    case FrameType::kOpen: return "OPEN";
-    case FrameType::kData: return "DATA";
-    case FrameType::kEof: return "EOF";
-    case FrameType::kEvent: return "EVENT";
-    case FrameType::kCredit: return "CREDIT";
-    case FrameType::kEnd: return "END";
-    case FrameType::kReset: return "RESET";
+    case FrameType::kOpen:
+      return "OPEN";
+    case FrameType::kData:
+      return "DATA";
+    case FrameType::kEof:
+      return "EOF";
+    case FrameType::kEvent:
+      return "EVENT";
+    case FrameType::kCredit:
+      return "CREDIT";
+    case FrameType::kEnd:
+      return "END";
+    case FrameType::kReset:
+      return "RESET";
   }
   return "?";
 }
@@ -67,8 +74,7 @@ Status ValidateHeader(uint32_t len, uint8_t type, uint8_t channel, uint16_t rese
   }
   if (t == FrameType::kEof && len != 0) return InvalidArgument("bad frame: EOF with payload");
   if (t == FrameType::kCredit && len != 4) {
-    return InvalidArgument("bad frame: CREDIT payload must be 4 bytes, got " +
-                           std::to_string(len));
+    return InvalidArgument("bad frame: CREDIT payload must be 4 bytes, got " + std::to_string(len));
   }
   return Status::Ok();
 }
@@ -114,8 +120,7 @@ Result<Frame> FrameDecoder::Next() {
 std::string FrameDecoder::DescribePartial() const {
   size_t avail = buf_.size() - pos_;
   if (avail < kHeaderSize) {
-    return "got " + std::to_string(avail) + " of " + std::to_string(kHeaderSize) +
-           " header bytes";
+    return "got " + std::to_string(avail) + " of " + std::to_string(kHeaderSize) + " header bytes";
   }
   uint32_t len = LoadU32(buf_.data() + pos_);
   return "got " + std::to_string(avail) + " of " + std::to_string(kHeaderSize + len) +

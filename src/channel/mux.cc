@@ -18,8 +18,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
     EncodeHeader(stream, type, channel, static_cast<uint32_t>(payload.size()), hdr);
     std::lock_guard<std::mutex> lock(write_mu_);
     if (write_failed_) return Unavailable("channel lost: " + DeathReason());
-    struct iovec iov[2] = {{hdr, kHeaderSize},
-                           {const_cast<char*>(payload.data()), payload.size()}};
+    struct iovec iov[2] = {{hdr, kHeaderSize}, {const_cast<char*>(payload.data()), payload.size()}};
     size_t total = kHeaderSize + payload.size();
     size_t done = 0;
     while (done < total) {

@@ -23,12 +23,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "channel/frame.h"
 #include "util/fd.h"

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <iostream>
-#include <atomic>
 #include <thread>
 
 #include "cli/client.h"
@@ -115,9 +115,9 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
 
 Result<std::string> CreateVm(Client& client, const VmOptions& vm) {
   ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "create"},
-                                         {"image", vm.image},
-                                         {"memory_mib", vm.memory_mib},
-                                         {"cpus", vm.cpus}}));
+                                        {"image", vm.image},
+                                        {"memory_mib", vm.memory_mib},
+                                        {"cpus", vm.cpus}}));
   return r["vm"]["id"].get<std::string>();
 }
 
@@ -179,8 +179,7 @@ int CmdCp(Client& client, const std::string& src, const std::string& dst) {
   const std::string& vm = src_vm.empty() ? dst_vm : src_vm;
   Status st = ValidateName("VM id", vm);
   if (!st.ok()) return Fail(st);
-  auto r = src_vm.empty() ? PutPath(client, vm, src, dst_path)
-                          : GetPath(client, vm, src_path, dst);
+  auto r = src_vm.empty() ? PutPath(client, vm, src, dst_path) : GetPath(client, vm, src_path, dst);
   if (!r.ok()) return Fail(r.status());
   return 0;
 }
@@ -216,8 +215,8 @@ int CmdImageBuild(const Invocation& inv) {
   Status st = image::BuildImage(o);
   if (interrupted) return 130;
   if (!st.ok()) return Fail(st);
-  std::cout << "image " << inv.image_name << " built in " << paths.images << "/"
-            << inv.image_name << "\n";
+  std::cout << "image " << inv.image_name << " built in " << paths.images << "/" << inv.image_name
+            << "\n";
   return 0;
 }
 
@@ -251,7 +250,8 @@ int CmdDoctor(Client& client) {
   auto r = client.Call({{"verb", "doctor"}});
   if (!r.ok()) return Fail(r.status());
   const Json& a = (*r)["accel"];
-  std::cout << "acceleration: " << (a["accel"].is_null() ? "unknown" : a["accel"].get<std::string>())
+  std::cout << "acceleration: "
+            << (a["accel"].is_null() ? "unknown" : a["accel"].get<std::string>())
             << "\n  why: " << a["reason"].get<std::string>() << "\n";
   std::cout << "qemu: " << (*r)["qemu"].get<std::string>() << "\n";
   std::cout << "daemon: pid " << (*r)["daemon_pid"] << ", socket "
@@ -383,8 +383,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
   if (inv.exec.timeout_s < 0) return InvalidArgument("--timeout must not be negative");
   if (inv.command == "run" || inv.command == "create" || inv.command == "image-build") {
-    RETURN_IF_ERROR(ValidateName("image name",
-                                 inv.command == "image-build" ? inv.image_name : inv.vm.image));
+    RETURN_IF_ERROR(
+        ValidateName("image name", inv.command == "image-build" ? inv.image_name : inv.vm.image));
   }
   if (inv.command == "exec") RETURN_IF_ERROR(ValidateName("VM id", inv.id));
   for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));

@@ -5,10 +5,9 @@
 // could not be invoked; 127 when it was not found.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "util/status.h"
 
@@ -23,7 +22,7 @@ struct VmOptions {
 struct ExecOptions {
   std::vector<std::string> env;  // K=V, validated
   std::string workdir;
-  double timeout_s = 0;  // 0: none
+  double timeout_s = 0;      // 0: none
   bool interactive = false;  // forward our stdin
 };
 

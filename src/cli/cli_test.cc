@@ -11,8 +11,8 @@ Result<Invocation> P(std::vector<std::string> a) {
 }
 
 TEST(CliParseTest, RunTakesOptionsThenCommandAfterDashes) {
-  auto inv = P({"run", "--memory", "256", "--cpus", "2", "--env", "A=1", "-e", "B=x=y",
-                "--workdir", "/tmp", "--timeout", "5", "--", "sh", "-c", "echo hi"});
+  auto inv = P({"run", "--memory", "256", "--cpus", "2", "--env", "A=1", "-e", "B=x=y", "--workdir",
+                "/tmp", "--timeout", "5", "--", "sh", "-c", "echo hi"});
   ASSERT_TRUE(inv.ok()) << inv.status().ToString();
   EXPECT_EQ(inv->command, "run");
   EXPECT_EQ(inv->vm.memory_mib, 256);
@@ -31,8 +31,7 @@ TEST(CliParseTest, ExecTakesIdAndCommand) {
 }
 
 TEST(CliParseTest, InvalidNamesAreRejectedNotSanitised) {
-  EXPECT_EQ(P({"run", "--image", "../etc", "--", "true"}).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(P({"run", "--image", "../etc", "--", "true"}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(P({"exec", "a/b", "--", "true"}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(P({"rm", "ok1", "bad id"}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(P({"image", "build", "deb ian"}).status().code(), Code::kInvalidArgument);

@@ -68,13 +68,12 @@ Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autosta
     }
     if (child.running()) child.Release();  // the daemon lives on, detached
     if (!fd.ok()) {
-      return Unavailable("started tryboxd but it did not answer on " + paths.socket() +
-                         " (see " + log_path + ")");
+      return Unavailable("started tryboxd but it did not answer on " + paths.socket() + " (see " +
+                         log_path + ")");
     }
   }
   if (!fd.ok()) {
-    return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " +
-                       fd.status().message());
+    return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " + fd.status().message());
   }
   auto mux = std::make_unique<channel::Mux>(std::move(*fd), channel::Role::kHost);
   mux->Start();

@@ -167,10 +167,9 @@ Status ExtractTarSafely(const std::function<Result<std::string>()>& next_chunk,
     return src.st.ok() ? Internal(std::string("untar: ") + archive_error_string(in.get())) : src.st;
   }
   ArchivePtr disk(archive_write_disk_new());
-  archive_write_disk_set_options(disk.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM |
-                                                 ARCHIVE_EXTRACT_SECURE_SYMLINKS |
-                                                 ARCHIVE_EXTRACT_SECURE_NODOTDOT |
-                                                 ARCHIVE_EXTRACT_UNLINK);
+  archive_write_disk_set_options(
+      disk.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+                      ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_UNLINK);
   for (;;) {
     archive_entry* e;
     int r = archive_read_next_header(in.get(), &e);
@@ -232,13 +231,13 @@ Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::
   }
   TransferStats stats;
   stats.kind = S_ISDIR(st.st_mode) ? "tar" : "file";
-  Json req = {{"verb", "put"},
-              {"vm", vm},
-              {"path", guest_path},
-              {"kind", stats.kind},
-              {"mode", st.st_mode & 07777},
-              {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                               st.st_mtim.tv_nsec}};
+  Json req = {
+      {"verb", "put"},
+      {"vm", vm},
+      {"path", guest_path},
+      {"kind", stats.kind},
+      {"mode", st.st_mode & 07777},
+      {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec}};
   ASSIGN_OR_RETURN(auto s, client.Open(req));
   char cwd[4096];
   bool have_cwd = ::getcwd(cwd, sizeof cwd) != nullptr;
@@ -253,8 +252,8 @@ Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::
   return stats;
 }
 
-Result<TransferStats> GetPath(Client& client, const std::string& vm,
-                              const std::string& guest_path, const std::string& dst) {
+Result<TransferStats> GetPath(Client& client, const std::string& vm, const std::string& guest_path,
+                              const std::string& dst) {
   ASSIGN_OR_RETURN(auto s, client.Open({{"verb", "get"}, {"vm", vm}, {"path", guest_path}}));
   // The first message is the meta event, or an END with the error (e.g. not found): in that
   // case nothing is created on the host.

@@ -22,8 +22,8 @@ Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::
                               const std::string& guest_path);
 // Copies `guest_path` from VM `vm` to host `dst`. A file lands at `dst` (or inside it if
 // `dst` is a directory); a directory's contents are unpacked into `dst` (created).
-Result<TransferStats> GetPath(Client& client, const std::string& vm,
-                              const std::string& guest_path, const std::string& dst);
+Result<TransferStats> GetPath(Client& client, const std::string& vm, const std::string& guest_path,
+                              const std::string& dst);
 
 // Unpacks a tar stream (from `next_chunk`, which returns "" at the end) into `dest`.
 // Exposed for tests of the path-safety rules.

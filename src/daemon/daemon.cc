@@ -26,7 +26,8 @@ Status CheckString(const Json& req, const char* field, bool required) {
   if (!req.contains(field)) {
     return required ? InvalidArgument(std::string("missing field '") + field + "'") : Status::Ok();
   }
-  if (!req[field].is_string()) return InvalidArgument(std::string("'") + field + "' must be a string");
+  if (!req[field].is_string())
+    return InvalidArgument(std::string("'") + field + "' must be a string");
   return Status::Ok();
 }
 
@@ -34,7 +35,7 @@ Status CheckString(const Json& req, const char* field, bool required) {
 // the END body, or a body describing how the stream failed: a lost channel is its own
 // outcome, never a borrowed success.
 struct RelayResult {
-  Json end;  // the guest's END body (empty if none arrived)
+  Json end;        // the guest's END body (empty if none arrived)
   Status failure;  // why no END arrived
   bool client_gone = false;
   int64_t bytes[3] = {0, 0, 0};
@@ -210,7 +211,8 @@ void Daemon::HandleClient(UniqueFd fd) {
   auto mux = std::make_shared<channel::Mux>(std::move(fd), channel::Role::kGuest);
   std::promise<void> dead;
   auto fut = dead.get_future();
-  mux->OnOpen([this](std::shared_ptr<channel::Stream> s, Json req) { Dispatch(s, std::move(req)); });
+  mux->OnOpen(
+      [this](std::shared_ptr<channel::Stream> s, Json req) { Dispatch(s, std::move(req)); });
   mux->OnDeath([&dead](const std::string&) { dead.set_value(); });
   mux->Start();
   fut.wait();
@@ -234,9 +236,9 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req) {
     } else if (verb == "ping") {
       reply = {{"ok", true}, {"pid", ::getpid()}};
     } else {
-      reply = ErrorReply(InvalidArgument(
-          "unknown verb " + QuoteForMessage(verb) +
-          " (verbs: create, exec, put, get, destroy, list, doctor, ping)"));
+      reply = ErrorReply(
+          InvalidArgument("unknown verb " + QuoteForMessage(verb) +
+                          " (verbs: create, exec, put, get, destroy, list, doctor, ping)"));
     }
     (void)s->End(reply);
   } catch (const std::exception& e) {
@@ -365,7 +367,8 @@ Json Daemon::DoDestroy(const Json& req) {
   std::string id = (*e)->record.id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (vms_.erase(id) == 0) return ErrorReply(FailedPrecondition("VM " + id + " is already being destroyed"));
+    if (vms_.erase(id) == 0)
+      return ErrorReply(FailedPrecondition("VM " + id + " is already being destroyed"));
   }
   NoteDeath(**e);
   auto report = (*e)->vm->Destroy();
@@ -413,10 +416,12 @@ Json Daemon::DoDoctor(const Json&) {
     auto c = Accel(first_valid);
     accel = {{"accel", c.accel}, {"reason", c.reason}};
   } else {
-    accel = {{"accel", nullptr}, {"reason", "no image is built yet; the probe boots an image's kernel"}};
+    accel = {{"accel", nullptr},
+             {"reason", "no image is built yet; the probe boots an image's kernel"}};
   }
   auto qv = RunCommand({opts_.qemu, "--version"}, std::chrono::seconds(10));
-  std::string qemu_version = qv.ok() ? qv->output.substr(0, qv->output.find('\n')) : qv.status().message();
+  std::string qemu_version =
+      qv.ok() ? qv->output.substr(0, qv->output.find('\n')) : qv.status().message();
   return {{"ok", true},
           {"accel", accel},
           {"qemu", qemu_version},
@@ -496,8 +501,10 @@ void Daemon::DoExec(channel::Stream& client, const Json& req) {
   }
   rec.ended_at = store::NowSeconds();
   rec.outcome = result.value("outcome", "error");
-  if (rec.outcome == "exited" && result.contains("exit_code")) rec.exit_code = result["exit_code"].get<int>();
-  if (rec.outcome == "signaled" && result.contains("signal")) rec.signal = result["signal"].get<int>();
+  if (rec.outcome == "exited" && result.contains("exit_code"))
+    rec.exit_code = result["exit_code"].get<int>();
+  if (rec.outcome == "signaled" && result.contains("signal"))
+    rec.signal = result["signal"].get<int>();
   rec.error = result.value("message", result.value("error", ""));
   if (rec.id) (void)store_->FinishExec(rec);
   (void)client.End({{"ok", true}, {"result", result}});
@@ -533,7 +540,8 @@ void Daemon::DoPut(channel::Stream& client, const Json& req) {
     (void)client.End(NormalizeGuestEnd(r.end));
   } else {
     std::string why = (*e)->vm->death_reason();
-    (void)client.End(ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
+    (void)client.End(
+        ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
   }
 }
 
@@ -555,7 +563,8 @@ void Daemon::DoGet(channel::Stream& client, const Json& req) {
     (void)client.End(NormalizeGuestEnd(r.end));
   } else {
     std::string why = (*e)->vm->death_reason();
-    (void)client.End(ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
+    (void)client.End(
+        ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
   }
 }
 

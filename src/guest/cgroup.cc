@@ -9,8 +9,8 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 namespace trybox::guest {
 namespace {

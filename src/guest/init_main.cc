@@ -1,15 +1,15 @@
 // trybox-init: the guest's PID 1. Boots the guest (guest/boot.h), then serves the control
 // protocol (guest/server.h) until a shutdown request powers it off.
-#include <thread>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <exception>
+#include <thread>
 
-#include "guest/cgroup.h"
 #include "guest/boot.h"
+#include "guest/cgroup.h"
 #include "guest/reaper.h"
 #include "guest/server.h"
 #include "util/log.h"

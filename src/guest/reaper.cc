@@ -1,17 +1,15 @@
 #include "guest/reaper.h"
 
 #include <linux/sched.h>
-#include <sched.h>
-#include <sys/syscall.h>
-
-#include <cstring>
-
-#include <memory>
-
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstring>
+#include <memory>
 
 namespace trybox::guest {
 
@@ -75,8 +73,8 @@ Result<std::shared_ptr<ChildWatch>> Reaper::Fork(const std::function<void()>& in
   return watch;
 }
 
-Result<std::shared_ptr<ChildWatch>> Reaper::ForkIntoCgroup(
-    const std::function<void()>& in_child, int cgroup_dir_fd) {
+Result<std::shared_ptr<ChildWatch>> Reaper::ForkIntoCgroup(const std::function<void()>& in_child,
+                                                           int cgroup_dir_fd) {
   ASSIGN_OR_RETURN(Wakeup reaped, Wakeup::Make());
   std::shared_ptr<ChildWatch> watch(new ChildWatch(std::move(reaped)));
   // Joining a cgroup by writing cgroup.procs takes the cgroup write lock, an RCU grace
@@ -139,6 +137,5 @@ void Reaper::Loop() {
     }
   }
 }
-
 
 }  // namespace trybox::guest

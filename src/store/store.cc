@@ -129,9 +129,9 @@ double NowSeconds() {
 
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                           nullptr);
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
@@ -216,8 +216,7 @@ Result<std::vector<VmRecord>> Store::ListVms(const std::vector<std::string>& sta
 
 Result<int64_t> Store::InsertExec(const ExecRecord& e) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_,
-         "INSERT INTO execs (vm_id, argv, cwd, started_at, outcome) VALUES (?,?,?,?,?)");
+  Stmt s(db_, "INSERT INTO execs (vm_id, argv, cwd, started_at, outcome) VALUES (?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, e.vm_id).Bind(2, e.argv.dump()).Bind(3, e.cwd).Bind(4, e.started_at);
   s.Bind(5, e.outcome);

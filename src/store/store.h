@@ -8,11 +8,10 @@
 #include <sqlite3.h>
 
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "util/status.h"
 #include "util/thread_annotations.h"

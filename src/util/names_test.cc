@@ -12,8 +12,9 @@ TEST(NamesTest, AcceptsTheAllowedAlphabet) {
 }
 
 TEST(NamesTest, RejectsEverythingElseWithTheNameQuoted) {
-  for (const std::string& bad : std::vector<std::string>{"", "a/b", "..", "a b", "a.b", "ä", std::string("a\0b", 3), "a\n",
-                          std::string(65, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "a/b", "..", "a b", "a.b", "ä", std::string("a\0b", 3), "a\n",
+                                std::string(65, 'a')}) {
     Status st = ValidateName("image name", bad);
     EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("image name"), std::string::npos);

@@ -109,7 +109,8 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
     ::syscall(SYS_close_range, err_pipe[1] + 1, ~0U, 0);
     if (cwd && ::chdir(cwd) != 0) fail(3);
     ::execve(argv[0], argv.data(), env_arr);
-    if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr) ::execvpe(argv[0], argv.data(), env_arr);
+    if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr)
+      ::execvpe(argv[0], argv.data(), env_arr);
     fail(4);
   }
   ::close(err_pipe[1]);
@@ -125,7 +126,8 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   if (n == static_cast<ssize_t>(sizeof e)) {
     (void)child.Wait();
     static const char* kStage[] = {"", "setpgid", "dup2", "chdir", "execve"};
-    return ErrnoError(std::string(e[0] >= 1 && e[0] <= 4 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
+    return ErrnoError(
+        std::string(e[0] >= 1 && e[0] <= 4 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
   }
   return child;
 }

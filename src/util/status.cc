@@ -6,16 +6,26 @@ namespace trybox {
 
 const char* CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "INVALID_ARGUMENT";
-    case Code::kNotFound: return "NOT_FOUND";
-    case Code::kAlreadyExists: return "ALREADY_EXISTS";
-    case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case Code::kUnavailable: return "UNAVAILABLE";
-    case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case Code::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case Code::kPermissionDenied: return "PERMISSION_DENIED";
-    case Code::kInternal: return "INTERNAL";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case Code::kNotFound:
+      return "NOT_FOUND";
+    case Code::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case Code::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case Code::kUnavailable:
+      return "UNAVAILABLE";
+    case Code::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case Code::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case Code::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case Code::kInternal:
+      return "INTERNAL";
   }
   return "UNKNOWN";
 }
@@ -33,16 +43,27 @@ Status Status::Annotate(const std::string& context) const {
 Status ErrnoError(const std::string& what, int err) {
   Code code = Code::kInternal;
   switch (err) {
-    case ENOENT: code = Code::kNotFound; break;
+    case ENOENT:
+      code = Code::kNotFound;
+      break;
     case ENOSPC:
-    case EDQUOT: code = Code::kResourceExhausted; break;
+    case EDQUOT:
+      code = Code::kResourceExhausted;
+      break;
     case EACCES:
-    case EPERM: code = Code::kPermissionDenied; break;
-    case EEXIST: code = Code::kAlreadyExists; break;
+    case EPERM:
+      code = Code::kPermissionDenied;
+      break;
+    case EEXIST:
+      code = Code::kAlreadyExists;
+      break;
     case ECONNREFUSED:
     case ECONNRESET:
-    case EPIPE: code = Code::kUnavailable; break;
-    default: break;
+    case EPIPE:
+      code = Code::kUnavailable;
+      break;
+    default:
+      break;
   }
   return Status(code, what + ": " + std::strerror(err));
 }

@@ -40,7 +40,8 @@ class [[nodiscard]] Status {
   // "NOT_FOUND: image 'x' is not built".
   std::string ToString() const;
 
-  // Prefixes context: Status(kNotFound, "no such file").Annotate("put /a") -> "put /a: no such file".
+  // Prefixes context: Status(kNotFound, "no such file").Annotate("put /a") -> "put /a: no such
+  // file".
   Status Annotate(const std::string& context) const;
 
  private:
@@ -48,7 +49,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+inline Status InvalidArgument(std::string m) {
+  return Status(Code::kInvalidArgument, std::move(m));
+}
 inline Status NotFound(std::string m) { return Status(Code::kNotFound, std::move(m)); }
 inline Status FailedPrecondition(std::string m) {
   return Status(Code::kFailedPrecondition, std::move(m));
@@ -73,7 +76,7 @@ Status ErrnoError(const std::string& what, int err = errno);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     if (std::get<Status>(v_).ok()) v_ = Status(Code::kInternal, "Result built from OK status");
   }
@@ -102,15 +105,14 @@ class [[nodiscard]] Result {
 #define TRYBOX_CONCAT(a, b) TRYBOX_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::trybox::Status _st = (expr);             \
-    if (!_st.ok()) return _st;                 \
+#define RETURN_IF_ERROR(expr)      \
+  do {                             \
+    ::trybox::Status _st = (expr); \
+    if (!_st.ok()) return _st;     \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());`
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  ASSIGN_OR_RETURN_IMPL(TRYBOX_CONCAT(_res_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr) ASSIGN_OR_RETURN_IMPL(TRYBOX_CONCAT(_res_, __LINE__), lhs, expr)
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                          \
   if (!tmp.ok()) return tmp.status();         \

@@ -78,6 +78,8 @@ std::string KernelCmdline(const VmConfig& c) {
 std::vector<std::string> QemuArgv(const VmConfig& c) {
   const std::string& img = c.image_dir;
   const std::string& dir = c.vm_dir;
+  // One option and its value per line, as in the QEMU manual.
+  // clang-format off
   std::vector<std::string> a = {
       c.qemu,
       "-name", "trybox-vm-" + c.id + ",process=trybox-vm-" + c.id,
@@ -105,6 +107,7 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       "-device", "virtserialport,chardev=qga,name=org.qemu.guest_agent.0",
       "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
   };
+  // clang-format on
   return a;
 }
 
@@ -120,18 +123,33 @@ AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir
   std::string log = work_dir + "/kvm-probe-console.log";
   ::unlink(log.c_str());
   auto start = Clock::now();
-  auto r = RunCommand({qemu, "-machine", "microvm,accel=kvm", "-cpu", "host", "-m", "128",
-                       "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-                       "-serial", "file:" + log, "-kernel", image_dir + "/vmlinux", "-initrd",
-                       image_dir + "/initrd.cpio", "-append",
+  auto r = RunCommand({qemu,
+                       "-machine",
+                       "microvm,accel=kvm",
+                       "-cpu",
+                       "host",
+                       "-m",
+                       "128",
+                       "-nodefaults",
+                       "-no-user-config",
+                       "-display",
+                       "none",
+                       "-no-reboot",
+                       "-serial",
+                       "file:" + log,
+                       "-kernel",
+                       image_dir + "/vmlinux",
+                       "-initrd",
+                       image_dir + "/initrd.cpio",
+                       "-append",
                        "console=ttyS0 quiet panic=-1 trybox.probe=1"},
                       std::chrono::seconds(30));
   double ms = MsSince(start);
   std::string console = Tail(log, 4096);
   ::unlink(log.c_str());
   if (r.ok() && console.find("TRYBOX-PROBE-OK") != std::string::npos) {
-    return {"kvm", "a probe guest booted under KVM in " + std::to_string(static_cast<int>(ms)) +
-                       " ms"};
+    return {"kvm",
+            "a probe guest booted under KVM in " + std::to_string(static_cast<int>(ms)) + " ms"};
   }
   std::string why;
   if (!r.ok()) {
@@ -169,8 +187,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
   };
 
   Status st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-b",
-                          config.image_dir + "/scratch.qcow2", "-F", "qcow2",
-                          dir + "/disk.qcow2"},
+                          config.image_dir + "/scratch.qcow2", "-F", "qcow2", dir + "/disk.qcow2"},
                          std::chrono::seconds(30));
   if (!st.ok()) return fail(st.Annotate("create the VM's disk layer"));
 
@@ -194,7 +211,8 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
       break;
     }
     if (!vm->alive()) return fail(Unavailable("QEMU exited during start-up"));
-    if (Clock::now() > deadline) return fail(DeadlineExceeded("QEMU never opened its control socket"));
+    if (Clock::now() > deadline)
+      return fail(DeadlineExceeded("QEMU never opened its control socket"));
     ::usleep(2000);
   }
   vm->mux_ = std::make_unique<channel::Mux>(std::move(ctl), channel::Role::kHost);
@@ -266,8 +284,8 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
   auto s = mux_->Open(request);
   if (!s.ok()) {
     std::string why = death_reason();
-    return Unavailable("VM " + config_.id + " is gone: " +
-                       (why.empty() ? s.status().message() : why));
+    return Unavailable("VM " + config_.id +
+                       " is gone: " + (why.empty() ? s.status().message() : why));
   }
   return s;
 }
@@ -307,8 +325,7 @@ DestroyReport Vm::Destroy() {
 DestroyReport ReapOrphan(const std::string& id, int64_t pid, const std::string& vm_dir) {
   DestroyReport r;
   pid_t p = static_cast<pid_t>(pid);
-  if (p > 0 && ProcessExists(p) &&
-      ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos) {
+  if (p > 0 && ProcessExists(p) && ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos) {
     ::kill(-p, SIGKILL);
     ::kill(p, SIGKILL);
     // Not our child any more (its parent died), so poll rather than wait.

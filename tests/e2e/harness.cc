@@ -60,8 +60,8 @@ Status Harness::SpawnDaemon() {
     if (ConnectUnix(socket()).ok()) return Status::Ok();
     auto done = daemon_.TryWait();
     if (done.ok() && done->has_value()) {
-      return Internal("tryboxd exited: " + (*done)->Describe() + "; log: " +
-                      ReadFileToString(home_ + "/tryboxd.log").value_or(""));
+      return Internal("tryboxd exited: " + (*done)->Describe() +
+                      "; log: " + ReadFileToString(home_ + "/tryboxd.log").value_or(""));
     }
     ::usleep(10000);
   }

@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -109,7 +109,8 @@ TEST_F(LifecycleE2E, TimeoutKillsTheWholeProcessTree) {
   EXPECT_EQ(r.code, 124) << r.err;
   EXPECT_EQ(r.out, "started\n");
   EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
-  CliResult ps = h_->Cli({"exec", id, "--", "sh", "-c", "ps -eo args | grep -c '^sleep 30[01]' || true"});
+  CliResult ps =
+      h_->Cli({"exec", id, "--", "sh", "-c", "ps -eo args | grep -c '^sleep 30[01]' || true"});
   EXPECT_EQ(ps.out, "0\n") << "sleep survived the timeout";
   EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
 }
