@@ -203,8 +203,9 @@ int CmdImageBuild(const Invocation& inv) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::atomic<bool> interrupted{false};
-  std::thread([set, &interrupted] {
+  static std::atomic<bool> interrupted{false};
+  o.cancelled = [] { return interrupted.load(); };
+  std::thread([set] {
     int sig;
     if (sigwait(&set, &sig) == 0) {
       interrupted = true;

@@ -333,8 +333,12 @@ Status Builder::Run() {
   if (::mkdir(build_dir.c_str(), 0755) != 0) return ErrnoError("mkdir " + build_dir);
   RemoveOnExit cleanup(build_dir);
 
+  auto interrupted = [&] { return opts_.cancelled && opts_.cancelled(); };
+  const Status kInterrupted = FailedPrecondition("image build interrupted");
   ASSIGN_OR_RETURN(Kernel kernel, PrepareKernel());
+  if (interrupted()) return kInterrupted;
   ASSIGN_OR_RETURN(std::string rootfs, PrepareRootfs());
+  if (interrupted()) return kInterrupted;
 
   Manifest m;
   m.name = opts_.name;
@@ -364,6 +368,7 @@ Status Builder::Run() {
   RETURN_IF_ERROR(SyncDir(build_dir, /*whole_fs=*/true));
   if (::chmod(build_dir.c_str(), 0555) != 0) return ErrnoError("chmod " + build_dir);
 
+  if (interrupted()) return kInterrupted;
   Step("install: " + opts_.images_root + "/" + opts_.name);
   RETURN_IF_ERROR(Install(build_dir, cleanup));
   // Catches a manifest we cannot read back before anyone tries to boot it.

@@ -96,6 +96,9 @@ struct BuildOptions {
   bool rebuild_rootfs = false;  // ignore the cached rootfs for this recipe
   // Called once per step with a human line, "[2/6] rootfs: mmdebstrap bookworm (cached)".
   std::function<void(const std::string&)> progress;
+  // Polled between steps; once it returns true the build stops, removes its partial
+  // output and returns kCancelled-like FailedPrecondition("interrupted"). May be empty.
+  std::function<bool()> cancelled;
 };
 
 // Builds (or rebuilds) images_root/NAME from the recipe NAME. Needs apt with the suite in

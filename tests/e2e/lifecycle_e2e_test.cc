@@ -375,6 +375,48 @@ TEST_F(LifecycleE2E, RestartedDaemonReapsVmsOfADeadDaemon) {
   EXPECT_NE(rm.err.find("already reaped"), std::string::npos) << rm.err;
 }
 
+TEST_F(LifecycleE2E, DoctorExplainsTheAccelerationChoice) {
+  CliResult r = h_->Cli({"doctor"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  bool named = r.out.find("acceleration: tcg") != std::string::npos ||
+               r.out.find("acceleration: kvm") != std::string::npos;
+  EXPECT_TRUE(named) << r.out;
+  EXPECT_NE(r.out.find("why: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("debian-12: ok"), std::string::npos) << r.out;
+}
+
+TEST_F(LifecycleE2E, InterruptedImageBuildLeavesNothingListed) {
+  auto images = TempDir::Make("/tmp", "tbx-ib-");
+  ASSERT_TRUE(images.ok());
+  std::vector<std::string> env = h_->Env();
+  for (auto& kv : env) {
+    if (kv.rfind("TRYBOX_IMAGES=", 0) == 0) kv = "TRYBOX_IMAGES=" + images->path();
+  }
+  SpawnOptions o;
+  o.argv = {BinDir() + "/trybox", "image", "build"};
+  o.env = env;
+  auto build = ChildProcess::Spawn(o);
+  ASSERT_TRUE(build.ok());
+  // Wait until the build has made its in-progress directory, then interrupt it.
+  bool started = false;
+  for (int i = 0; i < 3000 && !started; ++i) {
+    auto l = RunCommand({"sh", "-c", "ls -a " + images->path() + " | grep -c '^.build-' || true"});
+    started = l.ok() && l->output == "1\n";
+    if (!started) ::usleep(10000);
+  }
+  ASSERT_TRUE(started) << "the build never started";
+  ::kill(build->pid(), SIGINT);
+  auto done = build->Wait();
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->code, 130) << done->Describe();
+  auto left = RunCommand({"sh", "-c", "ls -A " + images->path() + " | grep -v '^.lock$' || true"});
+  EXPECT_EQ(left->output, "") << "an interrupted build left files behind";
+  auto ls = RunCommand(
+      {"sh", "-c", "TRYBOX_IMAGES=" + images->path() + " " + BinDir() + "/trybox image ls --json"});
+  ASSERT_TRUE(ls.ok());
+  EXPECT_EQ(ls->output, "[]\n");
+}
+
 // Runs last (gtest runs tests in definition order within a file).
 TEST_F(LifecycleE2E, ZzNothingIsLeftBehind) {
   Json vms = List();
