@@ -113,11 +113,14 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
   }
 }
 
-Result<std::string> CreateVm(Client& client, const VmOptions& vm) {
+// `ephemeral`: the daemon destroys the VM when this connection closes, so a `run` that is
+// interrupted or killed never leaves its VM behind.
+Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral) {
   ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "create"},
                                         {"image", vm.image},
                                         {"memory_mib", vm.memory_mib},
-                                        {"cpus", vm.cpus}}));
+                                        {"cpus", vm.cpus},
+                                        {"ephemeral", ephemeral}}));
   return r["vm"]["id"].get<std::string>();
 }
 
@@ -409,13 +412,13 @@ int Run(const Invocation& inv) {
   if (inv.command == "doctor") return CmdDoctor(c);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "create") {
-    auto id = CreateVm(c, inv.vm);
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false);
     if (!id.ok()) return Fail(id.status());
     std::cout << *id << "\n";
     return 0;
   }
   if (inv.command == "run") {
-    auto id = CreateVm(c, inv.vm);
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true);
     if (!id.ok()) return Fail(id.status());
     int code = StreamExec(c, *id, inv.argv, inv.exec);
     auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});

@@ -209,16 +209,31 @@ void Daemon::Stop() {
 void Daemon::HandleClient(UniqueFd fd) {
   // The client opens streams (odd ids), like the host does towards a guest.
   auto mux = std::make_shared<channel::Mux>(std::move(fd), channel::Role::kGuest);
+  auto conn = std::make_shared<Connection>();
   std::promise<void> dead;
   auto fut = dead.get_future();
-  mux->OnOpen(
-      [this](std::shared_ptr<channel::Stream> s, Json req) { Dispatch(s, std::move(req)); });
+  mux->OnOpen([this, conn](std::shared_ptr<channel::Stream> s, Json req) {
+    Dispatch(s, std::move(req), *conn);
+  });
   mux->OnDeath([&dead](const std::string&) { dead.set_value(); });
   mux->Start();
   fut.wait();
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    conn->closed = true;
+    ids.swap(conn->ephemeral);
+  }
+  // Usually already destroyed by the client itself; then this is a no-op error.
+  for (const auto& id : ids) {
+    Json r = DoDestroy({{"vm", id}});
+    if (r.value("ok", false)) {
+      LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");
+    }
+  }
 }
 
-void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req) {
+void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& conn) {
   std::string verb = req.value("verb", "");
   try {
     if (verb == "exec") return DoExec(*s, req);
@@ -227,6 +242,17 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req) {
     Json reply;
     if (verb == "create") {
       reply = DoCreate(req);
+      if (reply.value("ok", false) && req.value("ephemeral", false)) {
+        std::string id = reply["vm"]["id"];
+        bool closed;
+        {
+          std::lock_guard<std::mutex> lock(conn.mu);
+          closed = conn.closed;
+          if (!closed) conn.ephemeral.push_back(id);
+        }
+        // The client left while the VM booted: nobody will ever use it.
+        if (closed) reply = DoDestroy({{"vm", id}});
+      }
     } else if (verb == "destroy") {
       reply = DoDestroy(req);
     } else if (verb == "list") {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "channel/mux.h"
 #include "store/store.h"
@@ -49,8 +50,16 @@ class Daemon {
     store::VmRecord record;
   };
 
+  // One client connection. VMs created with "ephemeral": true belong to it and are
+  // destroyed when it closes, however the client went away.
+  struct Connection {
+    std::mutex mu;
+    std::vector<std::string> ephemeral;  // GUARDED_BY(mu)
+    bool closed = false;                 // GUARDED_BY(mu)
+  };
+
   void HandleClient(UniqueFd fd);
-  void Dispatch(std::shared_ptr<channel::Stream> s, Json req);
+  void Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& conn);
   Json DoCreate(const Json& req);
   Json DoDestroy(const Json& req);
   Json DoList(const Json& req);

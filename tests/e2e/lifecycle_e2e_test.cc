@@ -375,6 +375,33 @@ TEST_F(LifecycleE2E, RestartedDaemonReapsVmsOfADeadDaemon) {
   EXPECT_NE(rm.err.find("already reaped"), std::string::npos) << rm.err;
 }
 
+TEST_F(LifecycleE2E, KilledRunLeavesNoVmBehind) {
+  SpawnOptions o;
+  o.argv = {BinDir() + "/trybox", "run", "--", "sleep", "300"};
+  o.env = h_->Env();
+  auto run = ChildProcess::Spawn(o);
+  ASSERT_TRUE(run.ok());
+  bool up = false;
+  for (int i = 0; i < 600 && !up; ++i) {
+    for (const auto& v : List()) {
+      if (h_->Cli({"exec", v["id"].get<std::string>(), "--", "pgrep", "-x", "sleep"}).code == 0) {
+        up = true;
+      }
+    }
+    if (!up) ::usleep(100000);
+  }
+  ASSERT_TRUE(up) << "the run never started its command";
+  (void)run->Signal(SIGKILL);  // no chance to clean up: the daemon must
+  (void)run->Wait();
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {
+    gone = List().empty();
+    if (!gone) ::usleep(100000);
+  }
+  EXPECT_TRUE(gone) << List().dump();
+  EXPECT_TRUE(h_->QemuPids().empty());
+}
+
 TEST_F(LifecycleE2E, DoctorExplainsTheAccelerationChoice) {
   CliResult r = h_->Cli({"doctor"});
   EXPECT_EQ(r.code, 0) << r.err;
