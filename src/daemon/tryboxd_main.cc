@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -16,10 +17,16 @@ int main(int argc, char** argv) {
   app.add_option("--accel", accel, "Force the accelerator instead of probing")
       ->check(CLI::IsMember({"kvm", "tcg"}));
   app.add_option("--qemu", opts.qemu, "QEMU system emulator binary");
+  double boot_timeout_s = 120;
+  if (const char* t = std::getenv("TRYBOX_BOOT_TIMEOUT"); t && *t) boot_timeout_s = std::atof(t);
+  app.add_option("--boot-timeout", boot_timeout_s,
+                 "Seconds a guest agent has to answer before create fails (env "
+                 "TRYBOX_BOOT_TIMEOUT)");
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
+  opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
 
   // Signals are taken by one thread with sigwait; every other thread has them blocked.

@@ -229,7 +229,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
     }
     if (Clock::now() > deadline) {
       return fail(DeadlineExceeded("the guest agent did not answer within " +
-                                   std::to_string(timeout.count() / 1000) + " s"));
+                                   std::to_string(timeout.count()) + " ms"));
     }
   }
   auto ping = vm->Open({{"op", "ping"}});

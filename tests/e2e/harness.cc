@@ -24,8 +24,9 @@ std::string Sha256OfFile(const std::string& path) {
   return h.ok() ? *h : "error: " + h.status().message();
 }
 
-Result<std::unique_ptr<Harness>> Harness::Start() {
+Result<std::unique_ptr<Harness>> Harness::Start(std::vector<std::string> extra_env) {
   std::unique_ptr<Harness> h(new Harness());
+  h->extra_env_ = std::move(extra_env);
   // Short path: unix socket paths are limited to 108 bytes.
   char tmpl[] = "/tmp/tbx-XXXXXX";
   if (!::mkdtemp(tmpl)) return ErrnoError("mkdtemp");
@@ -44,6 +45,7 @@ std::vector<std::string> Harness::Env() const {
   }
   env.push_back("TRYBOX_HOME=" + home_);
   env.push_back("TRYBOX_IMAGES=" + images_);
+  env.insert(env.end(), extra_env_.begin(), extra_env_.end());
   return env;
 }
 

@@ -22,7 +22,8 @@ class Harness {
  public:
   // Makes a fresh home and starts tryboxd in it. Images come from TRYBOX_IMAGES or the
   // user's default image directory, so a built image is shared with the developer's CLI.
-  static Result<std::unique_ptr<Harness>> Start();
+  // `extra_env` (KEY=VALUE) is added to the daemon's and the CLI's environment.
+  static Result<std::unique_ptr<Harness>> Start(std::vector<std::string> extra_env = {});
   ~Harness();
 
   // Runs build/bin/trybox with `args` in this harness's environment.
@@ -50,6 +51,7 @@ class Harness {
   Status SpawnDaemon();
   std::string home_;
   std::string images_;
+  std::vector<std::string> extra_env_;
   ChildProcess daemon_;
 };
 

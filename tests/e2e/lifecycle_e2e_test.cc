@@ -357,6 +357,20 @@ TEST_F(LifecycleE2E, TamperedImageRefusesToBootAndNamesTheFile) {
   EXPECT_TRUE((*h)->QemuPids().empty());
 }
 
+TEST_F(LifecycleE2E, GuestThatNeverAnswersIsDestroyedNotRegistered) {
+  // Half a second is far less than a TCG boot: QEMU runs, the agent cannot answer in time.
+  auto h = Harness::Start({"TRYBOX_BOOT_TIMEOUT=0.5"});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  CliResult r = (*h)->Cli({"create"});
+  EXPECT_EQ(r.code, 125);
+  EXPECT_NE(r.err.find("did not answer within"), std::string::npos) << r.err;
+  EXPECT_EQ((*h)->Cli({"ls", "--json"}).out, "[]\n");
+  EXPECT_TRUE((*h)->QemuPids().empty());
+  auto left = RunCommand({"find", (*h)->vms_dir(), "-mindepth", "1"});
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->output, "");
+}
+
 TEST_F(LifecycleE2E, RestartedDaemonReapsVmsOfADeadDaemon) {
   auto h = Harness::Start();
   ASSERT_TRUE(h.ok()) << h.status().ToString();
