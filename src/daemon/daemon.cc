@@ -123,6 +123,17 @@ Json NormalizeGuestEnd(Json end) {
            {{"code", CodeName(code)}, {"kind", kind}, {"message", end.value("message", kind)}}}};
 }
 
+// Ends a put/get: the guest's END in the daemon's error shape, or why none came.
+void FinishFileRelay(channel::Stream& client, vmm::Vm& vm, const RelayResult& r) {
+  if (!r.end.is_null()) {
+    (void)client.End(NormalizeGuestEnd(r.end));
+    return;
+  }
+  std::string why = vm.death_reason();
+  (void)client.End(
+      ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
+}
+
 }  // namespace
 
 Json ErrorReply(const Status& st) {
@@ -562,13 +573,7 @@ void Daemon::DoPut(channel::Stream& client, const Json& req) {
   RelayResult r = RelayFromGuest(**guest, client);
   if (r.end.is_null()) (void)(*guest)->Reset("put failed");
   pump.join();
-  if (!r.end.is_null()) {
-    (void)client.End(NormalizeGuestEnd(r.end));
-  } else {
-    std::string why = (*e)->vm->death_reason();
-    (void)client.End(
-        ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
-  }
+  FinishFileRelay(client, *(*e)->vm, r);
 }
 
 void Daemon::DoGet(channel::Stream& client, const Json& req) {
@@ -585,13 +590,7 @@ void Daemon::DoGet(channel::Stream& client, const Json& req) {
     return;
   }
   RelayResult r = RelayFromGuest(**guest, client);
-  if (!r.end.is_null()) {
-    (void)client.End(NormalizeGuestEnd(r.end));
-  } else {
-    std::string why = (*e)->vm->death_reason();
-    (void)client.End(
-        ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
-  }
+  FinishFileRelay(client, *(*e)->vm, r);
 }
 
 }  // namespace trybox::daemon
