@@ -53,6 +53,15 @@ int64_t HostTscKhz() {
   return khz;
 }
 
+// Unlinks the VM's sockets and removes its directory, recording what is gone afterwards.
+void RemoveVmFiles(const std::string& dir, DestroyReport* r) {
+  for (const char* sock : {"/ctl.sock", "/qga.sock"}) ::unlink((dir + sock).c_str());
+  r->sockets_removed = !PathExists(dir + "/ctl.sock") && !PathExists(dir + "/qga.sock");
+  Status st = RemoveTree(dir);
+  if (!st.ok()) LogWarn("vmm", st.message());
+  r->dir_removed = !PathExists(dir);
+}
+
 }  // namespace
 
 std::string KernelCmdline(const VmConfig& c) {
@@ -311,13 +320,7 @@ DestroyReport Vm::Destroy() {
   }
   r.process_gone = pid_ <= 0 || !ProcessExists(pid_);
   if (mux_) mux_->Shutdown();
-  const std::string& dir = config_.vm_dir;
-  ::unlink((dir + "/ctl.sock").c_str());
-  ::unlink((dir + "/qga.sock").c_str());
-  r.sockets_removed = !PathExists(dir + "/ctl.sock") && !PathExists(dir + "/qga.sock");
-  Status st = RemoveTree(dir);
-  if (!st.ok()) LogWarn("vmm", st.message());
-  r.dir_removed = !PathExists(dir);
+  RemoveVmFiles(config_.vm_dir, &r);
   destroyed_ = r;
   return r;
 }
@@ -325,26 +328,22 @@ DestroyReport Vm::Destroy() {
 DestroyReport ReapOrphan(const std::string& id, int64_t pid, const std::string& vm_dir) {
   DestroyReport r;
   pid_t p = static_cast<pid_t>(pid);
-  if (p > 0 && ProcessExists(p) && ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos) {
+  // Only a process whose command line still names this VM is ours: pids get reused.
+  auto still_ours = [&] {
+    return p > 0 && ProcessExists(p) &&
+           ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos;
+  };
+  if (still_ours()) {
     ::kill(-p, SIGKILL);
     ::kill(p, SIGKILL);
     // Not our child any more (its parent died), so poll rather than wait.
-    for (int i = 0; i < 500 && ProcessExists(p) &&
-                    ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos;
-         ++i) {
-      ::usleep(10000);
-    }
+    for (int i = 0; i < 500 && still_ours(); ++i) ::usleep(10000);
     r.qemu_exit = "killed orphan";
   } else {
     r.qemu_exit = "already gone";
   }
-  r.process_gone =
-      !(ProcessExists(p) && ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos);
-  ::unlink((vm_dir + "/ctl.sock").c_str());
-  ::unlink((vm_dir + "/qga.sock").c_str());
-  r.sockets_removed = !PathExists(vm_dir + "/ctl.sock") && !PathExists(vm_dir + "/qga.sock");
-  (void)RemoveTree(vm_dir);
-  r.dir_removed = !PathExists(vm_dir);
+  r.process_gone = !still_ours();
+  RemoveVmFiles(vm_dir, &r);
   return r;
 }
 
