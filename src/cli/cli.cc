@@ -17,6 +17,7 @@
 #include "util/names.h"
 #include "util/paths.h"
 #include "util/process.h"
+#include "vmm/template.h"
 
 namespace trybox::cli {
 namespace {
@@ -28,6 +29,8 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
   cmd->add_option("--image", vm.image, "Image to boot")->capture_default_str();
   cmd->add_option("--memory", vm.memory_mib, "Guest memory in MiB")->capture_default_str();
   cmd->add_option("--cpus", vm.cpus, "Guest vCPUs")->capture_default_str();
+  cmd->add_flag("--cold", vm.cold,
+                "Boot the kernel instead of restoring the image's saved template");
 }
 
 void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
@@ -120,7 +123,13 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
                                         {"image", vm.image},
                                         {"memory_mib", vm.memory_mib},
                                         {"cpus", vm.cpus},
+                                        {"cold", vm.cold},
                                         {"ephemeral", ephemeral}}));
+  // A fallback (template unusable, booted cold) is news; --cold is not.
+  const Json& start = r["vm"]["start"];
+  if (!vm.cold && start.is_object() && start.contains("note")) {
+    std::cerr << "trybox: " << start["note"].get<std::string>() << "\n";
+  }
   return r["vm"]["id"].get<std::string>();
 }
 
@@ -224,28 +233,48 @@ int CmdImageBuild(const Invocation& inv) {
   return 0;
 }
 
+// The template as the daemon would judge it, using the acceleration it recorded.
+Json DescribeTemplate(const Paths& paths, const std::string& name, const std::string& dir) {
+  auto accel = ReadFileToString(paths.state + "/accel.json");
+  Json a = accel.ok() ? Json::parse(*accel, nullptr, false) : Json();
+  if (!a.is_object() || !a.contains("accel") || !a["accel"].is_string()) {
+    return {{"state", "unknown"}, {"reason", "tryboxd has not chosen an accelerator yet"}};
+  }
+  return vmm::DescribeImageTemplate(paths.templates(), name, dir, a["accel"], "qemu-system-x86_64");
+}
+
 int CmdImageLs(bool json) {
   Paths paths = Paths::FromEnvironment();
   auto list = image::ListImages(paths.images);
   if (!list.ok()) return Fail(list.status());
   Json out = Json::array();
   for (const auto& im : *list) {
+    Json tpl = im.valid ? DescribeTemplate(paths, im.name, im.dir)
+                        : Json{{"state", "none"}, {"reason", "the image is not valid"}};
     out.push_back({{"name", im.name},
                    {"valid", im.valid},
                    {"problem", im.problem},
                    {"kernel", im.manifest.kernel_version},
                    {"created", im.manifest.created},
-                   {"dir", im.dir}});
+                   {"dir", im.dir},
+                   {"template", tpl}});
   }
   if (json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-16s %-8s %-18s %-22s %s\n", "NAME", "VALID", "KERNEL", "CREATED", "PROBLEM");
+  std::printf("%-16s %-6s %-16s %-21s %-9s %s\n", "NAME", "VALID", "KERNEL", "CREATED", "TEMPLATE",
+              "PROBLEM");
   for (const auto& im : out) {
-    std::printf("%-16s %-8s %-18s %-22s %s\n", im["name"].get<std::string>().c_str(),
+    const Json& tpl = im["template"];
+    std::string problem = im["problem"].get<std::string>();
+    if (problem.empty() && tpl.contains("reason")) {
+      problem = "template: " + tpl["reason"].get<std::string>();
+    }
+    std::printf("%-16s %-6s %-16s %-21s %-9s %s\n", im["name"].get<std::string>().c_str(),
                 im["valid"].get<bool>() ? "yes" : "no", im["kernel"].get<std::string>().c_str(),
-                im["created"].get<std::string>().c_str(), im["problem"].get<std::string>().c_str());
+                im["created"].get<std::string>().c_str(), tpl["state"].get<std::string>().c_str(),
+                problem.c_str());
   }
   return 0;
 }
@@ -266,6 +295,14 @@ int CmdDoctor(Client& client) {
     std::cout << "  " << im["name"].get<std::string>() << ": "
               << (im["valid"].get<bool>() ? "ok" : "invalid: " + im["problem"].get<std::string>())
               << "\n";
+    if (im.contains("template")) {
+      const Json& t = im["template"];
+      std::cout << "    template (" << t.value("memory_mib", 0) << " MiB, " << t.value("cpus", 0)
+                << " cpu): " << t.value("state", "?");
+      if (t.contains("reason")) std::cout << " (" << t["reason"].get<std::string>() << ")";
+      if (t.contains("created")) std::cout << ", built " << t["created"].get<std::string>();
+      std::cout << "\n";
+    }
   }
   return 0;
 }

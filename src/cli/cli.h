@@ -17,6 +17,7 @@ struct VmOptions {
   std::string image = "debian-12";
   int memory_mib = 512;
   int cpus = 1;
+  bool cold = false;  // boot instead of restoring from the template
 };
 
 struct ExecOptions {

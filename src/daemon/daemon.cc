@@ -141,6 +141,20 @@ Json ErrorReply(const Status& st) {
 }
 
 Daemon::~Daemon() {
+  std::map<std::string, std::vector<Spare>> spares;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    tasks_cv_.notify_all();
+  }
+  if (background_.joinable()) background_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spares.swap(spares_);
+  }
+  for (auto& [dir, list] : spares) {
+    for (auto& s : list) s.vm->Destroy();
+  }
   std::map<std::string, std::shared_ptr<VmEntry>> vms;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -160,7 +174,9 @@ Status Daemon::Init() {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
   }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
+  templates_ = std::make_unique<vmm::TemplateStore>(p.templates(), p.vms(), opts_.boot_timeout);
   ReapLeftovers();
+  background_ = std::thread([this] { RunBackground(); });
   ASSIGN_OR_RETURN(UnixListener l, UnixListener::Listen(p.socket()));
   listener_.emplace(std::move(l));
   LogInfo("daemon", "listening on " + p.socket());
@@ -187,6 +203,16 @@ void Daemon::ReapLeftovers() {
     int64_t pid = pid_text.ok() ? std::atoll(pid_text->c_str()) : 0;
     auto r = vmm::ReapOrphan(name, pid, dir);
     LogInfo("daemon", "removed leftover VM directory " + name + ": " + r.ToJson().dump());
+  }
+  ::closedir(d);
+  // Half-built templates of a daemon that died mid-build.
+  d = ::opendir(opts_.paths.templates().c_str());
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind(".building-", 0) != 0) continue;
+    (void)RemoveTree(opts_.paths.templates() + "/" + name);
+    LogInfo("daemon", "removed half-built template " + name);
   }
   ::closedir(d);
 }
@@ -307,7 +333,7 @@ Json Daemon::DoCreate(const Json& req) {
   std::string image_name = req.value("image", "debian-12");
   Status st = ValidateName("image name", image_name);
   if (!st.ok()) return ErrorReply(st);
-  int memory = req.value("memory_mib", 512);
+  int memory = req.value("memory_mib", vmm::kDefaultMemoryMib);
   int cpus = req.value("cpus", 1);
   if (memory < kMinMemoryMib || memory > kMaxMemoryMib) {
     return ErrorReply(InvalidArgument("memory must be between " + std::to_string(kMinMemoryMib) +
@@ -334,12 +360,14 @@ Json Daemon::DoCreate(const Json& req) {
   cfg.cpus = cpus;
   cfg.accel = accel.accel;
   cfg.qemu = opts_.qemu;
-  auto vm = vmm::Vm::Boot(cfg, opts_.boot_timeout);
+  vmm::TemplateShape shape{image_name, *dir, *manifest_sha, memory, cpus, accel.accel, opts_.qemu};
+  Json start;
+  auto vm = StartVm(cfg, shape, req.value("cold", false), &start);
   if (!vm.ok()) {
     return ErrorReply(vm.status().Annotate("boot a " + image_name + " VM"));
   }
-  // Recorded only now that the guest agent answered; a pid file lets a later daemon reap it.
-  (void)WriteFileAtomic(cfg.vm_dir + "/qemu.pid", std::to_string((*vm)->pid()));
+  // A spare clone comes with its own id and directory.
+  cfg = (*vm)->config();
   auto entry = std::make_shared<VmEntry>();
   entry->record.id = cfg.id;
   entry->record.image = image_name;
@@ -369,7 +397,152 @@ Json Daemon::DoCreate(const Json& req) {
             {"accel", cfg.accel},
             {"memory_mib", memory},
             {"cpus", cpus},
-            {"boot_ms", boot_ms}}}};
+            {"boot_ms", boot_ms},
+            {"boot_id", entry->vm->boot_id()},
+            {"phases_ms", entry->vm->phases()},
+            {"start", start}}}};
+}
+
+Result<std::unique_ptr<vmm::Vm>> Daemon::StartVm(vmm::VmConfig cfg, const vmm::TemplateShape& shape,
+                                                 bool cold, Json* start) {
+  if (cold) {
+    *start = {{"mode", "cold"}, {"note", "a full boot was asked for (--cold)"}};
+    return vmm::Vm::Boot(cfg, opts_.boot_timeout);
+  }
+  if (auto spare = TakeSpare(shape)) {
+    Status st = spare->Identify(Clock::now() + opts_.boot_timeout);
+    if (st.ok()) {
+      *start = {{"mode", "restored"}, {"spare", true}};
+      RefillLater(shape);
+      return spare;
+    }
+    LogWarn("daemon", "a spare clone failed its identity; restoring another: " + st.message());
+    spare->Destroy();
+  }
+  auto lease = templates_->Get(shape);
+  if (!lease.ok()) {
+    // No template means no restore, not no VM: the cold boot may still work.
+    std::string why = lease.status().message();
+    *start = {{"mode", "cold"},
+              {"note",
+               "no template could be built (" + why.substr(0, why.find('\n')) + "); booted cold"}};
+    LogWarn("daemon", start->value("note", ""));
+    return vmm::Vm::Boot(cfg, opts_.boot_timeout);
+  }
+  Json template_info = {{"built", lease->built}};
+  if (lease->built) {
+    template_info["why"] = lease->built_why;
+    template_info["build_ms"] = lease->build_ms;
+  }
+  vmm::VmConfig restore = cfg;
+  restore.mode = vmm::StartMode::kRestore;
+  restore.template_dir = lease->dir;
+  auto vm = vmm::Vm::Restore(restore, opts_.boot_timeout);
+  lease->hold.unlock();
+  if (vm.ok()) {
+    *start = {{"mode", "restored"}, {"spare", false}, {"template", template_info}};
+    RefillLater(shape);
+    return vm;
+  }
+  std::string why = vm.status().message();
+  why = why.substr(0, why.find('\n'));
+  templates_->Discard(shape, "restore failed: " + why);
+  RebuildLater(shape);
+  *start = {{"mode", "cold"},
+            {"note", "the template failed to restore (" + why +
+                         "); it was discarded and is being rebuilt; this VM booted cold"}};
+  LogWarn("daemon", start->value("note", ""));
+  return vmm::Vm::Boot(cfg, opts_.boot_timeout);
+}
+
+void Daemon::Enqueue(const std::string& task, std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || !queued_.insert(task).second) return;
+  tasks_.emplace_back(task, std::move(fn));
+  tasks_cv_.notify_one();
+}
+
+void Daemon::RunBackground() {
+  for (;;) {
+    std::pair<std::string, std::function<void()>> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      tasks_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (stopping_) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task.second();
+    std::lock_guard<std::mutex> lock(mu_);
+    queued_.erase(task.first);
+  }
+}
+
+void Daemon::RebuildLater(const vmm::TemplateShape& shape) {
+  Enqueue("rebuild " + templates_->DirFor(shape), [this, shape] {
+    auto lease = templates_->Get(shape);
+    if (!lease.ok()) LogWarn("daemon", "template rebuild failed: " + lease.status().message());
+  });
+  RefillLater(shape);
+}
+
+void Daemon::RefillLater(const vmm::TemplateShape& shape) {
+  if (opts_.spares <= 0) return;
+  const std::string dir = templates_->DirFor(shape);
+  Enqueue("refill " + dir, [this, shape, dir] {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_ || static_cast<int>(spares_[dir].size()) >= opts_.spares) return;
+      }
+      auto key = vmm::ComputeTemplateKey(shape);
+      auto lease = templates_->Get(shape);
+      if (!key.ok() || !lease.ok()) return;
+      vmm::VmConfig cfg;
+      cfg.id = NewId();
+      cfg.image_dir = shape.image_dir;
+      cfg.vm_dir = opts_.paths.vms() + "/" + cfg.id;
+      cfg.memory_mib = shape.memory_mib;
+      cfg.cpus = shape.cpus;
+      cfg.accel = shape.accel;
+      cfg.qemu = shape.qemu;
+      cfg.mode = vmm::StartMode::kRestore;
+      cfg.template_dir = lease->dir;
+      auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
+      lease->hold.unlock();
+      Status st = vm.ok() ? (*vm)->Warm(Clock::now() + opts_.boot_timeout) : vm.status();
+      if (!st.ok()) {
+        LogWarn("daemon", "could not prepare a spare clone: " + st.message());
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;  // the Vm's destructor kills it
+      spares_[dir].push_back({std::move(*vm), key->hash});
+    }
+  });
+}
+
+std::unique_ptr<vmm::Vm> Daemon::TakeSpare(const vmm::TemplateShape& shape) {
+  auto key = vmm::ComputeTemplateKey(shape);
+  if (!key.ok()) return nullptr;
+  std::vector<std::unique_ptr<vmm::Vm>> stale;
+  std::unique_ptr<vmm::Vm> found;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& list = spares_[templates_->DirFor(shape)];
+    while (!list.empty() && !found) {
+      Spare s = std::move(list.back());
+      list.pop_back();
+      // A spare of an older template (the image or QEMU changed since) is not this shape.
+      if (s.key == key->hash && s.vm->alive()) {
+        found = std::move(s.vm);
+      } else {
+        stale.push_back(std::move(s.vm));
+      }
+    }
+  }
+  for (auto& vm : stale) vm->Destroy();
+  return found;
 }
 
 Result<std::shared_ptr<Daemon::VmEntry>> Daemon::Lookup(const Json& req) {
@@ -444,17 +617,22 @@ Json Daemon::DoDoctor(const Json&) {
   std::string first_valid;
   if (list.ok()) {
     for (const auto& im : *list) {
-      images.push_back({{"name", im.name}, {"valid", im.valid}, {"problem", im.problem}});
       if (im.valid && first_valid.empty()) first_valid = im.dir;
     }
   }
-  Json accel;
+  Json accel = {{"accel", nullptr},
+                {"reason", "no image is built yet; the probe boots an image's kernel"}};
   if (!first_valid.empty()) {
     auto c = Accel(first_valid);
     accel = {{"accel", c.accel}, {"reason", c.reason}};
-  } else {
-    accel = {{"accel", nullptr},
-             {"reason", "no image is built yet; the probe boots an image's kernel"}};
+  }
+  for (const auto& im : list.ok() ? *list : std::remove_reference_t<decltype(*list)>{}) {
+    Json entry = {{"name", im.name}, {"valid", im.valid}, {"problem", im.problem}};
+    if (im.valid && accel["accel"].is_string()) {
+      entry["template"] = vmm::DescribeImageTemplate(opts_.paths.templates(), im.name, im.dir,
+                                                     accel["accel"], opts_.qemu);
+    }
+    images.push_back(entry);
   }
   auto qv = RunCommand({opts_.qemu, "--version"}, std::chrono::seconds(10));
   std::string qemu_version =

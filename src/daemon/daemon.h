@@ -6,11 +6,16 @@
 // exec never blocks a list or a create. Thread-safe throughout.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "channel/mux.h"
@@ -18,6 +23,7 @@
 #include "util/paths.h"
 #include "util/socket.h"
 #include "vmm/qemu.h"
+#include "vmm/template.h"
 
 namespace trybox::daemon {
 
@@ -29,6 +35,8 @@ struct Options {
   // Forces the acceleration instead of probing ("kvm" or "tcg"); empty means probe.
   std::string force_accel;
   std::chrono::milliseconds boot_timeout{120000};
+  // Restored, warmed clones kept ready per machine shape in use (docs/templates.md).
+  int spares = 1;
 };
 
 class Daemon {
@@ -74,9 +82,25 @@ class Daemon {
   void NoteDeath(VmEntry& e);
   vmm::AccelChoice Accel(const std::string& image_dir);
   void ReapLeftovers();
+  // Starts VM `cfg`: restored from its shape's template unless `cold`, else (or when the
+  // template cannot be had or fails to restore) booted. `note` says what happened when it
+  // was not a plain restore.
+  Result<std::unique_ptr<vmm::Vm>> StartVm(vmm::VmConfig cfg, const vmm::TemplateShape& shape,
+                                           bool cold, Json* start);
+  // Background work runs on one thread, in order, each task queued at most once.
+  void Enqueue(const std::string& task, std::function<void()> fn);
+  void RunBackground();
+  // Rebuilds a discarded template in the background.
+  void RebuildLater(const vmm::TemplateShape& shape);
+  // Tops up the shape's spare clones (restored, warmed, not yet identified) to
+  // Options::spares in the background.
+  void RefillLater(const vmm::TemplateShape& shape);
+  // A live spare of the current template for `shape`, or null. Stale ones are destroyed.
+  std::unique_ptr<vmm::Vm> TakeSpare(const vmm::TemplateShape& shape);
 
   Options opts_;
   std::unique_ptr<store::Store> store_;
+  std::unique_ptr<vmm::TemplateStore> templates_;
   std::optional<UnixListener> listener_;
   UniqueFd lock_fd_;
 
@@ -84,6 +108,15 @@ class Daemon {
   std::map<std::string, std::shared_ptr<VmEntry>> vms_;  // GUARDED_BY(mu_)
   std::optional<vmm::AccelChoice> accel_;                // GUARDED_BY(mu_)
   bool stopping_ = false;                                // GUARDED_BY(mu_)
+  struct Spare {
+    std::unique_ptr<vmm::Vm> vm;
+    std::string key;  // the template key it was restored from
+  };
+  std::map<std::string, std::vector<Spare>> spares_;  // by template dir; GUARDED_BY(mu_)
+  std::thread background_;
+  std::condition_variable tasks_cv_;
+  std::deque<std::pair<std::string, std::function<void()>>> tasks_;  // GUARDED_BY(mu_)
+  std::set<std::string> queued_;                                     // GUARDED_BY(mu_)
 };
 
 // {"ok":false,"error":{"code":"NOT_FOUND","message":...}}

@@ -16,12 +16,18 @@ int main(int argc, char** argv) {
   std::string accel;
   app.add_option("--accel", accel, "Force the accelerator instead of probing")
       ->check(CLI::IsMember({"kvm", "tcg"}));
-  app.add_option("--qemu", opts.qemu, "QEMU system emulator binary");
+  if (const char* q = std::getenv("TRYBOX_QEMU"); q && *q) opts.qemu = q;
+  app.add_option("--qemu", opts.qemu, "QEMU system emulator binary (env TRYBOX_QEMU)");
   double boot_timeout_s = 120;
   if (const char* t = std::getenv("TRYBOX_BOOT_TIMEOUT"); t && *t) boot_timeout_s = std::atof(t);
   app.add_option("--boot-timeout", boot_timeout_s,
                  "Seconds a guest agent has to answer before create fails (env "
                  "TRYBOX_BOOT_TIMEOUT)");
+  if (const char* n = std::getenv("TRYBOX_SPARES"); n && *n) opts.spares = std::atoi(n);
+  app.add_option("--spares", opts.spares,
+                 "Restored, warmed clones kept ready per machine shape in use; 0 restores on "
+                 "demand (env TRYBOX_SPARES)")
+      ->check(CLI::Range(0, 16));
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);

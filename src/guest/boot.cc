@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "guest/identity.h"
 #include "util/fd.h"
 #include "util/log.h"
 
@@ -33,7 +34,6 @@ constexpr const char* kScratch = "/mnt/scratch";
 constexpr const char* kNewRoot = "/mnt/root";
 constexpr auto kDiskWait = std::chrono::seconds(10);
 constexpr const char* kProbeMarker = "TRYBOX-PROBE-OK\n";
-constexpr const char* kDefaultHostname = "trybox";
 
 std::string Trim(std::string s) {
   while (!s.empty() && std::strchr(" \t\r\n", s.back()) != nullptr) s.pop_back();
@@ -203,48 +203,13 @@ Status MountLate() {
   return Status::Ok();
 }
 
-// True if some line of an /etc/hosts text lists `name` as one of its names.
-bool HostsFileNames(const std::string& text, const std::string& name) {
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t nl = text.find('\n', start);
-    if (nl == std::string::npos) nl = text.size();
-    std::string line = text.substr(start, nl - start);
-    start = nl + 1;
-    line = line.substr(0, line.find('#'));
-    size_t pos = line.find_first_of(" \t");  // skip the address
-    while (pos != std::string::npos) {
-      size_t b = line.find_first_not_of(" \t", pos);
-      if (b == std::string::npos) break;
-      size_t e = line.find_first_of(" \t", b);
-      if (line.compare(b, e == std::string::npos ? std::string::npos : e - b, name) == 0) {
-        return true;
-      }
-      pos = e;
-    }
-  }
-  return false;
-}
-
 void SetIdentity(const KernelCmdline& cmdline) {
-  const std::string name = cmdline.hostname.empty() ? kDefaultHostname : cmdline.hostname;
-  if (::sethostname(name.data(), name.size()) != 0) {
-    LogError("init", ErrnoError("sethostname " + name).message());
-  }
-  Status st = WriteFileAtomic("/etc/hostname", name + "\n", 0644);
+  // A template's names are placeholders; each clone gets its own by an identity request.
+  std::string name = cmdline.template_boot      ? "trybox-template"
+                     : cmdline.hostname.empty() ? kDefaultHostname
+                                                : cmdline.hostname;
+  Status st = SetNames(name, cmdline.template_boot ? "" : cmdline.machine_id);
   if (!st.ok()) LogError("init", st.message());
-  // Tools that resolve their own hostname (sudo, hostname -f) expect /etc/hosts to know it.
-  auto hosts = ReadFileToString("/etc/hosts");
-  std::string text = hosts.ok() ? *hosts : "127.0.0.1\tlocalhost\n";
-  if (!HostsFileNames(text, name)) {
-    if (!text.empty() && text.back() != '\n') text += '\n';
-    st = WriteFileAtomic("/etc/hosts", text + "127.0.1.1\t" + name + "\n", 0644);
-    if (!st.ok()) LogError("init", st.message());
-  }
-  if (!cmdline.machine_id.empty()) {
-    st = WriteFileAtomic("/etc/machine-id", cmdline.machine_id + "\n", 0444);
-    if (!st.ok()) LogError("init", st.message());
-  }
 }
 
 // While lo is down a loopback listener binds but refuses every connection.
@@ -316,9 +281,13 @@ BootInfo Boot() {
   SetIdentity(info.cmdline);
   LoopbackUp();
 
-  auto boot_id = ReadFileToString("/proc/sys/kernel/random/boot_id");
-  if (!boot_id.ok()) Fatal(boot_id.status());
-  info.boot_id = Trim(*boot_id);
+  // The kernel generates boot_id on its first read. A template must leave it unread, or
+  // every clone restored from it would share one.
+  if (!info.cmdline.template_boot) {
+    auto boot_id = ReadBootId();
+    if (!boot_id.ok()) Fatal(boot_id.status());
+    info.boot_id = *boot_id;
+  }
   return info;
 }
 

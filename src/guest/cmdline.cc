@@ -58,6 +58,17 @@ bool ValidHostname(std::string_view name) {
   return true;
 }
 
+std::optional<std::string> NormalizeMachineId(std::string_view value) {
+  if (value.size() != 32 ||
+      value.find_first_not_of("0123456789abcdefABCDEF") != std::string_view::npos ||
+      value.find_first_not_of('0') == std::string_view::npos) {
+    return std::nullopt;
+  }
+  std::string id(value);
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return id;
+}
+
 KernelCmdline ParseKernelCmdline(std::string_view text) {
   KernelCmdline out;
   for (std::string& token : SplitCmdline(text)) {
@@ -76,16 +87,14 @@ KernelCmdline ParseKernelCmdline(std::string_view text) {
                                ": not a valid hostname");
       }
     } else if (key == "trybox.machine_id") {
-      bool ok = value.size() == 32 &&
-                value.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
-      if (ok && value.find_first_not_of('0') == std::string::npos) ok = false;
-      if (ok) {
-        for (char& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        out.machine_id = value;
+      if (auto id = NormalizeMachineId(value)) {
+        out.machine_id = *id;
       } else {
         out.problems.push_back("ignoring trybox.machine_id=" + QuoteForMessage(value) +
                                ": not 32 hex digits");
       }
+    } else if (key == "trybox.template") {
+      out.template_boot = value == "1";
     }
     out.params.emplace_back(std::move(key), std::move(value));
   }

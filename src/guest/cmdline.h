@@ -5,6 +5,7 @@
 // Pure parsing, no I/O. Parameter meanings: docs/protocol/guest.md.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,6 +16,10 @@ namespace trybox::guest {
 struct KernelCmdline {
   // trybox.probe=1: print the probe marker and power off.
   bool probe = false;
+  // trybox.template=1: this boot will be saved as a template and restored as many clones.
+  // The guest takes no identity from the command line, never reads boot_id, and refuses
+  // exec/put/get until an identity request (docs/protocol/guest.md) has given it one.
+  bool template_boot = false;
   // trybox.hostname=NAME, validated; empty when absent or invalid.
   std::string hostname;
   // trybox.machine_id=32HEX, lowercased; empty when absent or invalid.
@@ -39,5 +44,9 @@ std::string ModuleNameFromPath(std::string_view path);
 // A hostname the guest will accept: 1..64 characters, dot-separated labels of [A-Za-z0-9-]
 // that neither start nor end with '-'.
 bool ValidHostname(std::string_view name);
+
+// A machine-id as /etc/machine-id holds it: 32 hex digits, not all zero, lowercased.
+// nullopt if `value` is not one.
+std::optional<std::string> NormalizeMachineId(std::string_view value);
 
 }  // namespace trybox::guest

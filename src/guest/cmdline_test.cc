@@ -70,5 +70,19 @@ TEST(HostnameTest, Validation) {
   EXPECT_FALSE(ValidHostname(std::string(65, 'a')));
 }
 
+TEST(KernelCmdlineTest, TemplateFlag) {
+  EXPECT_TRUE(ParseKernelCmdline("quiet trybox.template=1").template_boot);
+  EXPECT_FALSE(ParseKernelCmdline("quiet trybox.template=0").template_boot);
+  EXPECT_FALSE(ParseKernelCmdline("quiet").template_boot);
+}
+
+TEST(KernelCmdlineTest, MachineIdNormalisation) {
+  EXPECT_EQ(NormalizeMachineId("ABCDEF0123456789abcdef0123456789"),
+            "abcdef0123456789abcdef0123456789");
+  EXPECT_FALSE(NormalizeMachineId("00000000000000000000000000000000"));
+  EXPECT_FALSE(NormalizeMachineId("abcdef0123456789abcdef012345678"));
+  EXPECT_FALSE(NormalizeMachineId("abcdef0123456789abcdef012345678g"));
+}
+
 }  // namespace
 }  // namespace trybox::guest

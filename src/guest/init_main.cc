@@ -24,6 +24,9 @@ int main() {
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
+  // SIGIO tells the server that the host side of the control port changed; it takes it
+  // with sigtimedwait (guest/server.h).
+  sigaddset(&chld, SIGIO);
   ::sigprocmask(SIG_BLOCK, &chld, nullptr);
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) {
     ::signal(sig, SIG_IGN);

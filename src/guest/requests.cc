@@ -1,5 +1,6 @@
 #include "guest/requests.h"
 
+#include "guest/cmdline.h"
 #include "util/names.h"
 
 namespace trybox::guest {
@@ -27,6 +28,20 @@ Status OptionalBool(const Json& request, const char* field, bool* out) {
   if (!it->is_boolean()) return InvalidArgument(std::string("\"") + field + "\" must be a boolean");
   *out = it->get<bool>();
   return Status::Ok();
+}
+
+Result<std::string> StringField(const Json& request, const char* field) {
+  auto it = request.find(field);
+  if (it == request.end()) return InvalidArgument(std::string("missing \"") + field + "\"");
+  if (!it->is_string()) return InvalidArgument(std::string("\"") + field + "\" must be a string");
+  return it->get<std::string>();
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
 }
 
 }  // namespace
@@ -127,6 +142,36 @@ Result<PutRequest> ParsePutRequest(const Json& request) {
 Result<GetRequest> ParseGetRequest(const Json& request) {
   GetRequest out;
   ASSIGN_OR_RETURN(out.path, PathField(request, "path"));
+  return out;
+}
+
+Result<IdentityRequest> ParseIdentityRequest(const Json& request) {
+  IdentityRequest out;
+  ASSIGN_OR_RETURN(out.vm_id, StringField(request, "vm_id"));
+  RETURN_IF_ERROR(ValidateName("vm_id", out.vm_id));
+  ASSIGN_OR_RETURN(out.hostname, StringField(request, "hostname"));
+  if (!ValidHostname(out.hostname)) {
+    return InvalidArgument("\"hostname\" is not a valid hostname: " +
+                           QuoteForMessage(out.hostname));
+  }
+  ASSIGN_OR_RETURN(std::string machine_id, StringField(request, "machine_id"));
+  auto normal = NormalizeMachineId(machine_id);
+  if (!normal) return InvalidArgument("\"machine_id\" must be 32 hex digits, not all zero");
+  out.machine_id = *normal;
+  ASSIGN_OR_RETURN(std::string seed, StringField(request, "seed"));
+  if (seed.size() % 2 != 0 || seed.size() < 64 || seed.size() > 1024) {
+    return InvalidArgument("\"seed\" must be 32 to 512 bytes as hex");
+  }
+  for (size_t i = 0; i < seed.size(); i += 2) {
+    int hi = HexDigit(seed[i]), lo = HexDigit(seed[i + 1]);
+    if (hi < 0 || lo < 0) return InvalidArgument("\"seed\" is not hex");
+    out.seed.push_back(static_cast<uint8_t>(hi * 16 + lo));
+  }
+  auto time = request.find("time_ns");
+  if (time == request.end() || !time->is_number_integer() || time->get<int64_t>() <= 0) {
+    return InvalidArgument("\"time_ns\" must be a positive integer");
+  }
+  out.time_ns = time->get<int64_t>();
   return out;
 }
 

@@ -41,11 +41,22 @@ struct GetRequest {
   std::string path;
 };
 
+// "identity": what a clone restored from a template must be told before it serves
+// anything else. The seed is hex on the wire.
+struct IdentityRequest {
+  std::string vm_id;
+  std::string hostname;
+  std::string machine_id;
+  std::vector<uint8_t> seed;  // 32..512 bytes
+  int64_t time_ns = 0;        // > 0
+};
+
 // The request's "op", or kInvalidArgument if missing or not a string.
 Result<std::string> RequestOp(const Json& request);
 
 Result<ExecRequest> ParseExecRequest(const Json& request);
 Result<PutRequest> ParsePutRequest(const Json& request);
 Result<GetRequest> ParseGetRequest(const Json& request);
+Result<IdentityRequest> ParseIdentityRequest(const Json& request);
 
 }  // namespace trybox::guest

@@ -102,5 +102,62 @@ TEST(GetRequestTest, PathMustBeAbsolute) {
   EXPECT_FALSE(ParseGetRequest(Json::object()).ok());
 }
 
+Json GoodIdentity() {
+  return {{"op", "identity"},
+          {"vm_id", "abc123"},
+          {"hostname", "trybox-abc123"},
+          {"machine_id", "0123456789ABCDEF0123456789abcdef"},
+          {"seed", std::string(64, 'f') + std::string(64, '0')},
+          {"time_ns", 1700000000000000000}};
+}
+
+TEST(IdentityRequestTest, AllFieldsAreReadAndNormalised) {
+  auto r = ParseIdentityRequest(GoodIdentity());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->vm_id, "abc123");
+  EXPECT_EQ(r->hostname, "trybox-abc123");
+  EXPECT_EQ(r->machine_id, "0123456789abcdef0123456789abcdef");
+  ASSERT_EQ(r->seed.size(), 64u);
+  EXPECT_EQ(r->seed[0], 0xff);
+  EXPECT_EQ(r->seed[63], 0x00);
+  EXPECT_EQ(r->time_ns, 1700000000000000000);
+}
+
+TEST(IdentityRequestTest, EachBadFieldIsNamed) {
+  struct Case {
+    const char* field;
+    Json value;
+  };
+  const Case cases[] = {
+      {"vm_id", "../x"},
+      {"vm_id", 7},
+      {"hostname", "bad_host!"},
+      {"hostname", ""},
+      {"machine_id", "00000000000000000000000000000000"},
+      {"machine_id", "0123"},
+      {"seed", "abc"},                   // odd length
+      {"seed", std::string(62, 'a')},    // 31 bytes: too little entropy
+      {"seed", std::string(1026, 'a')},  // too long
+      {"seed", std::string(63, 'a') + "g"},
+      {"time_ns", 0},
+      {"time_ns", -5},
+      {"time_ns", "now"},
+  };
+  for (const auto& c : cases) {
+    Json req = GoodIdentity();
+    req[c.field] = c.value;
+    auto r = ParseIdentityRequest(req);
+    ASSERT_FALSE(r.ok()) << c.field << "=" << c.value.dump();
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status().message();
+  }
+  for (const char* field : {"vm_id", "hostname", "machine_id", "seed", "time_ns"}) {
+    Json req = GoodIdentity();
+    req.erase(field);
+    auto r = ParseIdentityRequest(req);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace trybox::guest

@@ -13,6 +13,7 @@
 #include "guest/cgroup.h"
 #include "guest/exec.h"
 #include "guest/files.h"
+#include "guest/identity.h"
 #include "guest/requests.h"
 #include "util/log.h"
 #include "util/names.h"
@@ -23,7 +24,6 @@ namespace {
 using channel::Stream;
 
 constexpr auto kRetryPause = std::chrono::milliseconds(100);
-constexpr auto kHostPoll = std::chrono::milliseconds(20);
 // Socket buffers between the Mux and the relay: big enough for a few full frames.
 constexpr int kSocketBuffer = 4 << 20;
 constexpr int kShutdownFlushMs = 1000;
@@ -47,6 +47,7 @@ void GrowBuffers(int fd) {
 }  // namespace
 
 void Server::Run() {
+  int sessions = 0;
   bool reported = false;  // the console hears about a missing port once, not every retry
   for (;;) {
     auto path = FindVirtioPort(kControlPortName);
@@ -62,7 +63,7 @@ void Server::Run() {
       continue;
     }
     reported = false;
-    while (!HostConnected(port.get())) std::this_thread::sleep_for(kHostPoll);
+    WaitForHost(port.get());
 
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -90,10 +91,13 @@ void Server::Run() {
       PortRelay* r = relay->get();
       mux.OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
       mux.Start();
-      Status hello = mux.SendControl({{"type", "hello"},
-                                      {"agent", "trybox-init"},
-                                      {"version", 1},
-                                      {"boot_id", boot_.boot_id}});
+      Json hello_event = {{"type", "hello"},
+                          {"agent", "trybox-init"},
+                          {"version", 1},
+                          {"template", boot_.cmdline.template_boot},
+                          {"ready", ready_.load()}};
+      hello_event.update(BootIdField());
+      Status hello = mux.SendControl(hello_event);
       if (!hello.ok()) (*relay)->Stop("hello: " + hello.message());
       why = (*relay)->Wait();
       // In-flight requests see the connection die and kill what they started.
@@ -102,10 +106,78 @@ void Server::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       relay_ = nullptr;
     }
-    LogDebug("init", "session ended: " + why);
     relay->reset();
-    std::this_thread::sleep_for(kRetryPause);
+    ++sessions;
+    if (boot_.cmdline.template_boot) {
+      // The host saving a template waits for this line before it stops the machine, so
+      // that every clone resumes here, in WaitForHost, with no session half torn down.
+      LogInfo("init", "parked after session " + std::to_string(sessions) + ": " + why);
+    } else {
+      LogDebug("init", "session ended: " + why);
+    }
+    // A host that went away may come back at once (a restored clone's new host does);
+    // anything else is a fault worth not spinning on.
+    if (why.find("host disconnected") == std::string::npos)
+      std::this_thread::sleep_for(kRetryPause);
   }
+}
+
+void Server::WaitForHost(int port_fd) {
+  // Ask for SIGIO on this thread alone; main() blocks SIGIO in every thread, so it stays
+  // pending until sigtimedwait takes it and none is lost between the check and the wait.
+  struct f_owner_ex owner = {F_OWNER_TID, static_cast<pid_t>(::gettid())};
+  bool async = ::fcntl(port_fd, F_SETOWN_EX, &owner) == 0 &&
+               ::fcntl(port_fd, F_SETFL, ::fcntl(port_fd, F_GETFL) | O_ASYNC) == 0;
+  sigset_t io;
+  sigemptyset(&io);
+  sigaddset(&io, SIGIO);
+  const struct timespec tick = {0, async ? 500 * 1000 * 1000 : 20 * 1000 * 1000};
+  while (!HostConnected(port_fd)) ::sigtimedwait(&io, nullptr, &tick);
+  ::fcntl(port_fd, F_SETFL, ::fcntl(port_fd, F_GETFL) & ~O_ASYNC);
+  // Drain one that raced the last check, so the next wait starts clean.
+  const struct timespec zero = {0, 0};
+  while (::sigtimedwait(&io, nullptr, &zero) == SIGIO) {
+  }
+}
+
+Json Server::BootIdField() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (boot_id_.empty()) return Json::object();
+  return {{"boot_id", boot_id_}};
+}
+
+void Server::Identify(Stream& stream, const Json& request) {
+  if (!boot_.cmdline.template_boot) {
+    (void)stream.End(Fail("bad_request",
+                          "this guest was booted cold; its identity came from the kernel "
+                          "command line"));
+    return;
+  }
+  auto req = ParseIdentityRequest(request);
+  if (!req.ok()) {
+    (void)stream.End(Fail("bad_request", req.status().message()));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ready_) {
+    (void)stream.End(Fail("already_identified", "this clone already has its identity"));
+    return;
+  }
+  Identity id{req->vm_id, req->hostname, req->machine_id, req->seed, req->time_ns};
+  Status st = ApplyIdentity(id);
+  if (!st.ok()) {
+    (void)stream.End(Fail("identity_failed", st.message()));
+    return;
+  }
+  // First read after the reseed: the kernel generates this clone's own boot_id now.
+  auto boot_id = ReadBootId();
+  if (!boot_id.ok()) {
+    (void)stream.End(Fail("identity_failed", boot_id.status().message()));
+    return;
+  }
+  boot_id_ = *boot_id;
+  ready_ = true;
+  (void)stream.End({{"ok", true}, {"boot_id", boot_id_}, {"hostname", req->hostname}});
 }
 
 void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) {
@@ -117,14 +189,32 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       return;
     }
     op = *parsed;
-    if (op == "exec") {
+    if (!ready_ && (op == "exec" || op == "put" || op == "get")) {
+      (void)stream->End(Fail("not_identified",
+                             "this clone has not been given its identity yet (identity request)"));
+    } else if (op == "identity") {
+      Identify(*stream, request);
+    } else if (op == "warmup") {
+      // A clone's emulator starts with no translated code: the first exec pays for
+      // translating fork, exec, the loader and libc (hundreds of ms under TCG). A spare
+      // clone runs this fixed command before it is handed out. Nothing the caller names
+      // runs, so it is allowed before the identity.
+      // It also rehearses the identity's code path on the template's own values (writing
+      // names the clone already has, mixing uncredited zeros into the pool), so that the
+      // real identity request runs translated code too.
+      Status rehearsal = RehearseIdentity();
+      if (!rehearsal.ok()) LogError("init", "identity rehearsal: " + rehearsal.message());
+      ServeExec(reaper_, *stream, {{"op", "exec"}, {"argv", {"/bin/true"}}});
+    } else if (op == "exec") {
       ServeExec(reaper_, *stream, request);
     } else if (op == "put") {
       ServePut(reaper_, *stream, request);
     } else if (op == "get") {
       ServeGet(reaper_, *stream, request);
     } else if (op == "ping") {
-      (void)stream->End({{"ok", true}, {"boot_id", boot_.boot_id}, {"uptime_ms", UptimeMs()}});
+      Json reply = {{"ok", true}, {"uptime_ms", UptimeMs()}, {"ready", ready_.load()}};
+      reply.update(BootIdField());
+      (void)stream->End(reply);
     } else if (op == "shutdown") {
       Shutdown(*stream);
     } else {

@@ -6,6 +6,7 @@
 // the server. Thread-safe: handlers run concurrently.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -20,7 +21,11 @@ namespace trybox::guest {
 
 class Server {
  public:
-  Server(Reaper& reaper, BootInfo boot) : reaper_(reaper), boot_(std::move(boot)) {}
+  Server(Reaper& reaper, BootInfo boot)
+      : reaper_(reaper),
+        boot_(std::move(boot)),
+        ready_(!boot_.cmdline.template_boot),
+        boot_id_(boot_.boot_id) {}
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
@@ -29,13 +34,22 @@ class Server {
   [[noreturn]] void Run();
 
  private:
-  void RunSession();
+  // Blocks until a host has the control port open. The driver raises SIGIO on this thread
+  // when the host's side changes; a restored clone thus answers as soon as its host
+  // connects instead of on the next tick of a poll loop.
+  void WaitForHost(int port_fd);
+  void Identify(channel::Stream& stream, const nlohmann::json& request);
+  nlohmann::json BootIdField();
   void Handle(const std::shared_ptr<channel::Stream>& stream, const nlohmann::json& request);
   [[noreturn]] void Shutdown(channel::Stream& stream);
 
   Reaper& reaper_;
   const BootInfo boot_;
+  // False in a template-booted guest until an identity request succeeded: until then it is
+  // a copy of every other clone, and serves only ping and identity.
+  std::atomic<bool> ready_;
   std::mutex mu_;
+  std::string boot_id_ GUARDED_BY(mu_);         // "" until ready
   PortRelay* relay_ GUARDED_BY(mu_) = nullptr;  // the current session's, for Shutdown
 };
 

@@ -91,12 +91,12 @@ Result<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mode) {
+Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mode, bool durable) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   {
     ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode));
     Status st = WriteFull(fd.get(), data);
-    if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoError("fsync " + tmp);
+    if (st.ok() && durable && ::fsync(fd.get()) != 0) st = ErrnoError("fsync " + tmp);
     if (st.ok()) st = fd.Close();
     if (!st.ok()) {
       ::unlink(tmp.c_str());
@@ -143,6 +143,20 @@ Result<TempDir> TempDir::Make(const std::string& parent, const std::string& pref
 
 TempDir::~TempDir() {
   if (!path_.empty()) (void)RemoveTree(path_);
+}
+
+Status CopyFile(const std::string& from, const std::string& to, mode_t mode) {
+  ASSIGN_OR_RETURN(UniqueFd in, OpenFile(from, O_RDONLY | O_CLOEXEC));
+  ASSIGN_OR_RETURN(UniqueFd out, OpenFile(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
+  for (;;) {
+    ssize_t n = ::copy_file_range(in.get(), nullptr, out.get(), nullptr, 1 << 30, 0);
+    if (n == 0) return Status::Ok();
+    if (n > 0) continue;
+    if (errno == EINTR) continue;
+    Status st = ErrnoError("copy " + from + " to " + to);
+    ::unlink(to.c_str());
+    return st;
+  }
 }
 
 }  // namespace trybox

@@ -46,12 +46,17 @@ Result<size_t> ReadSome(int fd, void* data, size_t len);
 
 Result<std::string> ReadFileToString(const std::string& path);
 // Writes to a temp file beside `path`, fsyncs and renames over it.
-Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mode = 0644);
+// `durable`: fsync before the rename. Off only where a crash may lose the file (a
+// throwaway guest's own /etc files).
+Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mode = 0644,
+                       bool durable = true);
 
 Result<UniqueFd> OpenFile(const std::string& path, int flags, mode_t mode = 0);
 
 // Removes a tree like `rm -rf`; a missing path is OK.
 Status RemoveTree(const std::string& path);
+// Copies a regular file's bytes to a new file `to` (which must not exist), with `mode`.
+Status CopyFile(const std::string& from, const std::string& to, mode_t mode);
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 
 // A directory created under `parent` (mkdtemp) and removed with its contents when dropped.

@@ -39,20 +39,22 @@ Status ValidateName(std::string_view what, std::string_view name) {
   return Status::Ok();
 }
 
-std::string NewId() {
-  unsigned char b[6];
+std::string RandomHex(size_t n) {
+  std::string bytes(n, '\0');
   size_t got = 0;
-  while (got < sizeof b) {
-    ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
+  while (got < n) {
+    ssize_t r = ::getrandom(bytes.data() + got, n - got, 0);
+    if (r > 0) got += static_cast<size_t>(r);
   }
   static const char kHex[] = "0123456789abcdef";
-  std::string id;
-  for (unsigned char c : b) {
-    id += kHex[c >> 4];
-    id += kHex[c & 15];
+  std::string hex;
+  for (unsigned char c : bytes) {
+    hex += kHex[c >> 4];
+    hex += kHex[c & 15];
   }
-  return id;
+  return hex;
 }
+
+std::string NewId() { return RandomHex(6); }
 
 }  // namespace trybox

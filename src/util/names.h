@@ -19,4 +19,7 @@ std::string QuoteForMessage(std::string_view s, size_t max = 80);
 // 12 lowercase hex characters from the kernel's CSPRNG.
 std::string NewId();
 
+// `n` random bytes as 2n lowercase hex digits, from getrandom(2).
+std::string RandomHex(size_t n);
+
 }  // namespace trybox

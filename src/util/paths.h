@@ -24,6 +24,8 @@ struct Paths {
   std::string socket() const { return runtime + "/tryboxd.sock"; }
   std::string db() const { return state + "/trybox.db"; }
   std::string vms() const { return runtime + "/vms"; }
+  // Saved VM templates (docs/templates.md): derived data, rebuilt when missing.
+  std::string templates() const { return state + "/templates"; }
 
   static Paths FromEnvironment();
 };

@@ -86,9 +86,10 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
     return st;
   }
   if (pid == 0) {
+    int ep = err_pipe[1];
     auto fail = [&](int stage) {
       int e[2] = {stage, errno};
-      (void)!::write(err_pipe[1], e, sizeof e);
+      (void)!::write(ep, e, sizeof e);
       ::_exit(127);
     };
     if (opts.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(1);
@@ -104,9 +105,19 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
         ferr = ::fcntl(errfd, F_DUPFD_CLOEXEC, 3);
     if (fin < 0 || fout < 0 || ferr < 0) fail(2);
     if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) fail(2);
+    unsigned first_closed = 3;
+    if (opts.fd3 >= 0) {
+      // The error pipe may itself be fd 3: move it above first.
+      ep = ::fcntl(ep, F_DUPFD_CLOEXEC, 4);
+      int f3 = ep < 0 ? -1 : ::fcntl(opts.fd3, F_DUPFD_CLOEXEC, 4);
+      if (f3 < 0 || ::dup2(f3, 3) < 0) fail(2);  // dup2 clears FD_CLOEXEC on 3
+      first_closed = 4;
+    }
     // Close every other inherited fd except the error pipe (which is CLOEXEC).
-    ::syscall(SYS_close_range, 3, err_pipe[1] - 1, 0);
-    ::syscall(SYS_close_range, err_pipe[1] + 1, ~0U, 0);
+    if (static_cast<unsigned>(ep) > first_closed) {
+      ::syscall(SYS_close_range, first_closed, ep - 1, 0);
+    }
+    ::syscall(SYS_close_range, ep + 1, ~0U, 0);
     if (cwd && ::chdir(cwd) != 0) fail(3);
     ::execve(argv[0], argv.data(), env_arr);
     if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr)

@@ -35,6 +35,8 @@ struct SpawnOptions {
   int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
+  // If >= 0, also inherited as fd 3 (e.g. QEMU's `-incoming fd:3`).
+  int fd3 = -1;
   // Detach from our session entirely (setsid) instead of only a new process group.
   bool new_session = false;
 };

@@ -15,6 +15,7 @@
 #include "util/log.h"
 #include "util/names.h"
 #include "util/socket.h"
+#include "vmm/qmp.h"
 
 namespace trybox::vmm {
 namespace {
@@ -37,7 +38,7 @@ bool PathExists(const std::string& p) {
 }
 
 // A machine-id for the guest: 32 lowercase hex characters, fresh per VM.
-std::string MachineId() { return NewId() + NewId() + NewId().substr(0, 8); }
+std::string MachineId() { return RandomHex(16); }
 
 // The host's TSC frequency in kHz from /proc/cpuinfo ("cpu MHz : 2445.404"), 0 if unknown.
 int64_t HostTscKhz() {
@@ -55,8 +56,10 @@ int64_t HostTscKhz() {
 
 // Unlinks the VM's sockets and removes its directory, recording what is gone afterwards.
 void RemoveVmFiles(const std::string& dir, DestroyReport* r) {
-  for (const char* sock : {"/ctl.sock", "/qga.sock"}) ::unlink((dir + sock).c_str());
-  r->sockets_removed = !PathExists(dir + "/ctl.sock") && !PathExists(dir + "/qga.sock");
+  static const char* const kSockets[] = {"/ctl.sock", "/qga.sock", "/qmp.sock"};
+  for (const char* sock : kSockets) ::unlink((dir + sock).c_str());
+  r->sockets_removed = true;
+  for (const char* sock : kSockets) r->sockets_removed &= !PathExists(dir + sock);
   Status st = RemoveTree(dir);
   if (!st.ok()) LogWarn("vmm", st.message());
   r->dir_removed = !PathExists(dir);
@@ -67,8 +70,15 @@ void RemoveVmFiles(const std::string& dir, DestroyReport* r) {
 std::string KernelCmdline(const VmConfig& c) {
   // quiet: every console byte costs real time under TCG. panic=-1 with -no-reboot turns a
   // guest panic into a QEMU exit the daemon observes.
-  std::string line = "console=ttyS0 quiet panic=-1 random.trust_cpu=on trybox.vmid=" + c.id +
-                     " trybox.hostname=trybox-" + c.id + " trybox.machine_id=" + MachineId();
+  std::string line = "console=ttyS0 quiet panic=-1 random.trust_cpu=on";
+  // A template's command line is shared by every clone and is part of the template's key,
+  // so it names no VM; each clone is told its identity after the restore.
+  if (c.mode == StartMode::kCold) {
+    line += " trybox.vmid=" + c.id + " trybox.hostname=trybox-" + c.id +
+            " trybox.machine_id=" + MachineId();
+  } else {
+    line += " trybox.template=1";
+  }
   // Under TCG the guest's TSC is the host's, but microvm offers no PIT-independent reference
   // to calibrate it; on a loaded host PIT calibration fails and the boot stalls for minutes
   // (measured: no progress in 60 s at load 4 on 2 cores). Telling the kernel the frequency
@@ -87,12 +97,16 @@ std::string KernelCmdline(const VmConfig& c) {
 std::vector<std::string> QemuArgv(const VmConfig& c) {
   const std::string& img = c.image_dir;
   const std::string& dir = c.vm_dir;
+  const bool cold = c.mode == StartMode::kCold;
+  const std::string disk =
+      c.mode == StartMode::kTemplate ? c.template_dir + kTemplateDisk : dir + "/disk.qcow2";
   // One option and its value per line, as in the QEMU manual.
   // clang-format off
   std::vector<std::string> a = {
       c.qemu,
       "-name", "trybox-vm-" + c.id + ",process=trybox-vm-" + c.id,
-      "-machine", "microvm,accel=" + c.accel + ",isa-serial=on,rtc=on",
+      "-machine", "microvm,accel=" + c.accel + ",isa-serial=on,rtc=on" +
+                      (cold ? "" : ",memory-backend=mem"),
       "-cpu", c.accel == "kvm" ? "host" : "max",
       "-m", std::to_string(c.memory_mib),
       "-smp", std::to_string(c.cpus),
@@ -104,7 +118,7 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       // The frozen root is opened read-only; the guest writes only to its own qcow2 layer.
       "-drive", "id=root,file=" + img + "/rootfs.ext4,format=raw,if=none,readonly=on",
       "-device", "virtio-blk-device,drive=root",
-      "-drive", "id=disk,file=" + dir + "/disk.qcow2,format=qcow2,if=none,discard=unmap",
+      "-drive", "id=disk,file=" + disk + ",format=qcow2,if=none,discard=unmap",
       "-device", "virtio-blk-device,drive=disk",
       "-device", "virtio-rng-device",
       "-device", "virtio-serial-device",
@@ -117,6 +131,18 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
   };
   // clang-format on
+  if (!cold) {
+    // The template's RAM is a file. The template maps it shared, so its RAM lands in the
+    // file and the saved state need not carry it (x-ignore-shared). Clones map it
+    // privately: every clone reads the same page-cache pages and copies only what it writes.
+    const bool share = c.mode == StartMode::kTemplate;
+    a.insert(a.end(), {"-object",
+                       "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mib) +
+                           "M,mem-path=" + c.template_dir + kTemplateMemory +
+                           (share ? ",share=on" : ",share=off"),
+                       "-qmp", "unix:" + dir + "/qmp.sock,server=on,wait=off"});
+  }
+  if (c.mode == StartMode::kRestore) a.insert(a.end(), {"-incoming", "defer"});
   return a;
 }
 
@@ -179,77 +205,246 @@ Json DestroyReport::ToJson() const {
           {"dir_removed", dir_removed}};
 }
 
+Status Vm::Fail(const Status& st) {
+  std::string console = ConsoleTail(1500);
+  std::string qlog = Tail(config_.vm_dir + "/qemu.log", 1000);
+  Destroy();
+  std::string msg = st.message();
+  if (!qlog.empty()) msg += "\n--- qemu ---\n" + qlog;
+  if (!console.empty()) msg += "\n--- guest console ---\n" + console;
+  return Status(st.code(), msg);
+}
+
+Status Vm::Spawn(int fd3) {
+  auto log = OpenFile(config_.vm_dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (!log.ok()) return log.status();
+  SpawnOptions opts;
+  opts.argv = QemuArgv(config_);
+  opts.stdout_fd = log->get();
+  opts.stderr_fd = log->get();
+  opts.fd3 = fd3;
+  auto child = ChildProcess::Spawn(opts);
+  if (!child.ok()) return child.status().Annotate("start QEMU");
+  pid_ = child->Release();
+  watcher_ = std::thread([this] { WatchQemu(); });
+  // Lets a later daemon reap this QEMU if this one dies (ReapOrphan).
+  return WriteFileAtomic(config_.vm_dir + "/qemu.pid", std::to_string(pid_), 0600);
+}
+
+Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
+  // QEMU creates the control socket during start-up; retry until it accepts.
+  UniqueFd ctl;
+  for (;;) {
+    auto fd = ConnectUnix(config_.vm_dir + "/ctl.sock");
+    if (fd.ok()) {
+      ctl = std::move(*fd);
+      break;
+    }
+    if (!alive()) return Unavailable("QEMU exited during start-up");
+    if (Clock::now() > deadline) return DeadlineExceeded("QEMU never opened its control socket");
+    ::usleep(1000);
+  }
+  mux_ = std::make_unique<channel::Mux>(std::move(ctl), channel::Role::kHost);
+  auto hello = std::make_shared<std::promise<Json>>();
+  auto once = std::make_shared<std::once_flag>();
+  mux_->OnControl([hello, once](const Json& e) {
+    if (e.value("type", "") == "hello") std::call_once(*once, [&] { hello->set_value(e); });
+  });
+  mux_->Start();
+  auto fut = hello->get_future();
+  // Short waits: a restored guest answers within milliseconds.
+  while (fut.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
+    if (!alive()) return Unavailable("the guest never answered: " + death_reason());
+    if (Clock::now() > deadline) {
+      return DeadlineExceeded("the guest agent did not answer in time");
+    }
+  }
+  return fut.get();
+}
+
 Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::milliseconds timeout) {
   auto start = Clock::now();
   auto deadline = start + timeout;
   std::unique_ptr<Vm> vm(new Vm(config));
   const std::string& dir = config.vm_dir;
   if (::mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir);
-  auto fail = [&](Status st) -> Status {
-    std::string console = vm->ConsoleTail(1500);
-    std::string qlog = Tail(dir + "/qemu.log", 1000);
-    vm->Destroy();
-    std::string msg = st.message();
-    if (!qlog.empty()) msg += "\n--- qemu ---\n" + qlog;
-    if (!console.empty()) msg += "\n--- guest console ---\n" + console;
-    return Status(st.code(), msg);
-  };
 
+  const std::string disk = config.mode == StartMode::kTemplate ? config.template_dir + kTemplateDisk
+                                                               : dir + "/disk.qcow2";
   Status st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-b",
-                          config.image_dir + "/scratch.qcow2", "-F", "qcow2", dir + "/disk.qcow2"},
+                          config.image_dir + "/scratch.qcow2", "-F", "qcow2", disk},
                          std::chrono::seconds(30));
-  if (!st.ok()) return fail(st.Annotate("create the VM's disk layer"));
-
-  auto log = OpenFile(dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (!log.ok()) return fail(log.status());
-  SpawnOptions opts;
-  opts.argv = QemuArgv(config);
-  opts.stdout_fd = log->get();
-  opts.stderr_fd = log->get();
-  auto child = ChildProcess::Spawn(opts);
-  if (!child.ok()) return fail(child.status().Annotate("start QEMU"));
-  vm->pid_ = child->Release();
-  vm->watcher_ = std::thread([v = vm.get()] { v->WatchQemu(); });
-
-  // QEMU creates the control socket during start-up; retry until it accepts.
-  UniqueFd ctl;
-  for (;;) {
-    auto fd = ConnectUnix(dir + "/ctl.sock");
-    if (fd.ok()) {
-      ctl = std::move(*fd);
-      break;
+  if (!st.ok()) return vm->Fail(st.Annotate("create the VM's disk layer"));
+  if (config.mode == StartMode::kTemplate) {
+    // The file QEMU maps as guest RAM; sparse until the guest touches it.
+    UniqueFd mem(::open((config.template_dir + kTemplateMemory).c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!mem.valid() || ::ftruncate(mem.get(), static_cast<off_t>(config.memory_mib) << 20) != 0) {
+      return vm->Fail(ErrnoError("create the template's memory file"));
     }
-    if (!vm->alive()) return fail(Unavailable("QEMU exited during start-up"));
-    if (Clock::now() > deadline)
-      return fail(DeadlineExceeded("QEMU never opened its control socket"));
-    ::usleep(2000);
   }
-  vm->mux_ = std::make_unique<channel::Mux>(std::move(ctl), channel::Role::kHost);
-  auto hello = std::make_shared<std::promise<Json>>();
-  auto once = std::make_shared<std::once_flag>();
-  vm->mux_->OnControl([hello, once](const Json& e) {
-    if (e.value("type", "") == "hello") std::call_once(*once, [&] { hello->set_value(e); });
-  });
-  vm->mux_->Start();
-  auto fut = hello->get_future();
-  while (fut.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
-    if (!vm->alive()) {
-      return fail(Unavailable("the guest never answered: " + vm->death_reason()));
-    }
-    if (Clock::now() > deadline) {
-      return fail(DeadlineExceeded("the guest agent did not answer within " +
-                                   std::to_string(timeout.count()) + " ms"));
-    }
+  st = vm->Spawn(-1);
+  if (!st.ok()) return vm->Fail(st);
+  auto hello = vm->AwaitHello(deadline);
+  if (!hello.ok()) {
+    return vm->Fail(hello.status().code() == Code::kDeadlineExceeded
+                        ? DeadlineExceeded("the guest agent did not answer within " +
+                                           std::to_string(timeout.count()) + " ms")
+                        : hello.status());
   }
   auto ping = vm->Open({{"op", "ping"}});
-  if (!ping.ok()) return fail(ping.status().Annotate("ping the guest agent"));
+  if (!ping.ok()) return vm->Fail(ping.status().Annotate("ping the guest agent"));
   auto reply = (*ping)->Next(deadline);
-  if (!reply.ok()) return fail(reply.status().Annotate("ping the guest agent"));
+  if (!reply.ok()) return vm->Fail(reply.status().Annotate("ping the guest agent"));
   if (reply->kind != channel::Stream::Message::Kind::kEnd || !reply->body.value("ok", false)) {
-    return fail(Unavailable("the guest agent answered the ping with " + reply->body.dump()));
+    return vm->Fail(Unavailable("the guest agent answered the ping with " + reply->body.dump()));
   }
+  vm->boot_id_ = reply->body.value("boot_id", "");
   vm->boot_ms_ = MsSince(start);
   return vm;
+}
+
+Result<std::unique_ptr<Vm>> Vm::Restore(const VmConfig& config, std::chrono::milliseconds timeout,
+                                        bool identify) {
+  auto start = Clock::now();
+  auto deadline = start + timeout;
+  std::unique_ptr<Vm> vm(new Vm(config));
+  const std::string& dir = config.vm_dir;
+  const std::string& tpl = config.template_dir;
+  if (::mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir);
+
+  // Every clone's writable layer is a copy of the same empty overlay on the template's
+  // disk: the same bytes `qemu-img create` would write, without a process per clone.
+  Status st = CopyFile(tpl + kTemplateCloneDisk, dir + "/disk.qcow2", 0600);
+  if (!st.ok()) return vm->Fail(st.Annotate("create the clone's disk layer"));
+  UniqueFd state(::open((tpl + kTemplateState).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!state.valid()) return vm->Fail(ErrnoError("open the template's saved state"));
+  st = vm->Spawn(state.get());
+  if (!st.ok()) return vm->Fail(st);
+  state.Reset();
+  vm->phases_["spawned"] = MsSince(start);
+
+  auto qmp = Qmp::Connect(dir + "/qmp.sock", deadline);
+  if (!qmp.ok()) return vm->Fail(qmp.status());
+  // Both ends of a migration must agree that shared-file RAM is not in the stream.
+  st = qmp->Execute("migrate-set-capabilities",
+                    {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", true}}}}})
+           .status();
+  if (!st.ok()) return vm->Fail(st);
+  vm->phases_["monitor_ready"] = MsSince(start);
+  st = qmp->Execute("migrate-incoming", {{"uri", "fd:3"}}).status();
+  if (!st.ok()) return vm->Fail(st);
+  vm->phases_["incoming_started"] = MsSince(start);
+  // A bad state file makes QEMU exit ("load of migration failed"); AwaitHello sees that.
+  auto hello = vm->AwaitHello(deadline);
+  if (!hello.ok()) return vm->Fail(hello.status().Annotate("restore from " + tpl));
+  if (!hello->value("template", false)) {
+    return vm->Fail(
+        FailedPrecondition("the restored guest is not a template clone: " + hello->dump()));
+  }
+  vm->phases_["hello"] = MsSince(start);
+  if (identify) {
+    st = vm->Identify(deadline);
+    if (!st.ok()) return vm->Fail(st.Annotate("give the clone its identity"));
+  }
+  vm->boot_ms_ = MsSince(start);
+  vm->phases_["identified"] = vm->boot_ms_;
+  return vm;
+}
+
+Result<Json> Vm::Call(const Json& request, Clock::time_point deadline) {
+  ASSIGN_OR_RETURN(auto s, Open(request));
+  ASSIGN_OR_RETURN(auto reply, s->Next(deadline));
+  // Output and events (a warm-up's) are not wanted; skip to the END.
+  using Kind = channel::Stream::Message::Kind;
+  while (reply.kind == Kind::kData || reply.kind == Kind::kEof || reply.kind == Kind::kEvent) {
+    ASSIGN_OR_RETURN(reply, s->Next(deadline));
+  }
+  if (reply.kind != Kind::kEnd) {
+    return Unavailable("the guest aborted " + request.value("op", std::string("a request")) + ": " +
+                       reply.body.value("reason", std::string("no reason given")));
+  }
+  return reply.body;
+}
+
+Status Vm::Identify(Clock::time_point deadline) {
+  auto start = Clock::now();
+  struct timespec now;
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  ASSIGN_OR_RETURN(Json reply,
+                   Call({{"op", "identity"},
+                         {"vm_id", config_.id},
+                         {"hostname", "trybox-" + config_.id},
+                         {"machine_id", MachineId()},
+                         {"seed", RandomHex(64)},
+                         {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
+                        deadline));
+  if (!reply.value("ok", false))
+    return Unavailable("the guest refused its identity: " + reply.dump());
+  boot_id_ = reply.value("boot_id", "");
+  phases_["identity_ms"] = MsSince(start);
+  return Status::Ok();
+}
+
+Status Vm::Warm(Clock::time_point deadline) {
+  auto start = Clock::now();
+  ASSIGN_OR_RETURN(Json reply, Call({{"op", "warmup"}}, deadline));
+  if (reply.value("outcome", "") != "exited" || reply.value("exit_code", -1) != 0) {
+    return Unavailable("the guest's warm-up failed: " + reply.dump());
+  }
+  phases_["warmup_ms"] = MsSince(start);
+  return Status::Ok();
+}
+
+Status Vm::SaveTemplate(std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  auto fail = [&](Status st) {
+    Status out = Fail(st.Annotate("save the template"));
+    return out;
+  };
+  if (config_.mode != StartMode::kTemplate) {
+    return fail(FailedPrecondition("VM " + config_.id + " was not booted as a template"));
+  }
+  // Hang up, and wait until the guest has ended the session and is waiting for the next
+  // host: clones resume exactly there and greet their own host at once.
+  mux_->Shutdown();
+  for (;;) {
+    if (ConsoleTail(4096).find("parked after session 1") != std::string::npos) break;
+    if (QemuExited()) return fail(Unavailable("QEMU exited before the guest parked"));
+    if (Clock::now() > deadline) return fail(DeadlineExceeded("the guest never parked"));
+    ::usleep(2000);
+  }
+  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", deadline);
+  if (!qmp.ok()) return fail(qmp.status());
+  Status st =
+      qmp->Execute("migrate-set-capabilities",
+                   {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", true}}}}})
+          .status();
+  if (!st.ok()) return fail(st);
+  const std::string path = config_.template_dir + kTemplateState;
+  UniqueFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!out.valid()) return fail(ErrnoError("create " + path));
+  st = qmp->Execute("getfd", {{"fdname", "state"}}, out.get()).status();
+  if (!st.ok()) return fail(st);
+  st = qmp->Execute("migrate", {{"uri", "fd:state"}}).status();
+  if (!st.ok()) return fail(st);
+  for (;;) {
+    auto info = qmp->Execute("query-migrate");
+    if (!info.ok()) return fail(info.status());
+    std::string status = info->value("status", "");
+    if (status == "completed") break;
+    if (status == "failed" || status == "cancelled") {
+      return fail(Internal("QEMU's migration " + status + ": " +
+                           info->value("error-desc", std::string("no reason given"))));
+    }
+    if (Clock::now() > deadline) return fail(DeadlineExceeded("saving the state took too long"));
+    ::usleep(2000);
+  }
+  if (::fsync(out.get()) != 0) return fail(ErrnoError("fsync " + path));
+  // QEMU flushed the disk layer and stopped the guest when the migration completed.
+  (void)qmp->Execute("quit");
+  Destroy();
+  return Status::Ok();
 }
 
 Vm::~Vm() { Destroy(); }
@@ -263,6 +458,11 @@ void Vm::WatchQemu() {
   qemu_exit_ = info;
   if (death_.empty()) death_ = "QEMU exited (" + info.Describe() + ")";
   exited_cv_.notify_all();
+}
+
+bool Vm::QemuExited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return qemu_exit_.has_value();
 }
 
 bool Vm::alive() const {

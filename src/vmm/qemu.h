@@ -25,15 +25,34 @@ namespace trybox::vmm {
 
 using Json = nlohmann::json;
 
+// How a VM comes to life (docs/templates.md).
+enum class StartMode {
+  kCold,      // boots the kernel; identity on the kernel command line
+  kTemplate,  // boots the kernel to be saved as a template: RAM in a shared file, no identity
+  kRestore,   // a clone: RAM mapped privately from a template's file, devices loaded from its
+              // saved state, identity sent over the channel once the guest answers
+};
+
+inline constexpr int kDefaultMemoryMib = 512;
+
 struct VmConfig {
   std::string id;
   std::string image_dir;  // verified frozen image
   std::string vm_dir;     // created by Boot, removed by Destroy
-  int memory_mib = 512;
+  int memory_mib = kDefaultMemoryMib;
   int cpus = 1;
   std::string accel = "tcg";  // "kvm" or "tcg"
   std::string qemu = "qemu-system-x86_64";
+  StartMode mode = StartMode::kCold;
+  // kTemplate and kRestore: holds `memory`, `state`, `disk.qcow2` and `clone.qcow2`.
+  std::string template_dir;
 };
+
+// Files of a template directory.
+inline constexpr const char* kTemplateMemory = "/memory";
+inline constexpr const char* kTemplateState = "/state";
+inline constexpr const char* kTemplateDisk = "/disk.qcow2";
+inline constexpr const char* kTemplateCloneDisk = "/clone.qcow2";  // empty overlay for clones
 
 // The full argv for a VM: -M microvm, no network card, no default devices, the frozen root
 // read-only, a per-VM qcow2 layer, and the control port org.trybox.ctl on a unix socket.
@@ -63,13 +82,38 @@ class Vm {
  public:
   // Spawns QEMU and waits for the guest agent's hello and a ping reply, up to `timeout`.
   // On failure everything started is killed and removed; the error quotes the console tail.
+  // kCold or kTemplate.
   static Result<std::unique_ptr<Vm>> Boot(const VmConfig& config,
                                           std::chrono::milliseconds timeout);
+  // kRestore: starts QEMU with `-incoming`, loads the template's saved state, waits for the
+  // restored guest agent's hello, and gives the clone its identity (fresh entropy, clock,
+  // hostname, machine-id). Returns only once the clone may serve requests.
+  // With `identify` false the clone is left without one (a spare): call Identify() before
+  // handing it out.
+  static Result<std::unique_ptr<Vm>> Restore(const VmConfig& config,
+                                             std::chrono::milliseconds timeout,
+                                             bool identify = true);
+
+  // Gives a restored clone its own identity: fresh entropy (kernel CRNG reseeded), the
+  // host's wall clock, hostname trybox-<id>, a new machine-id. Once per clone.
+  Status Identify(std::chrono::steady_clock::time_point deadline);
+  // Runs the guest's fixed warm-up command, so that the emulator has translated the exec
+  // path before a caller's first exec (see docs/templates.md).
+  Status Warm(std::chrono::steady_clock::time_point deadline);
+
+  // For a kTemplate VM: disconnects, waits until the guest has parked, saves the device
+  // state to template_dir/state (RAM stays in template_dir/memory), and stops QEMU.
+  // The Vm is dead afterwards whatever the outcome.
+  Status SaveTemplate(std::chrono::milliseconds timeout);
   ~Vm();
 
   const VmConfig& config() const { return config_; }
   pid_t pid() const { return pid_; }
   double boot_ms() const { return boot_ms_; }
+  // The guest's boot_id as its agent reported it ("" if it did not).
+  const std::string& boot_id() const { return boot_id_; }
+  // Milliseconds from the start of Boot/Restore to the end of each phase, for benchmarks.
+  const Json& phases() const { return phases_; }
 
   // Opens a request stream to the guest agent. kUnavailable once the guest is gone.
   Result<std::shared_ptr<channel::Stream>> Open(const Json& request);
@@ -87,10 +131,21 @@ class Vm {
  private:
   explicit Vm(VmConfig c) : config_(std::move(c)) {}
   void WatchQemu();
+  // Spawns QEMU (with `fd3` inherited as fd 3 if >= 0) and starts the exit watcher.
+  Status Spawn(int fd3);
+  // Connects the control socket, runs the Mux, and waits for the guest agent's hello.
+  Result<Json> AwaitHello(std::chrono::steady_clock::time_point deadline);
+  // Kills what was started and returns `st` with QEMU's log and the console tail.
+  Status Fail(const Status& st);
+  // Opens `request`, and returns the END body if it says ok; else an error quoting it.
+  Result<Json> Call(const Json& request, std::chrono::steady_clock::time_point deadline);
+  bool QemuExited() const;
 
   VmConfig config_;
   pid_t pid_ = -1;
   double boot_ms_ = 0;
+  std::string boot_id_;
+  Json phases_ = Json::object();
   std::unique_ptr<channel::Mux> mux_;
   std::thread watcher_;  // waits for QEMU's exit
   mutable std::mutex mu_;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <map>
 #include <thread>
 
 #include "util/paths.h"
@@ -37,15 +38,15 @@ Result<std::unique_ptr<Harness>> Harness::Start(std::vector<std::string> extra_e
 }
 
 std::vector<std::string> Harness::Env() const {
+  // extra_env wins over the harness's own settings, which win over ours.
+  std::vector<std::string> own = {"TRYBOX_HOME=" + home_, "TRYBOX_IMAGES=" + images_};
+  own.insert(own.end(), extra_env_.begin(), extra_env_.end());
+  auto key = [](const std::string& kv) { return kv.substr(0, kv.find('=') + 1); };
+  std::map<std::string, std::string> chosen;
+  for (char** e = environ; *e; ++e) chosen[key(*e)] = *e;
+  for (const auto& kv : own) chosen[key(kv)] = kv;
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    if (kv.rfind("TRYBOX_HOME=", 0) == 0 || kv.rfind("TRYBOX_IMAGES=", 0) == 0) continue;
-    env.push_back(kv);
-  }
-  env.push_back("TRYBOX_HOME=" + home_);
-  env.push_back("TRYBOX_IMAGES=" + images_);
-  env.insert(env.end(), extra_env_.begin(), extra_env_.end());
+  for (auto& [k, kv] : chosen) env.push_back(kv);
   return env;
 }
 

@@ -1,0 +1,44 @@
+#include "util/process.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "util/fd.h"
+
+namespace trybox {
+namespace {
+
+TEST(SpawnTest, Fd3IsInheritedAndNothingElseLeaks) {
+  auto made = TempDir::Make("/tmp", "spawn");
+  ASSERT_TRUE(made.ok());
+  const TempDir& dir = *made;
+  ASSERT_TRUE(WriteFileAtomic(dir.path() + "/in", "from fd 3", 0600).ok());
+  UniqueFd three(::open((dir.path() + "/in").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(three.valid());
+  // A descriptor without CLOEXEC must still not reach the child.
+  UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  UniqueFd stray(::fcntl(null_fd.get(), F_DUPFD, 100));  // no CLOEXEC
+  ASSERT_EQ(stray.get(), 100);
+  UniqueFd out(::open((dir.path() + "/out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+  SpawnOptions opts;
+  opts.argv = {"/bin/sh", "-c",
+               "cat <&3; for f in /proc/self/fd/*; do echo; echo ${f##*/}; done | sort -n | "
+               "tr '\\n' ' '"};
+  opts.stdout_fd = out.get();
+  opts.fd3 = three.get();
+  auto child = ChildProcess::Spawn(opts);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  auto exit = child->Wait();
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->exited && exit->code == 0) << exit->Describe();
+  auto text = ReadFileToString(dir.path() + "/out");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->rfind("from fd 3", 0), 0u) << *text;
+  // 0, 1, 2, 3 and the one the shell's glob opened; no stray descriptor.
+  EXPECT_NE(text->find(" 3 "), std::string::npos) << *text;
+  EXPECT_EQ(text->find(" 100 "), std::string::npos) << *text;
+}
+
+}  // namespace
+}  // namespace trybox

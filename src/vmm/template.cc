@@ -1,0 +1,276 @@
+#include "vmm/template.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ctime>
+
+#include "util/fd.h"
+#include "util/log.h"
+#include "util/names.h"
+#include "util/process.h"
+#include "util/sha256.h"
+
+namespace trybox::vmm {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMetaFormat = 1;
+
+int64_t FileSize(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+std::string UtcNow() {
+  std::time_t t = std::time(nullptr);
+  struct tm tm;
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The argv of a template VM for `shape` with the per-VM and per-directory parts replaced
+// by placeholders: what stays the same for every template and clone of this shape.
+std::vector<std::string> CanonicalArgv(const TemplateShape& shape) {
+  VmConfig c;
+  c.id = "ID";
+  c.vm_dir = "VMDIR";
+  c.template_dir = "TEMPLATEDIR";
+  c.image_dir = shape.image_dir;
+  c.memory_mib = shape.memory_mib;
+  c.cpus = shape.cpus;
+  c.accel = shape.accel;
+  c.qemu = shape.qemu;
+  c.mode = StartMode::kTemplate;
+  return QemuArgv(c);
+}
+
+}  // namespace
+
+Result<std::string> QemuVersion(const std::string& qemu) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> cache;
+  std::string path = qemu;
+  if (qemu.find('/') == std::string::npos) {
+    auto found = FindInPath(qemu);
+    if (!found) return NotFound(qemu + " is not on PATH");
+    path = *found;
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError("stat " + path);
+  std::string cache_key = path + "|" + std::to_string(st.st_size) + "|" +
+                          std::to_string(st.st_mtim.tv_sec) + "." +
+                          std::to_string(st.st_mtim.tv_nsec);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(cache_key);
+    if (it != cache.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(auto r, RunCommand({path, "--version"}, std::chrono::seconds(10)));
+  if (!r.exit.exited || r.exit.code != 0) {
+    return Unavailable(path + " --version " + r.exit.Describe());
+  }
+  std::string version = r.output.substr(0, r.output.find('\n'));
+  std::lock_guard<std::mutex> lock(mu);
+  cache[cache_key] = version;
+  return version;
+}
+
+Result<TemplateKey> ComputeTemplateKey(const TemplateShape& shape) {
+  ASSIGN_OR_RETURN(std::string version, QemuVersion(shape.qemu));
+  TemplateKey key;
+  std::vector<std::string> argv = CanonicalArgv(shape);
+  std::string cmdline;
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "-append") cmdline = argv[i + 1];
+  }
+  key.inputs = {{"image", shape.image_name},      {"manifest_sha256", shape.manifest_sha256},
+                {"qemu_version", version},        {"cmdline", cmdline},
+                {"memory_mib", shape.memory_mib}, {"cpus", shape.cpus},
+                {"accel", shape.accel},           {"argv", argv}};
+  key.hash = Sha256Hex(key.inputs.dump());
+  return key;
+}
+
+std::string TemplateMismatch(const Json& meta, const TemplateKey& key) {
+  if (meta.value("format", 0) != kMetaFormat) return "its format is not this trybox's";
+  if (meta.value("key", "") == key.hash) return "";
+  const Json& old = meta.contains("inputs") ? meta["inputs"] : Json::object();
+  auto differs = [&](const char* field) { return old.value(field, Json()) != key.inputs[field]; };
+  if (differs("manifest_sha256")) return "the image changed";
+  if (differs("qemu_version")) {
+    return "QEMU changed (" + old.value("qemu_version", std::string("?")) + " -> " +
+           key.inputs["qemu_version"].get<std::string>() + ")";
+  }
+  if (differs("cmdline")) return "the kernel command line changed";
+  if (differs("memory_mib") || differs("cpus") || differs("accel")) {
+    return "the machine shape changed";
+  }
+  return "QEMU's device list changed";
+}
+
+std::string TemplateStore::DirFor(const TemplateShape& shape) const {
+  return root_ + "/" + shape.image_name + "-" + std::to_string(shape.memory_mib) + "m-" +
+         std::to_string(shape.cpus) + "c-" + shape.accel;
+}
+
+std::shared_mutex& TemplateStore::LockFor(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& m = locks_[dir];
+  if (!m) m = std::make_unique<std::shared_mutex>();
+  return *m;
+}
+
+std::string TemplateStore::Check(const std::string& dir, const TemplateKey& key, int memory_mib) {
+  auto text = ReadFileToString(dir + "/meta.json");
+  if (!text.ok()) return "there is none yet";
+  Json meta = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object()) return "its meta.json is unreadable";
+  std::string why = TemplateMismatch(meta, key);
+  if (!why.empty()) return why;
+  if (FileSize(dir + kTemplateMemory) != (static_cast<int64_t>(memory_mib) << 20)) {
+    return "its memory file is missing or the wrong size";
+  }
+  if (FileSize(dir + kTemplateState) <= 0) return "its saved state is missing";
+  if (FileSize(dir + kTemplateDisk) <= 0) return "its disk layer is missing";
+  if (FileSize(dir + kTemplateCloneDisk) <= 0) return "its clone overlay is missing";
+  return "";
+}
+
+Status TemplateStore::Build(const TemplateShape& shape, const TemplateKey& key,
+                            const std::string& dir, double* build_ms) {
+  auto start = Clock::now();
+  RETURN_IF_ERROR(MakeDirs(root_, 0700));
+  RETURN_IF_ERROR(MakeDirs(run_dir_, 0700));
+  const std::string id = "tpl-" + NewId();
+  const std::string building = root_ + "/.building-" + id;
+  if (::mkdir(building.c_str(), 0700) != 0) return ErrnoError("mkdir " + building);
+  auto cleanup = [&](Status st) {
+    (void)RemoveTree(building);
+    return st;
+  };
+  VmConfig c;
+  c.id = id;
+  c.image_dir = shape.image_dir;
+  c.vm_dir = run_dir_ + "/" + id;
+  c.memory_mib = shape.memory_mib;
+  c.cpus = shape.cpus;
+  c.accel = shape.accel;
+  c.qemu = shape.qemu;
+  c.mode = StartMode::kTemplate;
+  c.template_dir = building;
+  auto vm = Vm::Boot(c, boot_timeout_);
+  if (!vm.ok()) return cleanup(vm.status().Annotate("boot the template VM"));
+  double boot_ms = (*vm)->boot_ms();
+  Status st = (*vm)->SaveTemplate(boot_timeout_);
+  vm->reset();
+  if (!st.ok()) return cleanup(st);
+  // Clones copy this overlay. It must name the template's disk where it will live after
+  // the rename below, so it is made against the disk here and then re-pointed (rebase -u
+  // changes only the name).
+  const std::string overlay = building + kTemplateCloneDisk;
+  st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-b", building + kTemplateDisk, "-F",
+                   "qcow2", overlay},
+                  std::chrono::seconds(30));
+  if (st.ok()) {
+    st = RunChecked({"qemu-img", "rebase", "-u", "-F", "qcow2", "-b", dir + kTemplateDisk, overlay},
+                    std::chrono::seconds(30));
+  }
+  if (!st.ok()) return cleanup(st.Annotate("create the clone overlay"));
+  *build_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  Json meta = {{"format", kMetaFormat},
+               {"key", key.hash},
+               {"inputs", key.inputs},
+               {"created", UtcNow()},
+               {"boot_ms", boot_ms},
+               {"build_ms", *build_ms},
+               {"state_bytes", FileSize(building + kTemplateState)}};
+  st = WriteFileAtomic(building + "/meta.json", meta.dump(2) + "\n", 0600);
+  if (!st.ok()) return cleanup(st);
+  // Swap it in. Running clones keep the old files open; unlinking them is safe.
+  (void)RemoveTree(dir);
+  if (::rename(building.c_str(), dir.c_str()) != 0) {
+    return cleanup(ErrnoError("rename " + building + " to " + dir));
+  }
+  return Status::Ok();
+}
+
+Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape) {
+  ASSIGN_OR_RETURN(TemplateKey key, ComputeTemplateKey(shape));
+  const std::string dir = DirFor(shape);
+  std::shared_mutex& m = LockFor(dir);
+  Lease lease;
+  lease.dir = dir;
+  for (;;) {
+    {
+      std::shared_lock<std::shared_mutex> shared(m);
+      if (Check(dir, key, shape.memory_mib).empty()) {
+        lease.hold = std::move(shared);
+        return lease;
+      }
+    }
+    std::unique_lock<std::shared_mutex> exclusive(m);
+    std::string why = Check(dir, key, shape.memory_mib);
+    if (why.empty()) continue;  // another caller built it meanwhile
+    LogInfo("templates", "building the " + shape.image_name + " template: " + why);
+    RETURN_IF_ERROR(Build(shape, key, dir, &lease.build_ms));
+    LogInfo("templates",
+            "built " + dir + " in " + std::to_string(static_cast<int>(lease.build_ms)) + " ms");
+    lease.built = true;
+    lease.built_why = why;
+    // Downgrade: nobody can rebuild between here and the shared lock but another Get,
+    // which would find this one valid.
+  }
+}
+
+void TemplateStore::Discard(const TemplateShape& shape, const std::string& why) {
+  const std::string dir = DirFor(shape);
+  std::unique_lock<std::shared_mutex> exclusive(LockFor(dir));
+  LogWarn("templates", "discarding " + dir + ": " + why);
+  Status st = RemoveTree(dir);
+  if (!st.ok()) LogWarn("templates", st.message());
+}
+
+Json TemplateStore::Describe(const TemplateShape& shape) {
+  const std::string dir = DirFor(shape);
+  Json out = {{"dir", dir}, {"memory_mib", shape.memory_mib}, {"cpus", shape.cpus}};
+  auto key = ComputeTemplateKey(shape);
+  if (!key.ok()) {
+    out["state"] = "unknown";
+    out["reason"] = key.status().message();
+    return out;
+  }
+  std::shared_lock<std::shared_mutex> shared(LockFor(dir));
+  std::string why = Check(dir, *key, shape.memory_mib);
+  if (why.empty()) {
+    out["state"] = "valid";
+    auto meta = ReadFileToString(dir + "/meta.json");
+    Json m = meta.ok() ? Json::parse(*meta, nullptr, false) : Json();
+    if (m.is_object()) {
+      out["created"] = m.value("created", "");
+      out["build_ms"] = m.value("build_ms", 0.0);
+    }
+  } else {
+    out["state"] = FileSize(dir + "/meta.json") < 0 ? "none" : "stale";
+    out["reason"] = why;
+  }
+  return out;
+}
+
+Json DescribeImageTemplate(const std::string& templates_root, const std::string& image_name,
+                           const std::string& image_dir, const std::string& accel,
+                           const std::string& qemu) {
+  auto sha = Sha256File(image_dir + "/manifest.json");
+  if (!sha.ok()) return {{"state", "unknown"}, {"reason", sha.status().message()}};
+  TemplateShape shape{image_name, image_dir, *sha, kDefaultMemoryMib, 1, accel, qemu};
+  TemplateStore store(templates_root, "", std::chrono::milliseconds(0));
+  return store.Describe(shape);
+}
+
+}  // namespace trybox::vmm

@@ -1,0 +1,100 @@
+// Templates: one saved, booted VM per image and machine shape, from which new VMs are
+// restored in milliseconds instead of booted in seconds (docs/templates.md).
+//
+// A template directory holds the guest's RAM as a file (`memory`), QEMU's device state
+// (`state`), the disk layer the template booted with (`disk.qcow2`), an empty overlay on
+// it that each clone copies (`clone.qcow2`), and `meta.json` with the key it was built
+// for. The key hashes everything that must match for the saved state to fit a new QEMU:
+// the image's manifest, QEMU's version, and QEMU's whole argv (devices, memory, cpus,
+// accelerator, kernel and kernel command line). A template is never used across a
+// mismatch: Get() rebuilds it and says why.
+//
+// Thread-safe. Builds are serialised per shape; restores share the template with each
+// other but never with a rebuild or a discard.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <shared_mutex>
+#include <string>
+
+#include "util/status.h"
+#include "vmm/qemu.h"
+
+namespace trybox::vmm {
+
+struct TemplateShape {
+  std::string image_name;
+  std::string image_dir;        // verified
+  std::string manifest_sha256;  // of image_dir/manifest.json
+  int memory_mib = 512;
+  int cpus = 1;
+  std::string accel = "tcg";
+  std::string qemu = "qemu-system-x86_64";
+};
+
+// The first line of `qemu --version`, cached per binary (path, size, mtime).
+Result<std::string> QemuVersion(const std::string& qemu);
+
+// sha256 over the inputs below; `inputs` is what meta.json records, to explain a mismatch.
+struct TemplateKey {
+  std::string hash;
+  nlohmann::json inputs;
+};
+Result<TemplateKey> ComputeTemplateKey(const TemplateShape& shape);
+
+// Why an existing template does not fit `key` ("" if it does), comparing recorded inputs.
+std::string TemplateMismatch(const nlohmann::json& meta, const TemplateKey& key);
+
+class TemplateStore {
+ public:
+  // Templates live under `root`; template VMs run in `run_dir/<id>` while they boot.
+  TemplateStore(std::string root, std::string run_dir, std::chrono::milliseconds boot_timeout)
+      : root_(std::move(root)), run_dir_(std::move(run_dir)), boot_timeout_(boot_timeout) {}
+
+  // A usable template, held: while a Lease lives nobody rebuilds or removes it.
+  struct Lease {
+    std::string dir;
+    bool built = false;     // built by this call
+    std::string built_why;  // why it had to be built
+    double build_ms = 0;
+    std::shared_lock<std::shared_mutex> hold;
+  };
+  // Returns the valid template for `shape`, building it first when there is none or the
+  // one on disk does not match (image, QEMU, argv). kUnavailable etc. if the build fails.
+  Result<Lease> Get(const TemplateShape& shape);
+
+  // Removes a template that failed to restore, so that the next Get rebuilds it. Call
+  // without holding a Lease on it.
+  void Discard(const TemplateShape& shape, const std::string& why);
+
+  // For doctor and `image ls`: {"state": "valid"|"stale"|"none", "reason", "dir", ...}.
+  nlohmann::json Describe(const TemplateShape& shape);
+
+  // Directory of the template for `shape` (whether or not it exists).
+  std::string DirFor(const TemplateShape& shape) const;
+
+ private:
+  std::shared_mutex& LockFor(const std::string& dir);
+  // With the exclusive lock held: "" if the template in `dir` fits `key`, else why not.
+  std::string Check(const std::string& dir, const TemplateKey& key, int memory_mib);
+  Status Build(const TemplateShape& shape, const TemplateKey& key, const std::string& dir,
+               double* build_ms);
+
+  const std::string root_;
+  const std::string run_dir_;
+  const std::chrono::milliseconds boot_timeout_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<std::shared_mutex>> locks_;  // GUARDED_BY(mu_)
+};
+
+// What doctor and `image ls` show: the template of the default shape (kDefaultMemoryMib,
+// one cpu) of a valid image, under `templates_root`.
+nlohmann::json DescribeImageTemplate(const std::string& templates_root,
+                                     const std::string& image_name, const std::string& image_dir,
+                                     const std::string& accel, const std::string& qemu);
+
+}  // namespace trybox::vmm
