@@ -1,4 +1,5 @@
-// Lifecycle benchmarks (issue 2). Prints figures; asserts nothing.
+// Lifecycle benchmarks (issue 2). Prints figures; asserts nothing. Restores from templates
+// have their own bench (template_bench.cc); the first figure here boots cold.
 //
 //   cold create -> first exec reply   p50/p99 over N VMs
 //   exec round trip of `true`         p50/p99, trybox vs qemu-guest-agent guest-exec
@@ -63,8 +64,8 @@ uint64_t Exec(trybox::cli::Client& c, const std::string& vm, const std::vector<s
   }
 }
 
-std::string Create(trybox::cli::Client& c) {
-  auto r = c.Call({{"verb", "create"}, {"image", "debian-12"}});
+std::string Create(trybox::cli::Client& c, bool cold = false) {
+  auto r = c.Call({{"verb", "create"}, {"image", "debian-12"}, {"cold", cold}});
   if (!r.ok()) Die("create", r.status());
   return (*r)["vm"]["id"];
 }
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
   std::vector<double> cold;
   for (int i = 0; i < vms; ++i) {
     auto t0 = Clock::now();
-    std::string id = Create(c);
+    std::string id = Create(c, /*cold=*/true);
     Json r;
     Exec(c, id, {"true"}, &r);
     cold.push_back(Ms(t0, Clock::now()));

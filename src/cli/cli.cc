@@ -289,6 +289,11 @@ int CmdDoctor(Client& client) {
   std::cout << "qemu: " << (*r)["qemu"].get<std::string>() << "\n";
   std::cout << "daemon: pid " << (*r)["daemon_pid"] << ", socket "
             << (*r)["paths"]["socket"].get<std::string>() << "\n";
+  if (r->contains("spares") && !(*r)["spares"].empty()) {
+    std::cout << "spare clones ready:";
+    for (const auto& [shape, n] : (*r)["spares"].items()) std::cout << " " << shape << "=" << n;
+    std::cout << "\n";
+  }
   std::cout << "images (" << (*r)["paths"]["images"].get<std::string>() << "):\n";
   if ((*r)["images"].empty()) std::cout << "  none; run: trybox image build\n";
   for (const auto& im : (*r)["images"]) {

@@ -634,6 +634,13 @@ Json Daemon::DoDoctor(const Json&) {
     }
     images.push_back(entry);
   }
+  Json spares = Json::object();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [dir, list] : spares_) {
+      spares[dir.substr(dir.rfind('/') + 1)] = list.size();
+    }
+  }
   auto qv = RunCommand({opts_.qemu, "--version"}, std::chrono::seconds(10));
   std::string qemu_version =
       qv.ok() ? qv->output.substr(0, qv->output.find('\n')) : qv.status().message();
@@ -641,6 +648,7 @@ Json Daemon::DoDoctor(const Json&) {
           {"accel", accel},
           {"qemu", qemu_version},
           {"images", images},
+          {"spares", spares},
           {"paths",
            {{"socket", opts_.paths.socket()},
             {"state", opts_.paths.state},

@@ -1,0 +1,225 @@
+// Template benchmarks (issue 3). Prints figures; asserts nothing.
+//
+//   create -> first exec reply: cold boot, restore from the template, and a warmed spare
+//   `trybox run -- true` end to end through the CLI, daemon already running
+//   host memory (PSS) per idle restored VM with N running, beside a cold-booted VM's
+//   where the restore's time goes (phases reported by the daemon)
+//
+// Usage: template_bench [--restores N] [--cold N] [--runs N] [--idle N] [--memory MIB]
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/client.h"
+#include "tests/e2e/harness.h"
+#include "util/paths.h"
+
+using trybox::Status;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using Kind = trybox::channel::Stream::Message::Kind;
+
+namespace {
+
+int g_memory = 256;
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+[[noreturn]] void Die(const std::string& what, const Status& st) {
+  std::fprintf(stderr, "bench: %s: %s\n", what.c_str(), st.ToString().c_str());
+  std::exit(1);
+}
+
+struct Bench {
+  std::unique_ptr<trybox::e2e::Harness> h;
+  std::unique_ptr<trybox::cli::Client> c;
+};
+
+Bench Start(int spares) {
+  Bench b;
+  auto h = trybox::e2e::Harness::Start({"TRYBOX_SPARES=" + std::to_string(spares)});
+  if (!h.ok()) Die("start tryboxd", h.status());
+  b.h = std::move(*h);
+  ::setenv("TRYBOX_HOME", b.h->home().c_str(), 1);
+  auto c = trybox::cli::Client::Connect(trybox::Paths::FromEnvironment(), false);
+  if (!c.ok()) Die("connect", c.status());
+  b.c = std::move(*c);
+  return b;
+}
+
+Json Create(trybox::cli::Client& c, bool cold) {
+  auto r = c.Call({{"verb", "create"}, {"memory_mib", g_memory}, {"cold", cold}});
+  if (!r.ok()) Die("create", r.status());
+  return (*r)["vm"];
+}
+
+void ExecTrue(trybox::cli::Client& c, const std::string& vm) {
+  auto s = c.Open({{"verb", "exec"}, {"vm", vm}, {"argv", {"true"}}});
+  if (!s.ok()) Die("exec", s.status());
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) Die("exec", m.status());
+    if (m->kind == Kind::kEnd) {
+      if (m->body["result"].value("exit_code", -1) != 0) {
+        Die("exec", trybox::Internal("true did not exit 0: " + m->body.dump()));
+      }
+      return;
+    }
+  }
+}
+
+void Destroy(trybox::cli::Client& c, const std::string& vm) {
+  (void)c.Call({{"verb", "destroy"}, {"vm", vm}});
+}
+
+// create -> first exec reply, n times. Fills `phases` with the daemon's per-phase times.
+std::vector<double> CreateToFirstExec(Bench& b, int n, bool cold, bool wait_for_spare,
+                                      std::map<std::string, std::vector<double>>* phases,
+                                      int* spare_hits) {
+  std::vector<double> out;
+  for (int i = 0; i < n; ++i) {
+    if (wait_for_spare) {
+      for (int k = 0; k < 3000; ++k) {
+        auto d = b.c->Call({{"verb", "doctor"}});
+        int ready = 0;
+        if (d.ok()) {
+          for (const auto& [shape, count] : (*d)["spares"].items()) ready += count.get<int>();
+        }
+        if (ready > 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    auto t0 = Clock::now();
+    Json vm = Create(*b.c, cold);
+    ExecTrue(*b.c, vm["id"]);
+    out.push_back(Ms(t0, Clock::now()));
+    if (phases) {
+      for (const auto& [k, v] : vm["phases_ms"].items()) (*phases)[k].push_back(v.get<double>());
+    }
+    if (spare_hits && vm["start"].value("spare", false)) ++*spare_hits;
+    Destroy(*b.c, vm["id"]);
+  }
+  return out;
+}
+
+// `trybox run --memory M -- true` through the real CLI binary.
+std::vector<double> RunTrue(Bench& b, int n, bool wait_for_spare) {
+  std::vector<double> out;
+  for (int i = 0; i < n; ++i) {
+    if (wait_for_spare) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    auto t0 = Clock::now();
+    auto r = b.h->Cli({"run", "--memory", std::to_string(g_memory), "--", "true"});
+    if (r.code != 0) Die("run", trybox::Internal("exit " + std::to_string(r.code) + ": " + r.err));
+    out.push_back(Ms(t0, Clock::now()));
+  }
+  return out;
+}
+
+// Proportional and resident set size of a VM's QEMU, in MiB.
+std::pair<double, double> PssRss(Bench& b, const std::string& vm) {
+  auto pid = trybox::ReadFileToString(b.h->vms_dir() + "/" + vm + "/qemu.pid");
+  if (!pid.ok()) Die("qemu.pid", pid.status());
+  auto rollup = trybox::ReadFileToString("/proc/" + *pid + "/smaps_rollup");
+  if (!rollup.ok()) Die("smaps_rollup", rollup.status());
+  auto field = [&](const char* name) {
+    size_t at = rollup->find(std::string("\n") + name + ":");
+    return at == std::string::npos ? 0.0
+                                   : std::atof(rollup->c_str() + at + strlen(name) + 2) / 1024;
+  };
+  return {field("Pss"), field("Rss")};
+}
+
+void PrintPct(const char* what, const std::vector<double>& v) {
+  std::printf("%-44s n=%-3zu p50 %7.0f ms  p99 %7.0f ms\n", what, v.size(), Pct(v, 50), Pct(v, 99));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int restores = 30, colds = 5, runs = 20, idle = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    int v = std::atoi(argv[i + 1]);
+    if (a == "--restores") restores = v;
+    if (a == "--cold") colds = v;
+    if (a == "--runs") runs = v;
+    if (a == "--idle") idle = v;
+    if (a == "--memory") g_memory = v;
+  }
+  std::printf("guest memory %d MiB, 1 vCPU\n", g_memory);
+
+  // On demand: no spare clones, every create restores.
+  {
+    Bench b = Start(0);
+    auto doc = b.c->Call({{"verb", "doctor"}});
+    std::printf("accel: %s\n", (*doc)["accel"]["accel"].dump().c_str());
+    auto t0 = Clock::now();
+    Json first = Create(*b.c, false);
+    std::printf("template build (cold boot + save), first create: %.0f ms\n", Ms(t0, Clock::now()));
+    Destroy(*b.c, first["id"]);
+
+    auto cold = CreateToFirstExec(b, colds, true, false, nullptr, nullptr);
+    std::map<std::string, std::vector<double>> phases;
+    auto restored = CreateToFirstExec(b, restores, false, false, &phases, nullptr);
+    auto run = RunTrue(b, runs, false);
+    PrintPct("cold boot: create -> first exec reply", cold);
+    PrintPct("restore: create -> first exec reply", restored);
+    std::printf("  ratio cold/restore (p50): %.1fx\n", Pct(cold, 50) / Pct(restored, 50));
+    std::printf("  restore phases, p50 ms from start:");
+    for (const char* k : {"spawned", "monitor_ready", "incoming_started", "hello", "identified"}) {
+      std::printf(" %s %.0f", k, Pct(phases[k], 50));
+    }
+    std::printf(" (identity alone %.0f)\n", Pct(phases["identity_ms"], 50));
+    PrintPct("trybox run -- true (restore on demand)", run);
+
+    // Memory: N idle restored clones, and a cold-booted VM for comparison.
+    std::vector<std::string> ids;
+    for (int i = 0; i < idle; ++i) ids.push_back(Create(*b.c, false)["id"]);
+    Json cold_vm = Create(*b.c, true);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    double pss = 0, rss = 0;
+    for (const auto& id : ids) {
+      auto [p, r] = PssRss(b, id);
+      pss += p;
+      rss += r;
+    }
+    auto [cold_pss, cold_rss] = PssRss(b, cold_vm["id"]);
+    std::printf("idle restored VM, %d running: PSS %.1f MiB, RSS %.1f MiB (mean per VM)\n", idle,
+                pss / idle, rss / idle);
+    std::printf("idle cold-booted VM: PSS %.1f MiB, RSS %.1f MiB\n", cold_pss, cold_rss);
+    for (const auto& id : ids) Destroy(*b.c, id);
+    Destroy(*b.c, cold_vm["id"]);
+  }
+
+  // A warmed spare clone ready for each create (the default).
+  {
+    Bench b = Start(1);
+    Destroy(*b.c, Create(*b.c, false)["id"]);  // builds the template
+    int hits = 0;
+    std::map<std::string, std::vector<double>> phases;
+    auto pooled = CreateToFirstExec(b, restores, false, true, &phases, &hits);
+    auto run = RunTrue(b, runs, true);
+    PrintPct("spare: create -> first exec reply", pooled);
+    std::printf("  %d of %zu creates took a spare; identity p50 %.0f ms\n", hits, pooled.size(),
+                Pct(phases["identity_ms"], 50));
+    PrintPct("trybox run -- true (spare ready)", run);
+  }
+  return 0;
+}
