@@ -192,10 +192,9 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
     if (!ready_ && (op == "exec" || op == "put" || op == "get")) {
       const char* why = "this clone has not been given its identity yet (identity request)";
       // Each request's own result shape, so the host reads it like any other failure.
-      (void)stream->End(op == "exec" ? Json{{"outcome", "error"},
-                                            {"error", "not_identified"},
-                                            {"message", why}}
-                                     : Fail("not_identified", why));
+      (void)stream->End(
+          op == "exec" ? Json{{"outcome", "error"}, {"error", "not_identified"}, {"message", why}}
+                       : Fail("not_identified", why));
     } else if (op == "identity") {
       Identify(*stream, request);
     } else if (op == "warmup") {
