@@ -270,6 +270,22 @@ std::string ProcessCmdline(pid_t pid) {
   return out;
 }
 
+std::vector<pid_t> FindProcesses(const std::string& needle) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (struct dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    if (ProcessCmdline(static_cast<pid_t>(pid)).find(needle) != std::string::npos) {
+      out.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
 std::optional<std::string> FindInPath(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
   const char* path = ::getenv("PATH");

@@ -92,6 +92,8 @@ void SignalAllChildren(int sig);
 bool ProcessExists(pid_t pid);
 // /proc/PID/cmdline with NULs turned into spaces; empty if gone.
 std::string ProcessCmdline(pid_t pid);
+// Pids of processes whose command line (as ProcessCmdline) contains `needle`.
+std::vector<pid_t> FindProcesses(const std::string& needle);
 
 // Finds an executable by name in $PATH (or returns `name` if it contains a slash).
 std::optional<std::string> FindInPath(const std::string& name);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "util/fd.h"
@@ -38,6 +39,21 @@ TEST(SpawnTest, Fd3IsInheritedAndNothingElseLeaks) {
   // 0, 1, 2, 3 and the one the shell's glob opened; no stray descriptor.
   EXPECT_NE(text->find(" 3 "), std::string::npos) << *text;
   EXPECT_EQ(text->find(" 100 "), std::string::npos) << *text;
+}
+
+TEST(FindProcessesTest, FindsByCommandLineAndOnlyThose) {
+  const std::string marker = "trybox-find-test-" + std::to_string(::getpid());
+  SpawnOptions opts;
+  opts.argv = {"/bin/sh", "-c", "sleep 30; true", marker};  // no exec of the last command
+  auto child = ChildProcess::Spawn(opts);
+  ASSERT_TRUE(child.ok());
+  auto found = FindProcesses(marker);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0], child->pid());
+  EXPECT_TRUE(FindProcesses(marker + "-other").empty());
+  ASSERT_TRUE(child->Signal(SIGKILL).ok());
+  (void)child->Wait();
+  EXPECT_TRUE(FindProcesses(marker).empty());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 
@@ -527,22 +528,29 @@ DestroyReport Vm::Destroy() {
 
 DestroyReport ReapOrphan(const std::string& id, int64_t pid, const std::string& vm_dir) {
   DestroyReport r;
-  pid_t p = static_cast<pid_t>(pid);
+  // Candidates: the recorded pid, and any process whose argv names this VM's control
+  // socket (a daemon killed between spawning QEMU and writing qemu.pid left no pid).
+  std::vector<pid_t> pids = FindProcesses(vm_dir + "/ctl.sock,");
+  if (pid > 0) pids.push_back(static_cast<pid_t>(pid));
   // Only a process whose command line still names this VM is ours: pids get reused.
-  auto still_ours = [&] {
+  auto still_ours = [&](pid_t p) {
     return p > 0 && ProcessExists(p) &&
            ProcessCmdline(p).find("trybox-vm-" + id) != std::string::npos;
   };
-  if (still_ours()) {
-    ::kill(-p, SIGKILL);
-    ::kill(p, SIGKILL);
+  auto any_ours = [&] { return std::any_of(pids.begin(), pids.end(), still_ours); };
+  if (any_ours()) {
+    for (pid_t p : pids) {
+      if (!still_ours(p)) continue;
+      ::kill(-p, SIGKILL);
+      ::kill(p, SIGKILL);
+    }
     // Not our child any more (its parent died), so poll rather than wait.
-    for (int i = 0; i < 500 && still_ours(); ++i) ::usleep(10000);
+    for (int i = 0; i < 500 && any_ours(); ++i) ::usleep(10000);
     r.qemu_exit = "killed orphan";
   } else {
     r.qemu_exit = "already gone";
   }
-  r.process_gone = !still_ours();
+  r.process_gone = !any_ours();
   RemoveVmFiles(vm_dir, &r);
   return r;
 }

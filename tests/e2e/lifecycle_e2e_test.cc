@@ -390,7 +390,11 @@ TEST_F(LifecycleE2E, RestartedDaemonReapsVmsOfADeadDaemon) {
   (*h)->CrashDaemon();
   ASSERT_EQ((*h)->QemuPids().size(), 2u) << "QEMU should outlive a crashed daemon";
   ASSERT_TRUE((*h)->RestartDaemon().ok());
-  EXPECT_TRUE((*h)->QemuPids().empty()) << "the new daemon did not reap the orphan";
+  auto left = (*h)->QemuPids();
+  std::string which;
+  for (pid_t p : left) which += ProcessCmdline(p) + "\n";
+  EXPECT_TRUE(left.empty()) << "the new daemon did not reap: " << which
+                            << ReadFileToString((*h)->home() + "/tryboxd.log").value_or("");
   struct stat st;
   EXPECT_NE(::stat(((*h)->vms_dir() + "/" + id).c_str(), &st), 0);
   CliResult rm = (*h)->Cli({"rm", id});
