@@ -89,23 +89,26 @@ void Destroy(trybox::cli::Client& c, const std::string& vm) {
   (void)c.Call({{"verb", "destroy"}, {"vm", vm}});
 }
 
+// Polls doctor until a spare clone is ready (up to a minute).
+void WaitForSpare(Bench& b) {
+  for (int k = 0; k < 3000; ++k) {
+    auto d = b.c->Call({{"verb", "doctor"}});
+    int ready = 0;
+    if (d.ok()) {
+      for (const auto& [shape, count] : (*d)["spares"].items()) ready += count.get<int>();
+    }
+    if (ready > 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // create -> first exec reply, n times. Fills `phases` with the daemon's per-phase times.
 std::vector<double> CreateToFirstExec(Bench& b, int n, bool cold, bool wait_for_spare,
                                       std::map<std::string, std::vector<double>>* phases,
                                       int* spare_hits) {
   std::vector<double> out;
   for (int i = 0; i < n; ++i) {
-    if (wait_for_spare) {
-      for (int k = 0; k < 3000; ++k) {
-        auto d = b.c->Call({{"verb", "doctor"}});
-        int ready = 0;
-        if (d.ok()) {
-          for (const auto& [shape, count] : (*d)["spares"].items()) ready += count.get<int>();
-        }
-        if (ready > 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
+    if (wait_for_spare) WaitForSpare(b);
     auto t0 = Clock::now();
     Json vm = Create(*b.c, cold);
     ExecTrue(*b.c, vm["id"]);
@@ -123,7 +126,7 @@ std::vector<double> CreateToFirstExec(Bench& b, int n, bool cold, bool wait_for_
 std::vector<double> RunTrue(Bench& b, int n, bool wait_for_spare) {
   std::vector<double> out;
   for (int i = 0; i < n; ++i) {
-    if (wait_for_spare) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (wait_for_spare) WaitForSpare(b);
     auto t0 = Clock::now();
     auto r = b.h->Cli({"run", "--memory", std::to_string(g_memory), "--", "true"});
     if (r.code != 0) Die("run", trybox::Internal("exit " + std::to_string(r.code) + ": " + r.err));

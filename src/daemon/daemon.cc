@@ -21,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMinMemoryMib = 128;
 constexpr int kMaxMemoryMib = 65536;
 constexpr int kMaxCpus = 64;
+constexpr auto kRefillDelay = std::chrono::milliseconds(1000);
 
 Status CheckString(const Json& req, const char* field, bool required) {
   if (!req.contains(field)) {
@@ -437,6 +438,7 @@ Result<std::unique_ptr<vmm::Vm>> Daemon::StartVm(vmm::VmConfig cfg, const vmm::T
   vmm::VmConfig restore = cfg;
   restore.mode = vmm::StartMode::kRestore;
   restore.template_dir = lease->dir;
+  restore.memory_fd = lease->memory_fd;
   auto vm = vmm::Vm::Restore(restore, opts_.boot_timeout);
   lease->hold.unlock();
   if (vm.ok()) {
@@ -489,7 +491,14 @@ void Daemon::RebuildLater(const vmm::TemplateShape& shape) {
 void Daemon::RefillLater(const vmm::TemplateShape& shape) {
   if (opts_.spares <= 0) return;
   const std::string dir = templates_->DirFor(shape);
-  Enqueue("refill " + dir, [this, shape, dir] {
+  // The create that just took a spare is about to run its caller's first commands;
+  // restoring the next spare at the same moment would take a core from them.
+  auto not_before = Clock::now() + kRefillDelay;
+  Enqueue("refill " + dir, [this, shape, dir, not_before] {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      tasks_cv_.wait_until(lock, not_before, [&] { return stopping_; });
+    }
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -508,6 +517,7 @@ void Daemon::RefillLater(const vmm::TemplateShape& shape) {
       cfg.qemu = shape.qemu;
       cfg.mode = vmm::StartMode::kRestore;
       cfg.template_dir = lease->dir;
+      cfg.memory_fd = lease->memory_fd;
       auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
       lease->hold.unlock();
       Status st = vm.ok() ? (*vm)->Warm(Clock::now() + opts_.boot_timeout) : vm.status();

@@ -35,10 +35,17 @@ struct SpawnOptions {
   int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
-  // If >= 0, also inherited as fd 3 (e.g. QEMU's `-incoming fd:3`).
-  int fd3 = -1;
   // Detach from our session entirely (setsid) instead of only a new process group.
   bool new_session = false;
+  // Fds the child keeps, as 3, 4, ... in this order (at most 16).
+  std::vector<int> keep_fds;
+  // A fresh network namespace (only a down `lo`). As root: unshare(CLONE_NEWNET). As anyone
+  // else: a new user namespace mapping only our own uid and gid, plus the network namespace.
+  bool new_netns = false;
+  // Run as this uid and gid with no supplementary groups (needs root).
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  std::vector<gid_t> groups;  // supplementary groups when uid/gid are set
 };
 
 class ChildProcess {

@@ -10,7 +10,7 @@
 namespace trybox {
 namespace {
 
-TEST(SpawnTest, Fd3IsInheritedAndNothingElseLeaks) {
+TEST(SpawnTest, KeptFdBecomes3AndNothingElseLeaks) {
   auto made = TempDir::Make("/tmp", "spawn");
   ASSERT_TRUE(made.ok());
   const TempDir& dir = *made;
@@ -27,7 +27,7 @@ TEST(SpawnTest, Fd3IsInheritedAndNothingElseLeaks) {
                "cat <&3; for f in /proc/self/fd/*; do echo; echo ${f##*/}; done | sort -n | "
                "tr '\\n' ' '"};
   opts.stdout_fd = out.get();
-  opts.fd3 = three.get();
+  opts.keep_fds = {three.get()};
   auto child = ChildProcess::Spawn(opts);
   ASSERT_TRUE(child.ok()) << child.status().ToString();
   auto exit = child->Wait();

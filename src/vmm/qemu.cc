@@ -134,13 +134,16 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
   // clang-format on
   if (!cold) {
     // The template's RAM is a file. The template maps it shared, so its RAM lands in the
-    // file and the saved state need not carry it (x-ignore-shared). Clones map it
-    // privately: every clone reads the same page-cache pages and copies only what it writes.
+    // file and the saved state need not carry it (x-ignore-shared). Clones map a sealed
+    // memfd copy of it privately (inherited; QEMU opens it through /proc/self/fd): every
+    // clone reads the same pages and copies only what it writes, and no process, the
+    // clones' included, can write the original.
     const bool share = c.mode == StartMode::kTemplate;
+    const std::string path = share ? c.template_dir + kTemplateMemory
+                                   : "/proc/self/fd/" + std::to_string(kRestoreMemoryFd);
     a.insert(a.end(), {"-object",
                        "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mib) +
-                           "M,mem-path=" + c.template_dir + kTemplateMemory +
-                           (share ? ",share=on" : ",share=off"),
+                           "M,mem-path=" + path + (share ? ",share=on" : ",share=off"),
                        "-qmp", "unix:" + dir + "/qmp.sock,server=on,wait=off"});
   }
   if (c.mode == StartMode::kRestore) a.insert(a.end(), {"-incoming", "defer"});
@@ -216,14 +219,14 @@ Status Vm::Fail(const Status& st) {
   return Status(st.code(), msg);
 }
 
-Status Vm::Spawn(int fd3) {
+Status Vm::Spawn(std::vector<int> keep) {
   auto log = OpenFile(config_.vm_dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!log.ok()) return log.status();
   SpawnOptions opts;
   opts.argv = QemuArgv(config_);
   opts.stdout_fd = log->get();
   opts.stderr_fd = log->get();
-  opts.fd3 = fd3;
+  opts.keep_fds = std::move(keep);
   auto child = ChildProcess::Spawn(opts);
   if (!child.ok()) return child.status().Annotate("start QEMU");
   pid_ = child->Release();
@@ -284,7 +287,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
       return vm->Fail(ErrnoError("create the template's memory file"));
     }
   }
-  st = vm->Spawn(-1);
+  st = vm->Spawn({});
   if (!st.ok()) return vm->Fail(st);
   auto hello = vm->AwaitHello(deadline);
   if (!hello.ok()) {
@@ -320,7 +323,8 @@ Result<std::unique_ptr<Vm>> Vm::Restore(const VmConfig& config, std::chrono::mil
   if (!st.ok()) return vm->Fail(st.Annotate("create the clone's disk layer"));
   UniqueFd state(::open((tpl + kTemplateState).c_str(), O_RDONLY | O_CLOEXEC));
   if (!state.valid()) return vm->Fail(ErrnoError("open the template's saved state"));
-  st = vm->Spawn(state.get());
+  if (config.memory_fd < 0) return vm->Fail(InvalidArgument("restore without the template's RAM"));
+  st = vm->Spawn({state.get(), config.memory_fd});  // kRestoreStateFd, kRestoreMemoryFd
   if (!st.ok()) return vm->Fail(st);
   state.Reset();
   vm->phases_["spawned"] = MsSince(start);
@@ -333,7 +337,8 @@ Result<std::unique_ptr<Vm>> Vm::Restore(const VmConfig& config, std::chrono::mil
            .status();
   if (!st.ok()) return vm->Fail(st);
   vm->phases_["monitor_ready"] = MsSince(start);
-  st = qmp->Execute("migrate-incoming", {{"uri", "fd:3"}}).status();
+  st =
+      qmp->Execute("migrate-incoming", {{"uri", "fd:" + std::to_string(kRestoreStateFd)}}).status();
   if (!st.ok()) return vm->Fail(st);
   vm->phases_["incoming_started"] = MsSince(start);
   // A bad state file makes QEMU exit ("load of migration failed"); AwaitHello sees that.

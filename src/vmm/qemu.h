@@ -46,7 +46,13 @@ struct VmConfig {
   StartMode mode = StartMode::kCold;
   // kTemplate and kRestore: holds `memory`, `state`, `disk.qcow2` and `clone.qcow2`.
   std::string template_dir;
+  // kRestore: the template's RAM as a sealed memfd (TemplateStore::Lease::memory_fd).
+  int memory_fd = -1;
 };
+
+// Where a clone's QEMU finds its inherited descriptors: the saved state, and the RAM.
+inline constexpr int kRestoreStateFd = 3;
+inline constexpr int kRestoreMemoryFd = 4;
 
 // Files of a template directory.
 inline constexpr const char* kTemplateMemory = "/memory";
@@ -131,8 +137,8 @@ class Vm {
  private:
   explicit Vm(VmConfig c) : config_(std::move(c)) {}
   void WatchQemu();
-  // Spawns QEMU (with `fd3` inherited as fd 3 if >= 0) and starts the exit watcher.
-  Status Spawn(int fd3);
+  // Spawns QEMU with `keep` inherited as fds 3, 4, ... and starts the exit watcher.
+  Status Spawn(std::vector<int> keep);
   // Connects the control socket, runs the Mux, and waits for the guest agent's hello.
   Result<Json> AwaitHello(std::chrono::steady_clock::time_point deadline);
   // Kills what was started and returns `st` with QEMU's log and the console tail.

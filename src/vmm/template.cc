@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -211,6 +212,7 @@ Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape) {
     {
       std::shared_lock<std::shared_mutex> shared(m);
       if (Check(dir, key, shape.memory_mib).empty()) {
+        ASSIGN_OR_RETURN(lease.memory_fd, MemoryFd(dir, key.hash));
         lease.hold = std::move(shared);
         return lease;
       }
@@ -219,6 +221,7 @@ Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape) {
     std::string why = Check(dir, key, shape.memory_mib);
     if (why.empty()) continue;  // another caller built it meanwhile
     LogInfo("templates", "building the " + shape.image_name + " template: " + why);
+    Forget(dir);
     RETURN_IF_ERROR(Build(shape, key, dir, &lease.build_ms));
     LogInfo("templates",
             "built " + dir + " in " + std::to_string(static_cast<int>(lease.build_ms)) + " ms");
@@ -233,8 +236,59 @@ void TemplateStore::Discard(const TemplateShape& shape, const std::string& why) 
   const std::string dir = DirFor(shape);
   std::unique_lock<std::shared_mutex> exclusive(LockFor(dir));
   LogWarn("templates", "discarding " + dir + ": " + why);
+  Forget(dir);
   Status st = RemoveTree(dir);
   if (!st.ok()) LogWarn("templates", st.message());
+}
+
+void TemplateStore::Forget(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  memory_.erase(dir);  // clones keep their own mappings
+}
+
+Result<int> TemplateStore::MemoryFd(const std::string& dir, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = memory_.find(dir);
+  if (it != memory_.end() && it->second.key == key) return it->second.fd.get();
+  const std::string path = dir + kTemplateMemory;
+  ASSIGN_OR_RETURN(UniqueFd in, OpenFile(path, O_RDONLY | O_CLOEXEC));
+  UniqueFd mem(::memfd_create("trybox-template-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!mem.valid()) return ErrnoError("memfd_create");
+  struct stat st;
+  if (::fstat(in.get(), &st) != 0) return ErrnoError("stat " + path);
+  if (::ftruncate(mem.get(), st.st_size) != 0) return ErrnoError("size the template memfd");
+  // Only the pages the template touched hold data; the rest are holes and stay unallocated.
+  std::unique_ptr<char[]> buf(new char[1 << 20]);
+  off_t at = 0;
+  while (at < st.st_size) {
+    off_t data = ::lseek(in.get(), at, SEEK_DATA);
+    if (data < 0) break;  // ENXIO: only a hole is left
+    off_t hole = ::lseek(in.get(), data, SEEK_HOLE);
+    if (hole < 0) hole = st.st_size;
+    for (off_t off = data; off < hole;) {
+      size_t want = static_cast<size_t>(std::min<off_t>(hole - off, 1 << 20));
+      ssize_t n = ::pread(in.get(), buf.get(), want, off);
+      if (n <= 0) return ErrnoError("read " + path);
+      for (ssize_t done = 0; done < n;) {
+        ssize_t w =
+            ::pwrite(mem.get(), buf.get() + done, static_cast<size_t>(n - done), off + done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return ErrnoError("fill the template memfd");
+        done += w;
+      }
+      off += n;
+    }
+    at = hole;
+  }
+  // Sealed: from here no process can change these pages, not the daemon and not a clone.
+  // Clones may still map them privately and writably (copy on write).
+  if (::fcntl(mem.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    return ErrnoError("seal the template memfd");
+  }
+  int fd = mem.get();
+  memory_[dir] = Memory{key, std::move(mem)};
+  return fd;
 }
 
 Json TemplateStore::Describe(const TemplateShape& shape) {

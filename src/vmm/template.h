@@ -21,6 +21,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "util/fd.h"
 #include "util/status.h"
 #include "vmm/qemu.h"
 
@@ -58,6 +59,7 @@ class TemplateStore {
   // A usable template, held: while a Lease lives nobody rebuilds or removes it.
   struct Lease {
     std::string dir;
+    int memory_fd = -1;     // the RAM as a sealed memfd; owned by the store
     bool built = false;     // built by this call
     std::string built_why;  // why it had to be built
     double build_ms = 0;
@@ -79,6 +81,10 @@ class TemplateStore {
 
  private:
   std::shared_mutex& LockFor(const std::string& dir);
+  // The sealed memfd holding dir/memory for `key`, loaded on first use. Caller holds the
+  // template's lock (shared or exclusive).
+  Result<int> MemoryFd(const std::string& dir, const std::string& key);
+  void Forget(const std::string& dir);
   // With the exclusive lock held: "" if the template in `dir` fits `key`, else why not.
   std::string Check(const std::string& dir, const TemplateKey& key, int memory_mib);
   Status Build(const TemplateShape& shape, const TemplateKey& key, const std::string& dir,
@@ -89,6 +95,11 @@ class TemplateStore {
   const std::chrono::milliseconds boot_timeout_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<std::shared_mutex>> locks_;  // GUARDED_BY(mu_)
+  struct Memory {
+    std::string key;
+    UniqueFd fd;
+  };
+  std::map<std::string, Memory> memory_;  // by dir; GUARDED_BY(mu_)
 };
 
 // What doctor and `image ls` show: the template of the default shape (kDefaultMemoryMib,
