@@ -134,6 +134,68 @@ void FinishFileRelay(channel::Stream& client, vmm::Vm& vm, const RelayResult& r)
       ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
 }
 
+// The audit record of egress decisions is the store's egress table.
+class StoreAudit : public egress::AuditSink {
+ public:
+  explicit StoreAudit(store::Store& store) : store_(store) {}
+
+  int64_t Decided(const egress::Decision& d) override {
+    LogInfo("egress", "vm " + d.vm_id + " " + d.method + " " + d.host + ":" +
+                          std::to_string(d.port) + " -> " + d.verdict + ": " + d.reason);
+    auto id = store_.InsertEgress(Record(d));
+    if (!id.ok()) LogError("egress", "audit insert failed: " + id.status().message());
+    return id.ok() ? *id : -1;
+  }
+
+  void Closed(int64_t id, const egress::Decision& d) override {
+    if (id < 0) return;
+    store::EgressRecord r = Record(d);
+    r.id = id;
+    r.ended_at = store::NowSeconds();
+    Status st = store_.FinishEgress(r);
+    if (!st.ok()) LogError("egress", "audit update failed: " + st.message());
+  }
+
+ private:
+  static store::EgressRecord Record(const egress::Decision& d) {
+    store::EgressRecord r;
+    r.vm_id = d.vm_id;
+    r.started_at = d.started_at;
+    r.method = d.method;
+    r.host = d.host;
+    r.port = d.port;
+    r.address = d.address;
+    r.verdict = d.verdict;
+    r.reason = d.reason;
+    r.override_used = d.override_used;
+    r.status = d.status;
+    r.bytes_up = d.bytes_up;
+    r.bytes_down = d.bytes_down;
+    r.duration_ms = d.duration_ms;
+    return r;
+  }
+
+  store::Store& store_;
+};
+
+Json EgressJson(const store::EgressRecord& e) {
+  return {{"id", e.id},
+          {"vm", e.vm_id},
+          {"started_at", e.started_at},
+          {"ended_at", e.ended_at},
+          {"method", e.method},
+          {"host", e.host},
+          {"port", e.port},
+          {"address", e.address},
+          {"verdict", e.verdict},
+          {"reason", e.reason},
+          {"override", e.override_used},
+          {"status", e.status},
+          {"bytes_up", e.bytes_up},
+          {"bytes_down", e.bytes_down},
+          {"duration_ms", e.duration_ms}};
+}
+
 }  // namespace
 
 Json ErrorReply(const Status& st) {
@@ -159,7 +221,18 @@ Status Daemon::Init() {
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
   }
+  ASSIGN_OR_RETURN(egress_, egress::LoadConfig(p.config + "/egress.json"));
+  if (egress_.resolve.is_null()) {
+    resolver_ = std::make_unique<egress::SystemResolver>();
+  } else {
+    ASSIGN_OR_RETURN(resolver_, egress::MapResolver::FromJson(egress_.resolve));
+    LogInfo("daemon", "egress resolves names through the configured map, never DNS");
+  }
+  for (const auto& o : egress_.internal_allow) {
+    LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
+  }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
+  audit_ = std::make_unique<StoreAudit>(*store_);
   ReapLeftovers();
   ASSIGN_OR_RETURN(UnixListener l, UnixListener::Listen(p.socket()));
   listener_.emplace(std::move(l));
@@ -270,12 +343,14 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& 
       reply = DoList(req);
     } else if (verb == "doctor") {
       reply = DoDoctor(req);
+    } else if (verb == "audit") {
+      reply = DoAudit(req);
     } else if (verb == "ping") {
       reply = {{"ok", true}, {"pid", ::getpid()}};
     } else {
       reply = ErrorReply(
           InvalidArgument("unknown verb " + QuoteForMessage(verb) +
-                          " (verbs: create, exec, put, get, destroy, list, doctor, ping)"));
+                          " (verbs: create, exec, put, get, destroy, list, doctor, audit, ping)"));
     }
     (void)s->End(reply);
   } catch (const std::exception& e) {
@@ -324,7 +399,19 @@ Json Daemon::DoCreate(const Json& req) {
   if (!st.ok()) return ErrorReply(st);
   auto manifest_sha = Sha256File(*dir + "/manifest.json");
   if (!manifest_sha.ok()) return ErrorReply(manifest_sha.status());
+  auto allow = EgressAllowList(req);
+  if (!allow.ok()) return ErrorReply(allow.status());
   vmm::AccelChoice accel = Accel(*dir);
+
+  auto qemu_uid = AllocateQemuUid();
+  if (!qemu_uid.ok()) return ErrorReply(qemu_uid.status());
+  auto entry = std::make_shared<VmEntry>();
+  entry->qemu_uid = *qemu_uid;
+  entry->egress = std::make_shared<EgressVm>(egress_.max_tunnels_per_vm);
+  entry->egress->policy.allow = *allow;
+  entry->egress->policy.overrides = egress_.internal_allow;
+  entry->egress->policy.head_timeout = egress_.head_timeout;
+  entry->egress->policy.connect_timeout = egress_.connect_timeout;
 
   vmm::VmConfig cfg;
   cfg.id = NewId();
@@ -334,13 +421,19 @@ Json Daemon::DoCreate(const Json& req) {
   cfg.cpus = cpus;
   cfg.accel = accel.accel;
   cfg.qemu = opts_.qemu;
+  cfg.netns = egress_.qemu_netns;
+  cfg.qemu_uid = *qemu_uid;
+  cfg.guest_open = [this, id = cfg.id, eg = entry->egress](std::shared_ptr<channel::Stream> s,
+                                                           Json greq) {
+    ServeGuestStream(id, *eg, *s, greq);
+  };
   auto vm = vmm::Vm::Boot(cfg, opts_.boot_timeout);
   if (!vm.ok()) {
+    ReleaseQemuUid(*entry);
     return ErrorReply(vm.status().Annotate("boot a " + image_name + " VM"));
   }
   // Recorded only now that the guest agent answered; a pid file lets a later daemon reap it.
   (void)WriteFileAtomic(cfg.vm_dir + "/qemu.pid", std::to_string((*vm)->pid()));
-  auto entry = std::make_shared<VmEntry>();
   entry->record.id = cfg.id;
   entry->record.image = image_name;
   entry->record.image_sha256 = *manifest_sha;
@@ -356,6 +449,7 @@ Json Daemon::DoCreate(const Json& req) {
   st = store_->InsertVm(entry->record);
   if (!st.ok()) {
     entry->vm->Destroy();
+    ReleaseQemuUid(*entry);
     return ErrorReply(st.Annotate("record the VM"));
   }
   {
@@ -369,7 +463,92 @@ Json Daemon::DoCreate(const Json& req) {
             {"accel", cfg.accel},
             {"memory_mib", memory},
             {"cpus", cpus},
-            {"boot_ms", boot_ms}}}};
+            {"boot_ms", boot_ms},
+            {"egress",
+             {{"allow", allow->ToStrings()},
+              {"max_tunnels", egress_.max_tunnels_per_vm},
+              {"qemu_netns", cfg.netns},
+              {"qemu_uid", cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr)}}}}}};
+}
+
+Result<egress::AllowList> Daemon::EgressAllowList(const Json& req) {
+  std::vector<std::string> entries;
+  for (const char* field : {"allow", "profiles"}) {
+    if (!req.contains(field)) continue;
+    const Json& list = req[field];
+    if (!list.is_array()) {
+      return InvalidArgument(std::string("'") + field + "' must be an array of strings");
+    }
+    for (const auto& v : list) {
+      if (!v.is_string()) {
+        return InvalidArgument(std::string("'") + field + "' must be an array of strings");
+      }
+      std::string text = v.get<std::string>();
+      if (std::string(field) == "allow") {
+        entries.push_back(text);
+        continue;
+      }
+      auto p = egress_.profiles.find(text);
+      if (p == egress_.profiles.end()) {
+        return NotFound("no egress profile " + QuoteForMessage(text) +
+                        " in the config file (egress.json)");
+      }
+      entries.insert(entries.end(), p->second.begin(), p->second.end());
+    }
+  }
+  return egress::AllowList::Parse(entries);
+}
+
+void Daemon::ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
+                              const Json& req) {
+  if (req.value("op", "") != "egress") {
+    // The guest is untrusted: it may open egress streams and nothing else.
+    (void)s.End(
+        {{"ok", false}, {"error", "bad_request"}, {"message", "the host serves only egress"}});
+    return;
+  }
+  egress::StreamClient client(s);
+  egress::Decision d = egress::ServeConnection(
+      client, {&eg.policy, resolver_.get(), &eg.slots, audit_.get(), vm_id});
+  (void)s.End({{"ok", true},
+               {"verdict", d.verdict},
+               {"status", d.status},
+               {"bytes_up", d.bytes_up},
+               {"bytes_down", d.bytes_down}});
+}
+
+Result<std::optional<uid_t>> Daemon::AllocateQemuUid() {
+  if (::geteuid() != 0 || !egress_.qemu_drop_uid) return std::optional<uid_t>();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    uid_t uid = egress_.qemu_uid_base + i;
+    if (qemu_uids_.insert(uid).second) return std::optional<uid_t>(uid);
+  }
+  return ResourceExhausted("no free uid for QEMU in 65536 from the configured base");
+}
+
+void Daemon::ReleaseQemuUid(const VmEntry& e) {
+  if (!e.qemu_uid) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  qemu_uids_.erase(*e.qemu_uid);
+}
+
+Json Daemon::DoAudit(const Json& req) {
+  std::string vm;
+  if (req.contains("vm")) {
+    Status st = CheckString(req, "vm", false);
+    if (!st.ok()) return ErrorReply(st);
+    vm = req["vm"];
+    st = ValidateName("VM id", vm);
+    if (!st.ok()) return ErrorReply(st);
+  }
+  int64_t limit = req.value("limit", int64_t{1000});
+  if (limit < 1) return ErrorReply(InvalidArgument("'limit' must be at least 1"));
+  auto rows = store_->ListEgress(vm, limit);
+  if (!rows.ok()) return ErrorReply(rows.status());
+  Json out = Json::array();
+  for (const auto& r : *rows) out.push_back(EgressJson(r));
+  return {{"ok", true}, {"egress", out}};
 }
 
 Result<std::shared_ptr<Daemon::VmEntry>> Daemon::Lookup(const Json& req) {
@@ -409,6 +588,7 @@ Json Daemon::DoDestroy(const Json& req) {
   }
   NoteDeath(**e);
   auto report = (*e)->vm->Destroy();
+  ReleaseQemuUid(**e);
   Json r = report.ToJson();
   (void)store_->UpdateVmState(id, "destroyed", r.dump());
   r["id"] = id;

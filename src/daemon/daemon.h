@@ -10,10 +10,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "channel/mux.h"
+#include "egress/config.h"
+#include "egress/proxy.h"
 #include "store/store.h"
 #include "util/paths.h"
 #include "util/socket.h"
@@ -45,9 +48,18 @@ class Daemon {
   void Stop();
 
  private:
+  // A VM's egress policy and tunnel count; shared with its guest-open handler.
+  struct EgressVm {
+    egress::Policy policy;
+    egress::TunnelSlots slots;
+    explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
+  };
+
   struct VmEntry {
     std::unique_ptr<vmm::Vm> vm;
     store::VmRecord record;
+    std::shared_ptr<EgressVm> egress;
+    std::optional<uid_t> qemu_uid;
   };
 
   // One client connection. VMs created with "ephemeral": true belong to it and are
@@ -64,6 +76,15 @@ class Daemon {
   Json DoDestroy(const Json& req);
   Json DoList(const Json& req);
   Json DoDoctor(const Json& req);
+  Json DoAudit(const Json& req);
+  // The VM's allow-list from the request's "allow" entries and "profiles" names.
+  Result<egress::AllowList> EgressAllowList(const Json& req);
+  // A stream the guest opened: an egress tunnel, or refused.
+  void ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
+                        const Json& req);
+  // A uid for a VM's QEMU when the daemon is root (egress layer 1), released at destroy.
+  Result<std::optional<uid_t>> AllocateQemuUid();
+  void ReleaseQemuUid(const VmEntry& e);
   void DoExec(channel::Stream& client, const Json& req);
   void DoPut(channel::Stream& client, const Json& req);
   void DoGet(channel::Stream& client, const Json& req);
@@ -76,6 +97,9 @@ class Daemon {
   void ReapLeftovers();
 
   Options opts_;
+  egress::Config egress_;
+  std::unique_ptr<egress::Resolver> resolver_;
+  std::unique_ptr<egress::AuditSink> audit_;
   std::unique_ptr<store::Store> store_;
   std::optional<UnixListener> listener_;
   UniqueFd lock_fd_;
@@ -84,6 +108,7 @@ class Daemon {
   std::map<std::string, std::shared_ptr<VmEntry>> vms_;  // GUARDED_BY(mu_)
   std::optional<vmm::AccelChoice> accel_;                // GUARDED_BY(mu_)
   bool stopping_ = false;                                // GUARDED_BY(mu_)
+  std::set<uid_t> qemu_uids_;                            // GUARDED_BY(mu_)
 };
 
 // {"ok":false,"error":{"code":"NOT_FOUND","message":...}}

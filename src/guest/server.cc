@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "guest/cgroup.h"
+#include "guest/egress.h"
 #include "guest/exec.h"
 #include "guest/files.h"
 #include "guest/requests.h"
@@ -47,6 +48,11 @@ void GrowBuffers(int fd) {
 }  // namespace
 
 void Server::Run() {
+  Status egress = StartEgressListener([this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return mux_;
+  });
+  if (!egress.ok()) LogError("init", "egress listener: " + egress.message());
   bool reported = false;  // the console hears about a missing port once, not every retry
   for (;;) {
     auto path = FindVirtioPort(kControlPortName);
@@ -85,22 +91,29 @@ void Server::Run() {
     }
     std::string why;
     {
-      channel::Mux mux(std::move(mux_end), channel::Role::kGuest);
-      mux.OnOpen([this](std::shared_ptr<Stream> s, Json req) { Handle(s, req); });
+      // Shared with egress connections, which open their streams on it.
+      auto mux = std::make_shared<channel::Mux>(std::move(mux_end), channel::Role::kGuest);
+      mux->OnOpen([this](std::shared_ptr<Stream> s, Json req) { Handle(s, req); });
       PortRelay* r = relay->get();
-      mux.OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
-      mux.Start();
-      Status hello = mux.SendControl({{"type", "hello"},
-                                      {"agent", "trybox-init"},
-                                      {"version", 1},
-                                      {"boot_id", boot_.boot_id}});
+      mux->OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
+      mux->Start();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mux_ = mux;
+      }
+      Status hello = mux->SendControl({{"type", "hello"},
+                                       {"agent", "trybox-init"},
+                                       {"version", 1},
+                                       {"boot_id", boot_.boot_id}});
       if (!hello.ok()) (*relay)->Stop("hello: " + hello.message());
       why = (*relay)->Wait();
-      // In-flight requests see the connection die and kill what they started.
+      // In-flight requests (and egress tunnels) see the connection die.
+      mux->Shutdown();
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       relay_ = nullptr;
+      mux_ = nullptr;
     }
     LogDebug("init", "session ended: " + why);
     relay->reset();

@@ -36,7 +36,8 @@ class Server {
   Reaper& reaper_;
   const BootInfo boot_;
   std::mutex mu_;
-  PortRelay* relay_ GUARDED_BY(mu_) = nullptr;  // the current session's, for Shutdown
+  PortRelay* relay_ GUARDED_BY(mu_) = nullptr;         // the current session's, for Shutdown
+  std::shared_ptr<channel::Mux> mux_ GUARDED_BY(mu_);  // the current session's, for egress
 };
 
 }  // namespace trybox::guest

@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -76,6 +78,21 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   }
   const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
   char* const* env_arr = opts.env ? envp.data() : environ;
+  constexpr size_t kMaxKeep = 16;
+  constexpr int kHighFd = 100;  // temporary copies live above every target fd
+  const size_t nkeep = opts.keep_fds.size();
+  if (nkeep > kMaxKeep) {
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    ::close(devnull);
+    return InvalidArgument("spawn: more than 16 fds to keep");
+  }
+  // A user namespace (non-root netns) maps only our own ids; written by the child itself.
+  const bool userns = opts.new_netns && ::geteuid() != 0;
+  const std::string uid_map =
+      std::to_string(::geteuid()) + " " + std::to_string(::geteuid()) + " 1\n";
+  const std::string gid_map =
+      std::to_string(::getegid()) + " " + std::to_string(::getegid()) + " 1\n";
 
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -86,11 +103,36 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
     return st;
   }
   if (pid == 0) {
+    int ep = err_pipe[1];
     auto fail = [&](int stage) {
       int e[2] = {stage, errno};
-      (void)!::write(err_pipe[1], e, sizeof e);
+      (void)!::write(ep, e, sizeof e);
       ::_exit(127);
     };
+    auto write_file = [](const char* path, const std::string& text) {
+      int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+      if (fd < 0) return false;
+      bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      ::close(fd);
+      return ok;
+    };
+    int keep_tmp[kMaxKeep];
+    if (nkeep > 0) {
+      ep = ::fcntl(err_pipe[1], F_DUPFD_CLOEXEC, kHighFd);
+      if (ep < 0) ::_exit(127);
+      for (size_t i = 0; i < nkeep; ++i) {
+        keep_tmp[i] = ::fcntl(opts.keep_fds[i], F_DUPFD_CLOEXEC, kHighFd);
+        if (keep_tmp[i] < 0) fail(2);
+      }
+    }
+    if (opts.new_netns) {
+      if (::unshare(userns ? CLONE_NEWUSER | CLONE_NEWNET : CLONE_NEWNET) != 0) fail(5);
+      if (userns && (!write_file("/proc/self/setgroups", "deny") ||
+                     !write_file("/proc/self/uid_map", uid_map) ||
+                     !write_file("/proc/self/gid_map", gid_map))) {
+        fail(7);
+      }
+    }
     if (opts.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(1);
     sigset_t all;
     sigemptyset(&all);
@@ -104,9 +146,17 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
         ferr = ::fcntl(errfd, F_DUPFD_CLOEXEC, 3);
     if (fin < 0 || fout < 0 || ferr < 0) fail(2);
     if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) fail(2);
+    for (size_t i = 0; i < nkeep; ++i) {
+      if (::dup2(keep_tmp[i], static_cast<int>(3 + i)) < 0) fail(2);
+    }
     // Close every other inherited fd except the error pipe (which is CLOEXEC).
-    ::syscall(SYS_close_range, 3, err_pipe[1] - 1, 0);
-    ::syscall(SYS_close_range, err_pipe[1] + 1, ~0U, 0);
+    ::syscall(SYS_close_range, 3 + nkeep, ep - 1, 0);
+    ::syscall(SYS_close_range, ep + 1, ~0U, 0);
+    if (opts.gid || opts.uid) {
+      if (::setgroups(opts.groups.size(), opts.groups.data()) != 0) fail(6);
+      if (opts.gid && ::setresgid(*opts.gid, *opts.gid, *opts.gid) != 0) fail(6);
+      if (opts.uid && ::setresuid(*opts.uid, *opts.uid, *opts.uid) != 0) fail(6);
+    }
     if (cwd && ::chdir(cwd) != 0) fail(3);
     ::execve(argv[0], argv.data(), env_arr);
     if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr)
@@ -125,9 +175,12 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   Track(pid);
   if (n == static_cast<ssize_t>(sizeof e)) {
     (void)child.Wait();
-    static const char* kStage[] = {"", "setpgid", "dup2", "chdir", "execve"};
+    static const char* kStage[] = {"",        "setpgid",
+                                   "dup2",    "chdir",
+                                   "execve",  "unshare network namespace",
+                                   "set ids", "map user namespace ids"};
     return ErrnoError(
-        std::string(e[0] >= 1 && e[0] <= 4 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
+        std::string(e[0] >= 1 && e[0] <= 7 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
   }
   return child;
 }

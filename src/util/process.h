@@ -37,6 +37,15 @@ struct SpawnOptions {
   int stderr_fd = -1;
   // Detach from our session entirely (setsid) instead of only a new process group.
   bool new_session = false;
+  // Fds the child keeps, as 3, 4, ... in this order (at most 16).
+  std::vector<int> keep_fds;
+  // A fresh network namespace (only a down `lo`). As root: unshare(CLONE_NEWNET). As anyone
+  // else: a new user namespace mapping only our own uid and gid, plus the network namespace.
+  bool new_netns = false;
+  // Run as this uid and gid with no supplementary groups (needs root).
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  std::vector<gid_t> groups;  // supplementary groups when uid/gid are set
 };
 
 class ChildProcess {

@@ -62,6 +62,49 @@ void RemoveVmFiles(const std::string& dir, DestroyReport* r) {
   r->dir_removed = !PathExists(dir);
 }
 
+// How QEMU is started for egress layer 1, and the config as QEMU sees it (paths through
+// inherited directory fds when it runs as another uid).
+struct QemuSandbox {
+  VmConfig seen;
+  SpawnOptions spawn;
+  UniqueFd image_dir, vm_dir;  // kept open until QEMU has inherited them
+};
+
+Result<QemuSandbox> SandboxQemu(const VmConfig& c) {
+  QemuSandbox q;
+  q.seen = c;
+  q.spawn.new_netns = c.netns;
+  // QEMU's environment names the VM directory, so a test can find a sandboxed QEMU whose
+  // command line only says /proc/self/fd/4.
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("TRYBOX_VM_DIR=" + c.vm_dir);
+  q.spawn.env = std::move(env);
+  if (!c.qemu_uid) return q;
+  uid_t uid = *c.qemu_uid;
+  if (::chown(c.vm_dir.c_str(), uid, uid) != 0 ||
+      ::chown((c.vm_dir + "/disk.qcow2").c_str(), uid, uid) != 0) {
+    return ErrnoError("give the VM directory to uid " + std::to_string(uid));
+  }
+  ASSIGN_OR_RETURN(q.image_dir, OpenFile(c.image_dir, O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSIGN_OR_RETURN(q.vm_dir, OpenFile(c.vm_dir, O_PATH | O_DIRECTORY | O_CLOEXEC));
+  q.seen.image_dir = "/proc/self/fd/3";
+  q.seen.vm_dir = "/proc/self/fd/4";
+  // The layer names its backing file by path; point it through the same fd. -u rewrites the
+  // header only.
+  RETURN_IF_ERROR(
+      RunChecked({"qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-b",
+                  q.seen.image_dir + "/scratch.qcow2", "-F", "qcow2", c.vm_dir + "/disk.qcow2"},
+                 std::chrono::seconds(30))
+          .Annotate("point the disk layer at the inherited image fd"));
+  q.spawn.keep_fds = {q.image_dir.get(), q.vm_dir.get()};
+  q.spawn.uid = uid;
+  q.spawn.gid = static_cast<gid_t>(uid);
+  struct stat kvm;
+  if (c.accel == "kvm" && ::stat("/dev/kvm", &kvm) == 0) q.spawn.groups = {kvm.st_gid};
+  return q;
+}
+
 }  // namespace
 
 std::string KernelCmdline(const VmConfig& c) {
@@ -199,11 +242,13 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
                           config.image_dir + "/scratch.qcow2", "-F", "qcow2", dir + "/disk.qcow2"},
                          std::chrono::seconds(30));
   if (!st.ok()) return fail(st.Annotate("create the VM's disk layer"));
+  auto sandbox = SandboxQemu(config);
+  if (!sandbox.ok()) return fail(sandbox.status());
 
   auto log = OpenFile(dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!log.ok()) return fail(log.status());
-  SpawnOptions opts;
-  opts.argv = QemuArgv(config);
+  SpawnOptions opts = std::move(sandbox->spawn);
+  opts.argv = QemuArgv(sandbox->seen);
   opts.stdout_fd = log->get();
   opts.stderr_fd = log->get();
   auto child = ChildProcess::Spawn(opts);
@@ -225,6 +270,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
     ::usleep(2000);
   }
   vm->mux_ = std::make_unique<channel::Mux>(std::move(ctl), channel::Role::kHost);
+  if (config.guest_open) vm->mux_->OnOpen(config.guest_open);
   auto hello = std::make_shared<std::promise<Json>>();
   auto once = std::make_shared<std::once_flag>();
   vm->mux_->OnControl([hello, once](const Json& e) {

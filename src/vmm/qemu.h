@@ -33,6 +33,14 @@ struct VmConfig {
   int cpus = 1;
   std::string accel = "tcg";  // "kvm" or "tcg"
   std::string qemu = "qemu-system-x86_64";
+  // Egress layer 1 (docs/architecture.md): QEMU starts in a network namespace of its own with
+  // only `lo`, and, if `qemu_uid` is set (the daemon is root), as that uid and gid. QEMU then
+  // reaches the image and the VM directory through inherited directory fds
+  // (/proc/self/fd/3 and /proc/self/fd/4), so neither path's ancestors need opening up.
+  bool netns = true;
+  std::optional<uid_t> qemu_uid;
+  // Streams the guest opens (egress tunnels). Without one the host refuses them.
+  channel::Mux::OpenHandler guest_open;
 };
 
 // The full argv for a VM: -M microvm, no network card, no default devices, the frozen root
