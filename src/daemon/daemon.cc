@@ -1,7 +1,9 @@
 #include "daemon/daemon.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <future>
@@ -212,6 +214,12 @@ Daemon::~Daemon() {
     auto report = e->vm->Destroy();
     if (store_) (void)store_->UpdateVmState(id, "destroyed", report.ToJson().dump());
   }
+  // Egress handlers use the store and the resolver; their streams died with the VMs, so
+  // they end promptly (an upstream dial is bounded by connect_timeout).
+  auto give_up = Clock::now() + egress_.connect_timeout + std::chrono::seconds(5);
+  while (egress_in_flight_ > 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 Status Daemon::Init() {
@@ -403,10 +411,9 @@ Json Daemon::DoCreate(const Json& req) {
   if (!allow.ok()) return ErrorReply(allow.status());
   vmm::AccelChoice accel = Accel(*dir);
 
-  auto qemu_uid = AllocateQemuUid();
-  if (!qemu_uid.ok()) return ErrorReply(qemu_uid.status());
   auto entry = std::make_shared<VmEntry>();
-  entry->qemu_uid = *qemu_uid;
+  st = AllocateQemuUid(*entry);
+  if (!st.ok()) return ErrorReply(st);
   entry->egress = std::make_shared<EgressVm>(egress_.max_tunnels_per_vm);
   entry->egress->policy.allow = *allow;
   entry->egress->policy.overrides = egress_.internal_allow;
@@ -422,7 +429,7 @@ Json Daemon::DoCreate(const Json& req) {
   cfg.accel = accel.accel;
   cfg.qemu = opts_.qemu;
   cfg.netns = egress_.qemu_netns;
-  cfg.qemu_uid = *qemu_uid;
+  cfg.qemu_uid = entry->qemu_uid;
   cfg.guest_open = [this, id = cfg.id, eg = entry->egress](std::shared_ptr<channel::Stream> s,
                                                            Json greq) {
     ServeGuestStream(id, *eg, *s, greq);
@@ -501,6 +508,27 @@ Result<egress::AllowList> Daemon::EgressAllowList(const Json& req) {
 
 void Daemon::ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
                               const Json& req) {
+  ++egress_in_flight_;
+  ++eg.streams;
+  struct Done {
+    std::atomic<int>& a;
+    std::atomic<int>& b;
+    ~Done() {
+      --b;
+      --a;
+    }
+  } done{egress_in_flight_, eg.streams};
+  // Undecided connections hold a thread each; beyond four times the tunnel cap they are
+  // refused before their request head is even read.
+  if (eg.streams > 4 * eg.slots.max()) {
+    egress::StreamClient client(s);
+    (void)client.Write(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n"
+        "X-Trybox-Reason: too many open egress connections for this VM\r\n\r\n");
+    (void)client.CloseWrite();
+    (void)s.End({{"ok", true}, {"verdict", "refused"}, {"status", 503}});
+    return;
+  }
   if (req.value("op", "") != "egress") {
     // The guest is untrusted: it may open egress streams and nothing else.
     (void)s.End(
@@ -517,20 +545,33 @@ void Daemon::ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::S
                {"bytes_down", d.bytes_down}});
 }
 
-Result<std::optional<uid_t>> Daemon::AllocateQemuUid() {
-  if (::geteuid() != 0 || !egress_.qemu_drop_uid) return std::optional<uid_t>();
+Status Daemon::AllocateQemuUid(VmEntry& e) {
+  if (::geteuid() != 0 || !egress_.qemu_drop_uid) return Status::Ok();
+  // Leases live in a root-only directory; a flock is held for the VM's life and dies with
+  // the daemon, so two daemons on one host never give their QEMUs the same uid.
+  const std::string dir = "/run/trybox-qemu-uids";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError("mkdir " + dir);
   std::lock_guard<std::mutex> lock(mu_);
   for (uint32_t i = 0; i < 65536; ++i) {
     uid_t uid = egress_.qemu_uid_base + i;
-    if (qemu_uids_.insert(uid).second) return std::optional<uid_t>(uid);
+    if (qemu_uids_.count(uid)) continue;
+    std::string path = dir + "/" + std::to_string(uid);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoError("open " + path);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // another daemon's VM
+    qemu_uids_.insert(uid);
+    e.qemu_uid = uid;
+    e.qemu_uid_lock = std::move(fd);
+    return Status::Ok();
   }
   return ResourceExhausted("no free uid for QEMU in 65536 from the configured base");
 }
 
-void Daemon::ReleaseQemuUid(const VmEntry& e) {
+void Daemon::ReleaseQemuUid(VmEntry& e) {
   if (!e.qemu_uid) return;
   std::lock_guard<std::mutex> lock(mu_);
   qemu_uids_.erase(*e.qemu_uid);
+  e.qemu_uid_lock.Reset();
 }
 
 Json Daemon::DoAudit(const Json& req) {

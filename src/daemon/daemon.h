@@ -6,6 +6,7 @@
 // exec never blocks a list or a create. Thread-safe throughout.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,8 @@ class Daemon {
   struct EgressVm {
     egress::Policy policy;
     egress::TunnelSlots slots;
+    // Streams the guest has open, decided or not: bounds the threads a guest can hold.
+    std::atomic<int> streams{0};
     explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
   };
 
@@ -60,6 +63,7 @@ class Daemon {
     store::VmRecord record;
     std::shared_ptr<EgressVm> egress;
     std::optional<uid_t> qemu_uid;
+    UniqueFd qemu_uid_lock;  // flock on the uid's lease file: unique across daemons
   };
 
   // One client connection. VMs created with "ephemeral": true belong to it and are
@@ -83,8 +87,8 @@ class Daemon {
   void ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
                         const Json& req);
   // A uid for a VM's QEMU when the daemon is root (egress layer 1), released at destroy.
-  Result<std::optional<uid_t>> AllocateQemuUid();
-  void ReleaseQemuUid(const VmEntry& e);
+  Status AllocateQemuUid(VmEntry& e);
+  void ReleaseQemuUid(VmEntry& e);
   void DoExec(channel::Stream& client, const Json& req);
   void DoPut(channel::Stream& client, const Json& req);
   void DoGet(channel::Stream& client, const Json& req);
@@ -109,6 +113,8 @@ class Daemon {
   std::optional<vmm::AccelChoice> accel_;                // GUARDED_BY(mu_)
   bool stopping_ = false;                                // GUARDED_BY(mu_)
   std::set<uid_t> qemu_uids_;                            // GUARDED_BY(mu_)
+  // Guest egress handlers still running; the destructor waits for them.
+  std::atomic<int> egress_in_flight_{0};
 };
 
 // {"ok":false,"error":{"code":"NOT_FOUND","message":...}}
