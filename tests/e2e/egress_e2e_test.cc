@@ -59,24 +59,51 @@ std::string StatusField(pid_t pid, const std::string& field) {
   return v;
 }
 
+// `openssl s_server -www` on loopback with a self-signed certificate for upstream.test: the
+// guest's curl must verify it end to end, through the tunnel.
+struct TlsUpstream {
+  TlsUpstream() {
+    tmp.emplace(TempDir::Make("/tmp", "tbx-tls-").value());
+    dir = tmp->path();
+    Status st = RunChecked({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                            dir + "/key.pem", "-out", dir + "/cert.pem", "-days", "1", "-subj",
+                            "/CN=upstream.test", "-addext", "subjectAltName=DNS:upstream.test"},
+                           std::chrono::seconds(60));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    // A free port: bound, read, released, then taken by s_server.
+    port = std::to_string(ListenTcpLoopback(0).value().port);
+    SpawnOptions o;
+    o.argv = {"openssl",           "s_server", "-quiet",          "-www", "-accept",
+              "127.0.0.1:" + port, "-cert",    dir + "/cert.pem", "-key", dir + "/key.pem"};
+    server = ChildProcess::Spawn(o).value();
+    for (int i = 0; i < 500 && !ConnectTcpLoopback(std::stoi(port)).ok(); ++i) ::usleep(10000);
+  }
+  std::optional<TempDir> tmp;
+  std::string dir;
+  std::string port;
+  ChildProcess server;
+};
+
 class EgressE2E : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     up_ = new HttpUpstream();
     port_ = std::to_string(up_->port());
+    tls_ = new TlsUpstream();
     Json config = {{"resolve",
                     {{"upstream.test", {"127.0.0.1"}},
                      {"evil.test", {"127.0.0.1"}},
                      {"metadata.test", {"169.254.169.254"}},
                      {"loopback.test", {"127.0.0.2"}}}},
-                   {"internal_allow", {"127.0.0.1:" + port_}},
+                   {"internal_allow", {"127.0.0.1:" + port_, "127.0.0.1:" + tls_->port}},
                    {"max_tunnels_per_vm", 3},
                    {"head_timeout_ms", 2000},
                    {"profiles", {{"meta", {"metadata.test:" + port_}}}}};
     h_ = StartWithEgressConfig(config).release();
     ASSERT_NE(h_, nullptr);
-    CliResult r = h_->Cli({"create", "--allow", "upstream.test:" + port_, "--allow",
-                           "loopback.test:" + port_, "--profile", "meta"});
+    CliResult r =
+        h_->Cli({"create", "--allow", "upstream.test:" + port_, "--allow", "loopback.test:" + port_,
+                 "--allow", "upstream.test:" + tls_->port, "--profile", "meta"});
     ASSERT_EQ(r.code, 0) << r.err;
     id_ = r.out.substr(0, r.out.find('\n'));
   }
@@ -85,6 +112,8 @@ class EgressE2E : public ::testing::Test {
     h_ = nullptr;
     delete up_;
     up_ = nullptr;
+    delete tls_;
+    tls_ = nullptr;
   }
   void SetUp() override { ASSERT_FALSE(id_.empty()); }
 
@@ -94,11 +123,13 @@ class EgressE2E : public ::testing::Test {
 
   static Harness* h_;
   static HttpUpstream* up_;
+  static TlsUpstream* tls_;
   static std::string port_;
   static std::string id_;
 };
 Harness* EgressE2E::h_ = nullptr;
 HttpUpstream* EgressE2E::up_ = nullptr;
+TlsUpstream* EgressE2E::tls_ = nullptr;
 std::string EgressE2E::port_;
 std::string EgressE2E::id_;
 
@@ -118,6 +149,16 @@ TEST_F(EgressE2E, CurlThroughTheProxyIsByteExactBothWays) {
     EXPECT_EQ(r.out.substr(0, 64), want) << mode;   // upstream -> guest
     EXPECT_EQ(up_->last_body_sha(), want) << mode;  // guest -> upstream
   }
+}
+
+TEST_F(EgressE2E, HttpsUpstreamIsVerifiedThroughTheTunnel) {
+  ASSERT_EQ(h_->Cli({"cp", tls_->dir + "/cert.pem", id_ + ":/root/ca.pem"}).code, 0);
+  CliResult r = Sh("curl -sS --cacert /root/ca.pem https://upstream.test:" + tls_->port + "/");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("s_server"), std::string::npos) << r.out;
+  // Without the certificate the guest's TLS check fails: the tunnel is opaque bytes.
+  r = Sh("curl -sS https://upstream.test:" + tls_->port + "/");
+  EXPECT_EQ(r.code, 60) << r.err;  // peer certificate cannot be authenticated
 }
 
 TEST_F(EgressE2E, HostOffTheListGets403WithTheReasonAndIsNeverDialled) {
