@@ -521,12 +521,21 @@ void Daemon::ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::S
   // Undecided connections hold a thread each; beyond four times the tunnel cap they are
   // refused before their request head is even read.
   if (eg.streams > 4 * eg.slots.max()) {
+    egress::Decision d;
+    d.vm_id = vm_id;
+    d.started_at = store::NowSeconds();
+    d.verdict = "refused";
+    d.status = 503;
+    d.reason = "too many open egress connections for this VM (" +
+               std::to_string(4 * eg.slots.max()) + ", undecided ones included)";
+    audit_->Closed(audit_->Decided(d), d);
     egress::StreamClient client(s);
     (void)client.Write(
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n"
-        "X-Trybox-Reason: too many open egress connections for this VM\r\n\r\n");
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: "
+        "close\r\nX-Trybox-Reason: " +
+        d.reason + "\r\n\r\n");
     (void)client.CloseWrite();
-    (void)s.End({{"ok", true}, {"verdict", "refused"}, {"status", 503}});
+    (void)s.End({{"ok", true}, {"verdict", d.verdict}, {"status", d.status}});
     return;
   }
   if (req.value("op", "") != "egress") {

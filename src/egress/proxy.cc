@@ -219,13 +219,11 @@ class Connection {
   }
 
   void Relay(int up, const std::string& first) {
-    std::atomic<bool> down_failed{false};
     std::thread down([&] {
       std::string chunk(kRelayChunk, '\0');
       for (;;) {
         auto n = ReadSome(up, chunk.data(), chunk.size());
         if (!n.ok()) {
-          down_failed = true;
           client_.Abort("upstream failed: " + n.status().message());
           return;
         }
@@ -256,7 +254,6 @@ class Connection {
     // The guest aborted, or the upstream stopped taking bytes: tear down both directions.
     ::shutdown(up, SHUT_RDWR);
     down.join();
-    (void)down_failed;
   }
 
   Client& client_;
