@@ -1,5 +1,6 @@
 #include "guest/egress.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,7 +20,7 @@ using Kind = Stream::Message::Kind;
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kChunk = 256 * 1024;
-constexpr int kTickMs = 100;
+constexpr int kAcceptRetryMs = 100;  // after a failed accept (EMFILE)
 // After the host's END, unread client bytes are drained this long before the close, so the
 // close does not turn into a RST that could destroy the answer the client has not read yet.
 constexpr auto kDrainAfterEnd = std::chrono::seconds(1);
@@ -30,8 +31,13 @@ void Answer503(int fd, const std::string& why) {
                           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
 }
 
-// Host -> client: channel 1 to the socket. Sets `ended` on the host's END or RESET.
-void Downstream(Stream& s, int fd, std::atomic<bool>& ended) {
+// Host -> client: channel 1 to the socket. Sets `ended` on the host's END or RESET and
+// writes a byte to `wake` so the upstream loop notices without polling on a timer.
+void Downstream(Stream& s, int fd, std::atomic<bool>& ended, int wake) {
+  auto finish = [&] {
+    ended = true;
+    (void)!::write(wake, "x", 1);
+  };
   for (;;) {
     auto m = s.Next();
     if (!m.ok()) break;
@@ -44,7 +50,7 @@ void Downstream(Stream& s, int fd, std::atomic<bool>& ended) {
       ::shutdown(fd, SHUT_WR);
     } else if (m->kind == Kind::kEnd) {
       ::shutdown(fd, SHUT_WR);
-      ended = true;
+      finish();
       return;
     } else if (m->kind == Kind::kReset) {
       break;
@@ -52,7 +58,7 @@ void Downstream(Stream& s, int fd, std::atomic<bool>& ended) {
   }
   // The tunnel is gone without an orderly end: the client sees its connection close.
   ::shutdown(fd, SHUT_RDWR);
-  ended = true;
+  finish();
 }
 
 void Relay(UniqueFd sock, std::shared_ptr<channel::Mux> mux) {
@@ -62,17 +68,29 @@ void Relay(UniqueFd sock, std::shared_ptr<channel::Mux> mux) {
     return;
   }
   std::shared_ptr<Stream> s = std::move(*opened);
+  int wake[2];
+  if (::pipe2(wake, O_CLOEXEC) != 0) {
+    (void)s->Reset("trybox-init: pipe2 failed");
+    return;
+  }
+  UniqueFd wake_r(wake[0]), wake_w(wake[1]);
   std::atomic<bool> ended{false};
-  std::thread down([&] { Downstream(*s, sock.get(), ended); });
+  std::thread down([&] { Downstream(*s, sock.get(), ended, wake_w.get()); });
   // Client -> host: the socket to channel 0, until the client's EOF or the host's END.
   std::string buf(kChunk, '\0');
   bool open = true;
   std::optional<Clock::time_point> drain_until;
   for (;;) {
     if (ended && !drain_until) drain_until = Clock::now() + kDrainAfterEnd;
-    if (drain_until && Clock::now() >= *drain_until) break;
-    pollfd p{sock.get(), POLLIN, 0};
-    if (::poll(&p, 1, kTickMs) <= 0) continue;
+    int timeout = -1;
+    if (drain_until) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(*drain_until - Clock::now());
+      if (left.count() <= 0) break;
+      timeout = static_cast<int>(left.count());
+    }
+    pollfd p[2] = {{sock.get(), POLLIN, 0}, {wake_r.get(), POLLIN, 0}};
+    if (::poll(p, drain_until ? 1 : 2, timeout) <= 0) continue;
+    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;  // woken by the END
     auto n = ReadSome(sock.get(), buf.data(), buf.size());
     if (!n.ok() || *n == 0) {
       if (open && !ended) {
@@ -100,7 +118,7 @@ Status StartEgressListener(CurrentMux current) {
       auto c = AcceptTcp(l.fd.get());
       if (!c.ok()) {
         LogError("egress", c.status().message());
-        std::this_thread::sleep_for(std::chrono::milliseconds(kTickMs));
+        std::this_thread::sleep_for(std::chrono::milliseconds(kAcceptRetryMs));
         continue;
       }
       std::shared_ptr<channel::Mux> mux = current();
