@@ -7,11 +7,13 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 #include <thread>
 
 #include "cli/client.h"
 #include "cli/transfer.h"
+#include "egress/allowlist.h"
 #include "image/image.h"
 #include "util/fd.h"
 #include "util/names.h"
@@ -31,10 +33,19 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
   cmd->add_option("--cpus", vm.cpus, "Guest vCPUs")->capture_default_str();
   cmd->add_flag("--cold", vm.cold,
                 "Boot the kernel instead of restoring the image's saved template");
+  cmd->add_option("--allow", vm.allow,
+                  "Let the VM reach HOST[:PORT] through the egress proxy (port 443 by default; "
+                  "*.example.com for subdomains; repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--profile", vm.profiles,
+                  "Add a named allow-list from the daemon's egress.json (repeatable)")
+      ->allow_extra_args(false);
 }
 
 void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
-  cmd->add_option("-e,--env", ex.env, "Set an environment variable K=V (repeatable)");
+  // One value per flag: a vector option would otherwise swallow "--" and the command.
+  cmd->add_option("-e,--env", ex.env, "Set an environment variable K=V (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_option("-w,--workdir", ex.workdir, "Working directory inside the VM");
   cmd->add_option("--timeout", ex.timeout_s, "Kill the command after SECONDS");
   cmd->add_flag("-i,--interactive", ex.interactive, "Forward standard input to the command");
@@ -124,6 +135,8 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
                                         {"memory_mib", vm.memory_mib},
                                         {"cpus", vm.cpus},
                                         {"cold", vm.cold},
+                                        {"allow", vm.allow},
+                                        {"profiles", vm.profiles},
                                         {"ephemeral", ephemeral}}));
   // A fallback (template unusable, booted cold) is news; --cold is not.
   const Json& start = r["vm"]["start"];
@@ -240,7 +253,10 @@ Json DescribeTemplate(const Paths& paths, const std::string& name, const std::st
   if (!a.is_object() || !a.contains("accel") || !a["accel"].is_string()) {
     return {{"state", "unknown"}, {"reason", "tryboxd has not chosen an accelerator yet"}};
   }
-  return vmm::DescribeImageTemplate(paths.templates(), name, dir, a["accel"], "qemu-system-x86_64");
+  // As the daemon judges it with its default configuration (QEMU under its own uid when
+  // the daemon is root).
+  return vmm::DescribeImageTemplate(paths.templates(), name, dir, a["accel"],
+                                    "qemu-system-x86_64", ::geteuid() == 0);
 }
 
 int CmdImageLs(bool json) {
@@ -308,6 +324,40 @@ int CmdDoctor(Client& client) {
       if (t.contains("created")) std::cout << ", built " << t["created"].get<std::string>();
       std::cout << "\n";
     }
+  }
+  return 0;
+}
+
+std::string Clip(const std::string& s, size_t n) {
+  return s.size() <= n ? s : s.substr(0, n - 3) + "...";
+}
+
+int CmdAudit(Client& client, const std::string& vm, int64_t limit, bool json) {
+  Json req = {{"verb", "audit"}, {"limit", limit}};
+  if (!vm.empty()) req["vm"] = vm;
+  auto r = client.Call(req);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << (*r)["egress"].dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-19s %-12s %-8s %-4s %-32s %-22s %9s %9s %8s %s\n", "TIME", "VM", "VERDICT", "HTTP",
+              "HOST:PORT", "ADDRESS", "UP", "DOWN", "MS", "REASON");
+  for (const auto& e : (*r)["egress"]) {
+    char when[32];
+    time_t t = static_cast<time_t>(e["started_at"].get<double>());
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+    std::string target = e["host"].get<std::string>() + ":" + std::to_string(e["port"].get<int>());
+    std::string reason = e["reason"].get<std::string>();
+    if (e["override"].get<bool>()) reason = "[override] " + reason;
+    bool open = e["ended_at"].get<double>() == 0;
+    std::printf(
+        "%-19s %-12s %-8s %-4d %-32s %-22s %9lld %9lld %8s %s\n", when,
+        e["vm"].get<std::string>().c_str(), e["verdict"].get<std::string>().c_str(),
+        e["status"].get<int>(), Clip(target, 32).c_str(), e["address"].get<std::string>().c_str(),
+        static_cast<long long>(e["bytes_up"].get<int64_t>()),
+        static_cast<long long>(e["bytes_down"].get<int64_t>()),
+        open ? "open" : std::to_string(e["duration_ms"].get<int64_t>()).c_str(), reason.c_str());
   }
   return 0;
 }
@@ -402,6 +452,12 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
 
   auto* doctor = app.add_subcommand("doctor", "Show the acceleration choice and the set-up");
 
+  auto* audit = app.add_subcommand("audit", "Show the egress audit record");
+  audit->add_option("--vm", inv.id, "Only this VM's connections");
+  audit->add_option("--limit", inv.limit, "At most this many rows (the newest)")
+      ->capture_default_str();
+  audit->add_flag("--json", inv.json, "JSON output");
+
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
     app.parse(rev);
@@ -426,6 +482,14 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (build->parsed()) inv.command = "image-build";
   if (ils->parsed()) inv.command = "image-ls";
   if (doctor->parsed()) inv.command = "doctor";
+  if (audit->parsed()) inv.command = "audit";
+  for (const auto& a : inv.vm.allow) {
+    auto e = egress::ParseAllowEntry(a);
+    if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
+  }
+  for (const auto& p : inv.vm.profiles) RETURN_IF_ERROR(ValidateName("profile name", p));
+  if (inv.command == "audit" && !inv.id.empty()) RETURN_IF_ERROR(ValidateName("VM id", inv.id));
+  if (inv.limit < 1) return InvalidArgument("--limit must be at least 1");
   for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
   if (inv.exec.timeout_s < 0) return InvalidArgument("--timeout must not be negative");
   if (inv.command == "run" || inv.command == "create" || inv.command == "image-build") {
@@ -452,6 +516,7 @@ int Run(const Invocation& inv) {
   if (inv.command == "rm") return CmdRm(c, inv.ids);
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst);
   if (inv.command == "doctor") return CmdDoctor(c);
+  if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "create") {
     auto id = CreateVm(c, inv.vm, /*ephemeral=*/false);

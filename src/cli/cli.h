@@ -17,7 +17,9 @@ struct VmOptions {
   std::string image = "debian-12";
   int memory_mib = 512;
   int cpus = 1;
-  bool cold = false;  // boot instead of restoring from the template
+  bool cold = false;                  // boot instead of restoring from the template
+  std::vector<std::string> allow;     // egress allow-list entries HOST[:PORT], validated
+  std::vector<std::string> profiles;  // named allow-lists from the daemon's egress.json
 };
 
 struct ExecOptions {
@@ -28,11 +30,12 @@ struct ExecOptions {
 };
 
 struct Invocation {
-  std::string command;  // run create exec cp rm ls image-build image-ls doctor help
+  std::string command;  // run create exec cp rm ls image-build image-ls doctor audit help
   VmOptions vm;
   ExecOptions exec;
   std::vector<std::string> argv;  // run/exec
-  std::string id;                 // exec
+  std::string id;                 // exec; audit --vm
+  int64_t limit = 1000;           // audit
   std::vector<std::string> ids;   // rm
   std::string src, dst;           // cp
   bool json = false;

@@ -23,6 +23,40 @@ TEST(CliParseTest, RunTakesOptionsThenCommandAfterDashes) {
   EXPECT_EQ(inv->argv, (std::vector<std::string>{"sh", "-c", "echo hi"}));
 }
 
+TEST(CliParseTest, RunAndCreateTakeAllowEntriesAndProfiles) {
+  auto inv = P({"run", "--allow", "api.github.com", "--allow", "*.example.com:8443", "--profile",
+                "models", "--", "curl", "https://api.github.com/"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->vm.allow, (std::vector<std::string>{"api.github.com", "*.example.com:8443"}));
+  EXPECT_EQ(inv->vm.profiles, (std::vector<std::string>{"models"}));
+  EXPECT_TRUE(P({"create", "--allow", "x.test:80"}).ok());
+  auto bad = P({"run", "--allow", "127.0.0.1", "--", "true"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("IP literal"), std::string::npos);
+  EXPECT_FALSE(P({"run", "--allow", "a.test@b.test", "--", "true"}).ok());
+  EXPECT_FALSE(P({"run", "--profile", "../x", "--", "true"}).ok());
+}
+
+// A repeatable option right before "--" once swallowed the command's own "-c".
+TEST(CliParseTest, RepeatableOptionBeforeDashesLeavesTheCommandAlone) {
+  auto inv = P({"run", "-e", "A=1", "--allow", "x.test", "--", "sh", "-c", "echo $A"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->exec.env, (std::vector<std::string>{"A=1"}));
+  EXPECT_EQ(inv->vm.allow, (std::vector<std::string>{"x.test"}));
+  EXPECT_EQ(inv->argv, (std::vector<std::string>{"sh", "-c", "echo $A"}));
+}
+
+TEST(CliParseTest, AuditTakesVmJsonAndLimit) {
+  auto inv = P({"audit", "--vm", "abc123", "--json", "--limit", "5"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->command, "audit");
+  EXPECT_EQ(inv->id, "abc123");
+  EXPECT_TRUE(inv->json);
+  EXPECT_EQ(inv->limit, 5);
+  EXPECT_FALSE(P({"audit", "--vm", "a/b"}).ok());
+  EXPECT_FALSE(P({"audit", "--limit", "0"}).ok());
+}
+
 TEST(CliParseTest, ExecTakesIdAndCommand) {
   auto inv = P({"exec", "abc123", "--", "ls", "-la"});
   ASSERT_TRUE(inv.ok()) << inv.status().ToString();

@@ -1,7 +1,9 @@
 #include "daemon/daemon.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <future>
@@ -135,6 +137,68 @@ void FinishFileRelay(channel::Stream& client, vmm::Vm& vm, const RelayResult& r)
       ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
 }
 
+// The audit record of egress decisions is the store's egress table.
+class StoreAudit : public egress::AuditSink {
+ public:
+  explicit StoreAudit(store::Store& store) : store_(store) {}
+
+  int64_t Decided(const egress::Decision& d) override {
+    LogInfo("egress", "vm " + d.vm_id + " " + d.method + " " + d.host + ":" +
+                          std::to_string(d.port) + " -> " + d.verdict + ": " + d.reason);
+    auto id = store_.InsertEgress(Record(d));
+    if (!id.ok()) LogError("egress", "audit insert failed: " + id.status().message());
+    return id.ok() ? *id : -1;
+  }
+
+  void Closed(int64_t id, const egress::Decision& d) override {
+    if (id < 0) return;
+    store::EgressRecord r = Record(d);
+    r.id = id;
+    r.ended_at = store::NowSeconds();
+    Status st = store_.FinishEgress(r);
+    if (!st.ok()) LogError("egress", "audit update failed: " + st.message());
+  }
+
+ private:
+  static store::EgressRecord Record(const egress::Decision& d) {
+    store::EgressRecord r;
+    r.vm_id = d.vm_id;
+    r.started_at = d.started_at;
+    r.method = d.method;
+    r.host = d.host;
+    r.port = d.port;
+    r.address = d.address;
+    r.verdict = d.verdict;
+    r.reason = d.reason;
+    r.override_used = d.override_used;
+    r.status = d.status;
+    r.bytes_up = d.bytes_up;
+    r.bytes_down = d.bytes_down;
+    r.duration_ms = d.duration_ms;
+    return r;
+  }
+
+  store::Store& store_;
+};
+
+Json EgressJson(const store::EgressRecord& e) {
+  return {{"id", e.id},
+          {"vm", e.vm_id},
+          {"started_at", e.started_at},
+          {"ended_at", e.ended_at},
+          {"method", e.method},
+          {"host", e.host},
+          {"port", e.port},
+          {"address", e.address},
+          {"verdict", e.verdict},
+          {"reason", e.reason},
+          {"override", e.override_used},
+          {"status", e.status},
+          {"bytes_up", e.bytes_up},
+          {"bytes_down", e.bytes_down},
+          {"duration_ms", e.duration_ms}};
+}
+
 }  // namespace
 
 Json ErrorReply(const Status& st) {
@@ -165,6 +229,12 @@ Daemon::~Daemon() {
     auto report = e->vm->Destroy();
     if (store_) (void)store_->UpdateVmState(id, "destroyed", report.ToJson().dump());
   }
+  // Egress handlers use the store and the resolver; their streams died with the VMs, so
+  // they end promptly (an upstream dial is bounded by connect_timeout).
+  auto give_up = Clock::now() + egress_.connect_timeout + std::chrono::seconds(5);
+  while (egress_in_flight_ > 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 Status Daemon::Init() {
@@ -174,8 +244,19 @@ Status Daemon::Init() {
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
   }
+  ASSIGN_OR_RETURN(egress_, egress::LoadConfig(p.config + "/egress.json"));
+  if (egress_.resolve.is_null()) {
+    resolver_ = std::make_unique<egress::SystemResolver>();
+  } else {
+    ASSIGN_OR_RETURN(resolver_, egress::MapResolver::FromJson(egress_.resolve));
+    LogInfo("daemon", "egress resolves names through the configured map, never DNS");
+  }
+  for (const auto& o : egress_.internal_allow) {
+    LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
+  }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
   templates_ = std::make_unique<vmm::TemplateStore>(p.templates(), p.vms(), opts_.boot_timeout);
+  audit_ = std::make_unique<StoreAudit>(*store_);
   ReapLeftovers();
   background_ = std::thread([this] { RunBackground(); });
   ASSIGN_OR_RETURN(UnixListener l, UnixListener::Listen(p.socket()));
@@ -297,12 +378,14 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& 
       reply = DoList(req);
     } else if (verb == "doctor") {
       reply = DoDoctor(req);
+    } else if (verb == "audit") {
+      reply = DoAudit(req);
     } else if (verb == "ping") {
       reply = {{"ok", true}, {"pid", ::getpid()}};
     } else {
       reply = ErrorReply(
           InvalidArgument("unknown verb " + QuoteForMessage(verb) +
-                          " (verbs: create, exec, put, get, destroy, list, doctor, ping)"));
+                          " (verbs: create, exec, put, get, destroy, list, doctor, audit, ping)"));
     }
     (void)s->End(reply);
   } catch (const std::exception& e) {
@@ -351,7 +434,16 @@ Json Daemon::DoCreate(const Json& req) {
   if (!st.ok()) return ErrorReply(st);
   auto manifest_sha = Sha256File(*dir + "/manifest.json");
   if (!manifest_sha.ok()) return ErrorReply(manifest_sha.status());
+  auto allow = EgressAllowList(req);
+  if (!allow.ok()) return ErrorReply(allow.status());
   vmm::AccelChoice accel = Accel(*dir);
+
+  auto entry = std::make_shared<VmEntry>();
+  entry->egress = std::make_shared<EgressVm>(egress_.max_tunnels_per_vm);
+  entry->egress->policy.allow = *allow;
+  entry->egress->policy.overrides = egress_.internal_allow;
+  entry->egress->policy.head_timeout = egress_.head_timeout;
+  entry->egress->policy.connect_timeout = egress_.connect_timeout;
 
   vmm::VmConfig cfg;
   cfg.id = NewId();
@@ -361,15 +453,21 @@ Json Daemon::DoCreate(const Json& req) {
   cfg.cpus = cpus;
   cfg.accel = accel.accel;
   cfg.qemu = opts_.qemu;
-  vmm::TemplateShape shape{image_name, *dir, *manifest_sha, memory, cpus, accel.accel, opts_.qemu};
+  cfg.netns = egress_.qemu_netns;
+  vmm::TemplateShape shape{image_name, *dir,        *manifest_sha, memory,
+                           cpus,       accel.accel, opts_.qemu,    QemuOwnUid()};
   Json start;
-  auto vm = StartVm(cfg, shape, req.value("cold", false), &start);
+  auto vm = StartVm(cfg, shape, req.value("cold", false), &entry->qemu_uid, &start);
   if (!vm.ok()) {
+    ReleaseQemuUid(entry->qemu_uid);
     return ErrorReply(vm.status().Annotate("boot a " + image_name + " VM"));
   }
-  // A spare clone comes with its own id and directory.
+  // A spare clone comes with its own id, directory and uid.
   cfg = (*vm)->config();
-  auto entry = std::make_shared<VmEntry>();
+  (*vm)->SetGuestOpen(
+      [this, id = cfg.id, eg = entry->egress](std::shared_ptr<channel::Stream> s, Json greq) {
+        ServeGuestStream(id, *eg, *s, greq);
+      });
   entry->record.id = cfg.id;
   entry->record.image = image_name;
   entry->record.image_sha256 = *manifest_sha;
@@ -385,6 +483,7 @@ Json Daemon::DoCreate(const Json& req) {
   st = store_->InsertVm(entry->record);
   if (!st.ok()) {
     entry->vm->Destroy();
+    ReleaseQemuUid(entry->qemu_uid);
     return ErrorReply(st.Annotate("record the VM"));
   }
   {
@@ -401,46 +500,183 @@ Json Daemon::DoCreate(const Json& req) {
             {"boot_ms", boot_ms},
             {"boot_id", entry->vm->boot_id()},
             {"phases_ms", entry->vm->phases()},
-            {"start", start}}}};
+            {"start", start},
+            {"egress",
+             {{"allow", allow->ToStrings()},
+              {"max_tunnels", egress_.max_tunnels_per_vm},
+              {"qemu_netns", cfg.netns},
+              {"qemu_uid", cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr)}}}}}};
+}
+
+Result<egress::AllowList> Daemon::EgressAllowList(const Json& req) {
+  std::vector<std::string> entries;
+  for (const char* field : {"allow", "profiles"}) {
+    if (!req.contains(field)) continue;
+    const Json& list = req[field];
+    if (!list.is_array()) {
+      return InvalidArgument(std::string("'") + field + "' must be an array of strings");
+    }
+    for (const auto& v : list) {
+      if (!v.is_string()) {
+        return InvalidArgument(std::string("'") + field + "' must be an array of strings");
+      }
+      std::string text = v.get<std::string>();
+      if (std::string(field) == "allow") {
+        entries.push_back(text);
+        continue;
+      }
+      auto p = egress_.profiles.find(text);
+      if (p == egress_.profiles.end()) {
+        return NotFound("no egress profile " + QuoteForMessage(text) +
+                        " in the config file (egress.json)");
+      }
+      entries.insert(entries.end(), p->second.begin(), p->second.end());
+    }
+  }
+  return egress::AllowList::Parse(entries);
+}
+
+void Daemon::ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
+                              const Json& req) {
+  ++egress_in_flight_;
+  ++eg.streams;
+  struct Done {
+    std::atomic<int>& a;
+    std::atomic<int>& b;
+    ~Done() {
+      --b;
+      --a;
+    }
+  } done{egress_in_flight_, eg.streams};
+  // Undecided connections hold a thread each; beyond four times the tunnel cap they are
+  // refused before their request head is even read.
+  if (eg.streams > 4 * eg.slots.max()) {
+    egress::Decision d;
+    d.vm_id = vm_id;
+    d.started_at = store::NowSeconds();
+    d.verdict = "refused";
+    d.status = 503;
+    d.reason = "too many open egress connections for this VM (" +
+               std::to_string(4 * eg.slots.max()) + ", undecided ones included)";
+    audit_->Closed(audit_->Decided(d), d);
+    egress::StreamClient client(s);
+    (void)client.Write(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: "
+        "close\r\nX-Trybox-Reason: " +
+        d.reason + "\r\n\r\n");
+    (void)client.CloseWrite();
+    (void)s.End({{"ok", true}, {"verdict", d.verdict}, {"status", d.status}});
+    return;
+  }
+  if (req.value("op", "") != "egress") {
+    // The guest is untrusted: it may open egress streams and nothing else.
+    (void)s.End(
+        {{"ok", false}, {"error", "bad_request"}, {"message", "the host serves only egress"}});
+    return;
+  }
+  egress::StreamClient client(s);
+  egress::Decision d = egress::ServeConnection(
+      client, {&eg.policy, resolver_.get(), &eg.slots, audit_.get(), vm_id});
+  (void)s.End({{"ok", true},
+               {"verdict", d.verdict},
+               {"status", d.status},
+               {"bytes_up", d.bytes_up},
+               {"bytes_down", d.bytes_down}});
+}
+
+bool Daemon::QemuOwnUid() const { return ::geteuid() == 0 && egress_.qemu_drop_uid; }
+
+Result<Daemon::UidLease> Daemon::AllocateQemuUid() {
+  UidLease lease;
+  if (!QemuOwnUid()) return lease;
+  // Leases live in a root-only directory; a flock is held for the VM's life and dies with
+  // the daemon, so two daemons on one host never give their QEMUs the same uid.
+  const std::string dir = "/run/trybox-qemu-uids";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError("mkdir " + dir);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    uid_t uid = egress_.qemu_uid_base + i;
+    if (qemu_uids_.count(uid)) continue;
+    std::string path = dir + "/" + std::to_string(uid);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoError("open " + path);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // another daemon's VM
+    qemu_uids_.insert(uid);
+    lease.uid = uid;
+    lease.lock = std::move(fd);
+    return lease;
+  }
+  return ResourceExhausted("no free uid for QEMU in 65536 from the configured base");
+}
+
+void Daemon::ReleaseQemuUid(UidLease& lease) {
+  if (!lease.uid) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  qemu_uids_.erase(*lease.uid);
+  lease.uid.reset();
+  lease.lock.Reset();
+}
+
+Json Daemon::DoAudit(const Json& req) {
+  std::string vm;
+  if (req.contains("vm")) {
+    Status st = CheckString(req, "vm", false);
+    if (!st.ok()) return ErrorReply(st);
+    vm = req["vm"];
+    st = ValidateName("VM id", vm);
+    if (!st.ok()) return ErrorReply(st);
+  }
+  int64_t limit = req.value("limit", int64_t{1000});
+  if (limit < 1) return ErrorReply(InvalidArgument("'limit' must be at least 1"));
+  auto rows = store_->ListEgress(vm, limit);
+  if (!rows.ok()) return ErrorReply(rows.status());
+  Json out = Json::array();
+  for (const auto& r : *rows) out.push_back(EgressJson(r));
+  return {{"ok", true}, {"egress", out}};
 }
 
 Result<std::unique_ptr<vmm::Vm>> Daemon::StartVm(vmm::VmConfig cfg, const vmm::TemplateShape& shape,
-                                                 bool cold, Json* start) {
+                                                 bool cold, UidLease* lease, Json* start) {
+  if (!cold) {
+    if (auto spare = TakeSpare(shape, lease)) {
+      Status st = spare->Identify(Clock::now() + opts_.boot_timeout);
+      if (st.ok()) {
+        *start = {{"mode", "restored"}, {"spare", true}};
+        RefillLater(shape);
+        return spare;
+      }
+      LogWarn("daemon", "a spare clone failed its identity; restoring another: " + st.message());
+      spare->Destroy();
+      ReleaseQemuUid(*lease);
+    }
+  }
+  ASSIGN_OR_RETURN(*lease, AllocateQemuUid());
+  cfg.qemu_uid = lease->uid;
   if (cold) {
     *start = {{"mode", "cold"}, {"note", "a full boot was asked for (--cold)"}};
     return vmm::Vm::Boot(cfg, opts_.boot_timeout);
   }
-  if (auto spare = TakeSpare(shape)) {
-    Status st = spare->Identify(Clock::now() + opts_.boot_timeout);
-    if (st.ok()) {
-      *start = {{"mode", "restored"}, {"spare", true}};
-      RefillLater(shape);
-      return spare;
-    }
-    LogWarn("daemon", "a spare clone failed its identity; restoring another: " + st.message());
-    spare->Destroy();
-  }
-  auto lease = templates_->Get(shape);
-  if (!lease.ok()) {
+  auto tpl = GetTemplate(shape);
+  if (!tpl.ok()) {
     // No template means no restore, not no VM: the cold boot may still work.
-    std::string why = lease.status().message();
+    std::string why = tpl.status().message();
     *start = {{"mode", "cold"},
               {"note",
                "no template could be built (" + why.substr(0, why.find('\n')) + "); booted cold"}};
     LogWarn("daemon", start->value("note", ""));
     return vmm::Vm::Boot(cfg, opts_.boot_timeout);
   }
-  Json template_info = {{"built", lease->built}};
-  if (lease->built) {
-    template_info["why"] = lease->built_why;
-    template_info["build_ms"] = lease->build_ms;
+  Json template_info = {{"built", tpl->built}};
+  if (tpl->built) {
+    template_info["why"] = tpl->built_why;
+    template_info["build_ms"] = tpl->build_ms;
   }
   vmm::VmConfig restore = cfg;
   restore.mode = vmm::StartMode::kRestore;
-  restore.template_dir = lease->dir;
-  restore.memory_fd = lease->memory_fd;
+  restore.template_dir = tpl->dir;
+  restore.memory_fd = tpl->memory_fd;
   auto vm = vmm::Vm::Restore(restore, opts_.boot_timeout);
-  lease->hold.unlock();
+  tpl->hold.unlock();
   if (vm.ok()) {
     *start = {{"mode", "restored"}, {"spare", false}, {"template", template_info}};
     RefillLater(shape);
@@ -455,6 +691,14 @@ Result<std::unique_ptr<vmm::Vm>> Daemon::StartVm(vmm::VmConfig cfg, const vmm::T
                          "); it was discarded and is being rebuilt; this VM booted cold"}};
   LogWarn("daemon", start->value("note", ""));
   return vmm::Vm::Boot(cfg, opts_.boot_timeout);
+}
+
+Result<vmm::TemplateStore::Lease> Daemon::GetTemplate(const vmm::TemplateShape& shape) {
+  ASSIGN_OR_RETURN(UidLease uid, AllocateQemuUid());
+  vmm::TemplateStore::Sandbox sandbox{egress_.qemu_netns, uid.uid};
+  auto lease = templates_->Get(shape, sandbox);
+  ReleaseQemuUid(uid);  // the template VM, if one was booted, is gone
+  return lease;
 }
 
 void Daemon::Enqueue(const std::string& task, std::function<void()> fn) {
@@ -482,7 +726,7 @@ void Daemon::RunBackground() {
 
 void Daemon::RebuildLater(const vmm::TemplateShape& shape) {
   Enqueue("rebuild " + templates_->DirFor(shape), [this, shape] {
-    auto lease = templates_->Get(shape);
+    auto lease = GetTemplate(shape);
     if (!lease.ok()) LogWarn("daemon", "template rebuild failed: " + lease.status().message());
   });
   RefillLater(shape);
@@ -505,8 +749,9 @@ void Daemon::RefillLater(const vmm::TemplateShape& shape) {
         if (stopping_ || static_cast<int>(spares_[dir].size()) >= opts_.spares) return;
       }
       auto key = vmm::ComputeTemplateKey(shape);
-      auto lease = templates_->Get(shape);
-      if (!key.ok() || !lease.ok()) return;
+      auto lease = GetTemplate(shape);
+      auto uid = AllocateQemuUid();
+      if (!key.ok() || !lease.ok() || !uid.ok()) return;
       vmm::VmConfig cfg;
       cfg.id = NewId();
       cfg.image_dir = shape.image_dir;
@@ -518,24 +763,32 @@ void Daemon::RefillLater(const vmm::TemplateShape& shape) {
       cfg.mode = vmm::StartMode::kRestore;
       cfg.template_dir = lease->dir;
       cfg.memory_fd = lease->memory_fd;
+      cfg.netns = egress_.qemu_netns;
+      cfg.qemu_uid = uid->uid;
       auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
       lease->hold.unlock();
       Status st = vm.ok() ? (*vm)->Warm(Clock::now() + opts_.boot_timeout) : vm.status();
       if (!st.ok()) {
         LogWarn("daemon", "could not prepare a spare clone: " + st.message());
+        ReleaseQemuUid(*uid);
         return;
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;  // the Vm's destructor kills it
-      spares_[dir].push_back({std::move(*vm), key->hash});
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) {
+        lock.unlock();
+        (*vm)->Destroy();
+        ReleaseQemuUid(*uid);
+        return;
+      }
+      spares_[dir].push_back({std::move(*vm), key->hash, std::move(*uid)});
     }
   });
 }
 
-std::unique_ptr<vmm::Vm> Daemon::TakeSpare(const vmm::TemplateShape& shape) {
+std::unique_ptr<vmm::Vm> Daemon::TakeSpare(const vmm::TemplateShape& shape, UidLease* lease) {
   auto key = vmm::ComputeTemplateKey(shape);
   if (!key.ok()) return nullptr;
-  std::vector<std::unique_ptr<vmm::Vm>> stale;
+  std::vector<Spare> stale;
   std::unique_ptr<vmm::Vm> found;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -546,12 +799,16 @@ std::unique_ptr<vmm::Vm> Daemon::TakeSpare(const vmm::TemplateShape& shape) {
       // A spare of an older template (the image or QEMU changed since) is not this shape.
       if (s.key == key->hash && s.vm->alive()) {
         found = std::move(s.vm);
+        *lease = std::move(s.qemu_uid);
       } else {
-        stale.push_back(std::move(s.vm));
+        stale.push_back(std::move(s));
       }
     }
   }
-  for (auto& vm : stale) vm->Destroy();
+  for (auto& s : stale) {
+    s.vm->Destroy();
+    ReleaseQemuUid(s.qemu_uid);
+  }
   return found;
 }
 
@@ -592,6 +849,7 @@ Json Daemon::DoDestroy(const Json& req) {
   }
   NoteDeath(**e);
   auto report = (*e)->vm->Destroy();
+  ReleaseQemuUid((*e)->qemu_uid);
   Json r = report.ToJson();
   (void)store_->UpdateVmState(id, "destroyed", r.dump());
   r["id"] = id;
@@ -640,7 +898,7 @@ Json Daemon::DoDoctor(const Json&) {
     Json entry = {{"name", im.name}, {"valid", im.valid}, {"problem", im.problem}};
     if (im.valid && accel["accel"].is_string()) {
       entry["template"] = vmm::DescribeImageTemplate(opts_.paths.templates(), im.name, im.dir,
-                                                     accel["accel"], opts_.qemu);
+                                                     accel["accel"], opts_.qemu, QemuOwnUid());
     }
     images.push_back(entry);
   }

@@ -6,6 +6,7 @@
 // exec never blocks a list or a create. Thread-safe throughout.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "channel/mux.h"
+#include "egress/config.h"
+#include "egress/proxy.h"
 #include "store/store.h"
 #include "util/paths.h"
 #include "util/socket.h"
@@ -53,9 +56,27 @@ class Daemon {
   void Stop();
 
  private:
+  // A VM's egress policy and tunnel count; shared with its guest-open handler.
+  struct EgressVm {
+    egress::Policy policy;
+    egress::TunnelSlots slots;
+    // Streams the guest has open, decided or not: bounds the threads a guest can hold.
+    std::atomic<int> streams{0};
+    explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
+  };
+
+  // The uid a QEMU runs as (none when the daemon is not root), held by a flock on a lease
+  // file so that it is unique across daemons on the host.
+  struct UidLease {
+    std::optional<uid_t> uid;
+    UniqueFd lock;
+  };
+
   struct VmEntry {
     std::unique_ptr<vmm::Vm> vm;
     store::VmRecord record;
+    std::shared_ptr<EgressVm> egress;
+    UidLease qemu_uid;
   };
 
   // One client connection. VMs created with "ephemeral": true belong to it and are
@@ -72,6 +93,17 @@ class Daemon {
   Json DoDestroy(const Json& req);
   Json DoList(const Json& req);
   Json DoDoctor(const Json& req);
+  Json DoAudit(const Json& req);
+  // The VM's allow-list from the request's "allow" entries and "profiles" names.
+  Result<egress::AllowList> EgressAllowList(const Json& req);
+  // A stream the guest opened: an egress tunnel, or refused.
+  void ServeGuestStream(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
+                        const Json& req);
+  // A uid for a VM's QEMU when the daemon is root (egress layer 1), released at destroy.
+  // True if each QEMU gets a uid of its own (root daemon, egress.json allows it).
+  bool QemuOwnUid() const;
+  Result<UidLease> AllocateQemuUid();
+  void ReleaseQemuUid(UidLease& lease);
   void DoExec(channel::Stream& client, const Json& req);
   void DoPut(channel::Stream& client, const Json& req);
   void DoGet(channel::Stream& client, const Json& req);
@@ -85,8 +117,11 @@ class Daemon {
   // Starts VM `cfg`: restored from its shape's template unless `cold`, else (or when the
   // template cannot be had or fails to restore) booted. `note` says what happened when it
   // was not a plain restore.
+  // `lease` receives the QEMU's uid lease (a spare brings its own).
   Result<std::unique_ptr<vmm::Vm>> StartVm(vmm::VmConfig cfg, const vmm::TemplateShape& shape,
-                                           bool cold, Json* start);
+                                           bool cold, UidLease* lease, Json* start);
+  // The shape's template, built if needed by a QEMU sandboxed like a VM's.
+  Result<vmm::TemplateStore::Lease> GetTemplate(const vmm::TemplateShape& shape);
   // Background work runs on one thread, in order, each task queued at most once.
   void Enqueue(const std::string& task, std::function<void()> fn);
   void RunBackground();
@@ -96,9 +131,12 @@ class Daemon {
   // Options::spares in the background.
   void RefillLater(const vmm::TemplateShape& shape);
   // A live spare of the current template for `shape`, or null. Stale ones are destroyed.
-  std::unique_ptr<vmm::Vm> TakeSpare(const vmm::TemplateShape& shape);
+  std::unique_ptr<vmm::Vm> TakeSpare(const vmm::TemplateShape& shape, UidLease* lease);
 
   Options opts_;
+  egress::Config egress_;
+  std::unique_ptr<egress::Resolver> resolver_;
+  std::unique_ptr<egress::AuditSink> audit_;
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<vmm::TemplateStore> templates_;
   std::optional<UnixListener> listener_;
@@ -111,12 +149,16 @@ class Daemon {
   struct Spare {
     std::unique_ptr<vmm::Vm> vm;
     std::string key;  // the template key it was restored from
+    UidLease qemu_uid;
   };
   std::map<std::string, std::vector<Spare>> spares_;  // by template dir; GUARDED_BY(mu_)
   std::thread background_;
   std::condition_variable tasks_cv_;
   std::deque<std::pair<std::string, std::function<void()>>> tasks_;  // GUARDED_BY(mu_)
   std::set<std::string> queued_;                                     // GUARDED_BY(mu_)
+  std::set<uid_t> qemu_uids_;                                        // GUARDED_BY(mu_)
+  // Guest egress handlers still running; the destructor waits for them.
+  std::atomic<int> egress_in_flight_{0};
 };
 
 // {"ok":false,"error":{"code":"NOT_FOUND","message":...}}

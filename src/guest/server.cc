@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "guest/cgroup.h"
+#include "guest/egress.h"
 #include "guest/exec.h"
 #include "guest/files.h"
 #include "guest/identity.h"
@@ -48,6 +49,11 @@ void GrowBuffers(int fd) {
 
 void Server::Run() {
   int sessions = 0;
+  Status egress = StartEgressListener([this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return mux_;
+  });
+  if (!egress.ok()) LogError("init", "egress listener: " + egress.message());
   bool reported = false;  // the console hears about a missing port once, not every retry
   for (;;) {
     auto path = FindVirtioPort(kControlPortName);
@@ -86,25 +92,32 @@ void Server::Run() {
     }
     std::string why;
     {
-      channel::Mux mux(std::move(mux_end), channel::Role::kGuest);
-      mux.OnOpen([this](std::shared_ptr<Stream> s, Json req) { Handle(s, req); });
+      // Shared with egress connections, which open their streams on it.
+      auto mux = std::make_shared<channel::Mux>(std::move(mux_end), channel::Role::kGuest);
+      mux->OnOpen([this](std::shared_ptr<Stream> s, Json req) { Handle(s, req); });
       PortRelay* r = relay->get();
-      mux.OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
-      mux.Start();
+      mux->OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
+      mux->Start();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mux_ = mux;
+      }
       Json hello_event = {{"type", "hello"},
                           {"agent", "trybox-init"},
                           {"version", 1},
                           {"template", boot_.cmdline.template_boot},
                           {"ready", ready_.load()}};
       hello_event.update(BootIdField());
-      Status hello = mux.SendControl(hello_event);
+      Status hello = mux->SendControl(hello_event);
       if (!hello.ok()) (*relay)->Stop("hello: " + hello.message());
       why = (*relay)->Wait();
-      // In-flight requests see the connection die and kill what they started.
+      // In-flight requests (and egress tunnels) see the connection die.
+      mux->Shutdown();
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       relay_ = nullptr;
+      mux_ = nullptr;
     }
     relay->reset();
     ++sessions;

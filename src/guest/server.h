@@ -49,8 +49,9 @@ class Server {
   // a copy of every other clone, and serves only ping and identity.
   std::atomic<bool> ready_;
   std::mutex mu_;
-  std::string boot_id_ GUARDED_BY(mu_);         // "" until ready
-  PortRelay* relay_ GUARDED_BY(mu_) = nullptr;  // the current session's, for Shutdown
+  std::string boot_id_ GUARDED_BY(mu_);                // "" until ready
+  PortRelay* relay_ GUARDED_BY(mu_) = nullptr;         // the current session's, for Shutdown
+  std::shared_ptr<channel::Mux> mux_ GUARDED_BY(mu_);  // the current session's, for egress
 };
 
 }  // namespace trybox::guest

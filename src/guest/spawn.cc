@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "guest/egress.h"
 #include "util/names.h"
 
 namespace trybox::guest {
@@ -30,11 +31,23 @@ const char* StageName(int stage) {
   return "spawn";
 }
 
+constexpr const char* kNoProxy = "localhost,127.0.0.1,::1";
+
 }  // namespace
 
 std::vector<std::string> MergeEnv(const std::map<std::string, std::string>& overrides) {
-  std::map<std::string, std::string> env = {
-      {"PATH", kDefaultPath}, {"HOME", "/root"}, {"LANG", "C.UTF-8"}, {"TERM", "dumb"}};
+  // The only way out of the guest is the host's egress proxy (guest/egress.h); tools that
+  // honour the proxy variables find it without configuration. Loopback stays direct.
+  std::map<std::string, std::string> env = {{"PATH", kDefaultPath},
+                                            {"HOME", "/root"},
+                                            {"LANG", "C.UTF-8"},
+                                            {"TERM", "dumb"},
+                                            {"HTTPS_PROXY", kEgressProxyUrl},
+                                            {"HTTP_PROXY", kEgressProxyUrl},
+                                            {"https_proxy", kEgressProxyUrl},
+                                            {"http_proxy", kEgressProxyUrl},
+                                            {"NO_PROXY", kNoProxy},
+                                            {"no_proxy", kNoProxy}};
   for (const auto& [k, v] : overrides) env[k] = v;
   std::vector<std::string> out;
   out.reserve(env.size());

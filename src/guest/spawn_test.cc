@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,12 +14,19 @@ namespace trybox::guest {
 namespace {
 
 TEST(MergeEnvTest, DefaultsWithRequestOnTop) {
-  EXPECT_EQ(MergeEnv({}),
-            (std::vector<std::string>{"HOME=/root", "LANG=C.UTF-8",
+  const std::vector<std::string> proxy = {
+      "HTTPS_PROXY=http://127.0.0.1:3128", "HTTP_PROXY=http://127.0.0.1:3128",
+      "NO_PROXY=localhost,127.0.0.1,::1",  "https_proxy=http://127.0.0.1:3128",
+      "http_proxy=http://127.0.0.1:3128",  "no_proxy=localhost,127.0.0.1,::1"};
+  auto with_proxy = [&](std::vector<std::string> v) {
+    v.insert(v.end(), proxy.begin(), proxy.end());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(MergeEnv({}), with_proxy({"HOME=/root", "LANG=C.UTF-8",
                                       std::string("PATH=") + kDefaultPath, "TERM=dumb"}));
   std::vector<std::string> env = MergeEnv({{"TERM", "xterm"}, {"FOO", ""}, {"PATH", "/x"}});
-  EXPECT_EQ(env, (std::vector<std::string>{"FOO=", "HOME=/root", "LANG=C.UTF-8", "PATH=/x",
-                                           "TERM=xterm"}));
+  EXPECT_EQ(env, with_proxy({"FOO=", "HOME=/root", "LANG=C.UTF-8", "PATH=/x", "TERM=xterm"}));
   EXPECT_EQ(EnvValue(env, "PATH", "?"), "/x");
   EXPECT_EQ(EnvValue(env, "FOO", "?"), "");
   EXPECT_EQ(EnvValue(env, "PAT", "?"), "?");

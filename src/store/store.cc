@@ -96,6 +96,24 @@ CREATE TABLE IF NOT EXISTS execs (
   stderr_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS execs_vm ON execs(vm_id);
+CREATE TABLE IF NOT EXISTS egress (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  vm_id TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  ended_at REAL NOT NULL DEFAULT 0,
+  method TEXT NOT NULL,
+  host TEXT NOT NULL,
+  port INTEGER NOT NULL,
+  address TEXT NOT NULL,
+  verdict TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  override INTEGER NOT NULL,
+  status INTEGER NOT NULL,
+  bytes_up INTEGER NOT NULL DEFAULT 0,
+  bytes_down INTEGER NOT NULL DEFAULT 0,
+  duration_ms REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS egress_vm ON egress(vm_id);
 )sql";
 
 VmRecord ReadVm(Stmt& s) {
@@ -262,6 +280,71 @@ Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
     e.error = s.Text(9);
     e.stdout_bytes = s.Int(10);
     e.stderr_bytes = s.Int(11);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+Result<int64_t> Store::InsertEgress(const EgressRecord& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO egress (vm_id, started_at, method, host, port, address, verdict, reason, "
+         "override, status) VALUES (?,?,?,?,?,?,?,?,?,?)");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, e.vm_id).Bind(2, e.started_at).Bind(3, e.method).Bind(4, e.host);
+  s.Bind(5, int64_t{e.port}).Bind(6, e.address).Bind(7, e.verdict).Bind(8, e.reason);
+  s.Bind(9, int64_t{e.override_used}).Bind(10, int64_t{e.status});
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+Status Store::FinishEgress(const EgressRecord& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "UPDATE egress SET ended_at = ?, verdict = ?, reason = ?, bytes_up = ?, bytes_down = ?, "
+         "duration_ms = ? WHERE id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, e.ended_at).Bind(2, e.verdict).Bind(3, e.reason).Bind(4, e.bytes_up);
+  s.Bind(5, e.bytes_down).Bind(6, e.duration_ms).Bind(7, e.id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  if (sqlite3_changes(db_) == 0) return NotFound("no egress record " + std::to_string(e.id));
+  return Status::Ok();
+}
+
+Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string sql =
+      "SELECT id, vm_id, started_at, ended_at, method, host, port, address, verdict, reason, "
+      "override, status, bytes_up, bytes_down, duration_ms FROM egress";
+  if (!vm_id.empty()) sql += " WHERE vm_id = ?";
+  sql = "SELECT * FROM (" + sql + " ORDER BY id DESC LIMIT ?) ORDER BY id";
+  Stmt s(db_, sql.c_str());
+  RETURN_IF_ERROR(s.prepared());
+  int i = 1;
+  if (!vm_id.empty()) s.Bind(i++, vm_id);
+  s.Bind(i, limit);
+  std::vector<EgressRecord> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    EgressRecord e;
+    e.id = s.Int(0);
+    e.vm_id = s.Text(1);
+    e.started_at = s.Double(2);
+    e.ended_at = s.Double(3);
+    e.method = s.Text(4);
+    e.host = s.Text(5);
+    e.port = static_cast<int>(s.Int(6));
+    e.address = s.Text(7);
+    e.verdict = s.Text(8);
+    e.reason = s.Text(9);
+    e.override_used = s.Int(10) != 0;
+    e.status = static_cast<int>(s.Int(11));
+    e.bytes_up = s.Int(12);
+    e.bytes_down = s.Int(13);
+    e.duration_ms = s.Double(14);
     out.push_back(std::move(e));
   }
   return out;

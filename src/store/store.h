@@ -50,6 +50,25 @@ struct ExecRecord {
   int64_t stderr_bytes = 0;
 };
 
+// One egress connection from a guest: the proxy's decision and, once closed, its traffic.
+struct EgressRecord {
+  int64_t id = 0;
+  std::string vm_id;
+  double started_at = 0;
+  double ended_at = 0;  // 0 while the connection is open
+  std::string method;   // CONNECT, or the plain-HTTP method; "" if no request head arrived
+  std::string host;     // canonical hostname, or the refused name as sent (capped)
+  int port = 0;
+  std::string address;  // the address dialled ("" if none)
+  std::string verdict;  // allowed | refused | failed
+  std::string reason;
+  bool override_used = false;  // an internal address reached through the operator override
+  int status = 0;              // HTTP status the guest got (200 = tunnel opened; 0 = none)
+  int64_t bytes_up = 0;        // guest -> upstream
+  int64_t bytes_down = 0;      // upstream -> guest
+  double duration_ms = 0;
+};
+
 class Store {
  public:
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
@@ -66,6 +85,12 @@ class Store {
   Result<int64_t> InsertExec(const ExecRecord& e);
   Status FinishExec(const ExecRecord& e);
   Result<std::vector<ExecRecord>> ListExecs(const std::string& vm_id);
+
+  Result<int64_t> InsertEgress(const EgressRecord& e);
+  // Records the end of a connection: byte counts, duration, and the final verdict/reason.
+  Status FinishEgress(const EgressRecord& e);
+  // Oldest first; all VMs if `vm_id` is empty; at most `limit` rows (the newest ones).
+  Result<std::vector<EgressRecord>> ListEgress(const std::string& vm_id, int64_t limit = 1000);
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}

@@ -83,5 +83,41 @@ TEST_F(StoreTest, ExecWithoutExitCodeStoresNull) {
   EXPECT_EQ((*list)[0].argv[0], "sleep");
 }
 
+TEST_F(StoreTest, EgressDecisionIsRecordedThenFinished) {
+  EgressRecord e;
+  e.vm_id = "aaa";
+  e.started_at = NowSeconds();
+  e.method = "CONNECT";
+  e.host = "api.test";
+  e.port = 443;
+  e.address = "127.0.0.1:443";
+  e.verdict = "allowed";
+  e.reason = "host and port on the allow-list";
+  e.override_used = true;
+  e.status = 200;
+  auto id = store_->InsertEgress(e);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EgressRecord other = e;
+  other.vm_id = "bbb";
+  other.verdict = "refused";
+  ASSERT_TRUE(store_->InsertEgress(other).ok());
+  e.id = *id;
+  e.ended_at = NowSeconds();
+  e.bytes_up = 10;
+  e.bytes_down = 20;
+  e.duration_ms = 5;
+  ASSERT_TRUE(store_->FinishEgress(e).ok());
+  auto rows = store_->ListEgress("aaa");
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].host, "api.test");
+  EXPECT_EQ((*rows)[0].bytes_down, 20);
+  EXPECT_TRUE((*rows)[0].override_used);
+  EXPECT_EQ(store_->ListEgress("")->size(), 2u);
+  EXPECT_EQ(store_->ListEgress("", 1)->at(0).vm_id, "bbb");
+  e.id = 999;
+  EXPECT_EQ(store_->FinishEgress(e).code(), Code::kNotFound);
+}
+
 }  // namespace
 }  // namespace trybox::store

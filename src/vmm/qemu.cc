@@ -66,6 +66,84 @@ void RemoveVmFiles(const std::string& dir, DestroyReport* r) {
   r->dir_removed = !PathExists(dir);
 }
 
+// How QEMU is started for egress layer 1, and the config as QEMU sees it (paths through
+// inherited directory fds when it runs as another uid).
+struct QemuSandbox {
+  VmConfig seen;
+  SpawnOptions spawn;
+  UniqueFd image_dir, vm_dir, template_dir;  // kept open until QEMU has inherited them
+};
+
+std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+Status GiveTo(const std::string& path, uid_t uid) {
+  if (::chown(path.c_str(), uid, uid) != 0) {
+    return ErrnoError("give " + path + " to uid " + std::to_string(uid));
+  }
+  return Status::Ok();
+}
+
+// How QEMU is started (egress layer 1: its own network namespace, and its own uid when the
+// daemon is root), and the config as QEMU sees it: paths through inherited directory fds
+// when it runs as another uid, so no ancestor directory needs opening up. A clone always
+// gets the template directory, its saved state and its RAM as fds 5, 6, 7.
+Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
+  QemuSandbox q;
+  q.seen = c;
+  q.spawn.new_netns = c.netns;
+  // QEMU's environment names the VM directory, so a test can find a sandboxed QEMU whose
+  // command line only says /proc/self/fd/4.
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("TRYBOX_VM_DIR=" + c.vm_dir);
+  q.spawn.env = std::move(env);
+  const bool restore = c.mode == StartMode::kRestore;
+  if (!c.qemu_uid && !restore) return q;
+
+  ASSIGN_OR_RETURN(q.image_dir, OpenFile(c.image_dir, O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSIGN_OR_RETURN(q.vm_dir, OpenFile(c.vm_dir, O_PATH | O_DIRECTORY | O_CLOEXEC));
+  q.spawn.keep_fds = {q.image_dir.get(), q.vm_dir.get()};
+  if (c.mode != StartMode::kCold) {
+    ASSIGN_OR_RETURN(q.template_dir, OpenFile(c.template_dir, O_PATH | O_DIRECTORY | O_CLOEXEC));
+    q.spawn.keep_fds.push_back(q.template_dir.get());
+  }
+  if (restore) {
+    if (state_fd < 0 || c.memory_fd < 0) {
+      return InvalidArgument("a restore needs the template's state and RAM");
+    }
+    q.spawn.keep_fds.push_back(state_fd);
+    q.spawn.keep_fds.push_back(c.memory_fd);
+  }
+  if (!c.qemu_uid) return q;
+
+  uid_t uid = *c.qemu_uid;
+  RETURN_IF_ERROR(GiveTo(c.vm_dir, uid));
+  q.seen.image_dir = FdPath(kImageDirFd);
+  q.seen.vm_dir = FdPath(kVmDirFd);
+  // The disk layer QEMU writes: the VM's own, or for a template the template's.
+  std::string disk = c.vm_dir + "/disk.qcow2";
+  if (c.mode == StartMode::kTemplate) {
+    q.seen.template_dir = FdPath(kTemplateDirFd);
+    disk = c.template_dir + kTemplateDisk;
+    RETURN_IF_ERROR(GiveTo(c.template_dir, uid));
+    RETURN_IF_ERROR(GiveTo(c.template_dir + kTemplateMemory, uid));
+  }
+  RETURN_IF_ERROR(GiveTo(disk, uid));
+  if (!restore) {
+    // The layer names its backing file by path; point it through the image's fd. -u
+    // rewrites the header only. (A clone's layer names the template's disk through fd 5.)
+    RETURN_IF_ERROR(RunChecked({"qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-b",
+                                q.seen.image_dir + "/scratch.qcow2", "-F", "qcow2", disk},
+                               std::chrono::seconds(30))
+                        .Annotate("point the disk layer at the inherited image fd"));
+  }
+  q.spawn.uid = uid;
+  q.spawn.gid = static_cast<gid_t>(uid);
+  struct stat kvm;
+  if (c.accel == "kvm" && ::stat("/dev/kvm", &kvm) == 0) q.spawn.groups = {kvm.st_gid};
+  return q;
+}
+
 }  // namespace
 
 std::string KernelCmdline(const VmConfig& c) {
@@ -139,8 +217,7 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
     // clone reads the same pages and copies only what it writes, and no process, the
     // clones' included, can write the original.
     const bool share = c.mode == StartMode::kTemplate;
-    const std::string path = share ? c.template_dir + kTemplateMemory
-                                   : "/proc/self/fd/" + std::to_string(kRestoreMemoryFd);
+    const std::string path = share ? c.template_dir + kTemplateMemory : FdPath(kRestoreMemoryFd);
     a.insert(a.end(), {"-object",
                        "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mib) +
                            "M,mem-path=" + path + (share ? ",share=on" : ",share=off"),
@@ -219,14 +296,14 @@ Status Vm::Fail(const Status& st) {
   return Status(st.code(), msg);
 }
 
-Status Vm::Spawn(std::vector<int> keep) {
+Status Vm::Spawn(int state_fd) {
+  ASSIGN_OR_RETURN(QemuSandbox sandbox, SandboxQemu(config_, state_fd));
   auto log = OpenFile(config_.vm_dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!log.ok()) return log.status();
-  SpawnOptions opts;
-  opts.argv = QemuArgv(config_);
+  SpawnOptions opts = std::move(sandbox.spawn);
+  opts.argv = QemuArgv(sandbox.seen);
   opts.stdout_fd = log->get();
   opts.stderr_fd = log->get();
-  opts.keep_fds = std::move(keep);
   auto child = ChildProcess::Spawn(opts);
   if (!child.ok()) return child.status().Annotate("start QEMU");
   pid_ = child->Release();
@@ -249,6 +326,16 @@ Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
     ::usleep(1000);
   }
   mux_ = std::make_unique<channel::Mux>(std::move(ctl), channel::Role::kHost);
+  // The guest may open streams (egress); they go to whatever handler is set when they come.
+  mux_->OnOpen([slot = guest_open_](std::shared_ptr<channel::Stream> s, Json req) {
+    channel::Mux::OpenHandler h;
+    {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      h = slot->handler;
+    }
+    if (h) return h(std::move(s), std::move(req));
+    (void)s->Reset("this VM has no egress handler");
+  });
   auto hello = std::make_shared<std::promise<Json>>();
   auto once = std::make_shared<std::once_flag>();
   mux_->OnControl([hello, once](const Json& e) {
@@ -287,7 +374,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
       return vm->Fail(ErrnoError("create the template's memory file"));
     }
   }
-  st = vm->Spawn({});
+  st = vm->Spawn(-1);
   if (!st.ok()) return vm->Fail(st);
   auto hello = vm->AwaitHello(deadline);
   if (!hello.ok()) {
@@ -323,8 +410,7 @@ Result<std::unique_ptr<Vm>> Vm::Restore(const VmConfig& config, std::chrono::mil
   if (!st.ok()) return vm->Fail(st.Annotate("create the clone's disk layer"));
   UniqueFd state(::open((tpl + kTemplateState).c_str(), O_RDONLY | O_CLOEXEC));
   if (!state.valid()) return vm->Fail(ErrnoError("open the template's saved state"));
-  if (config.memory_fd < 0) return vm->Fail(InvalidArgument("restore without the template's RAM"));
-  st = vm->Spawn({state.get(), config.memory_fd});  // kRestoreStateFd, kRestoreMemoryFd
+  st = vm->Spawn(state.get());
   if (!st.ok()) return vm->Fail(st);
   state.Reset();
   vm->phases_["spawned"] = MsSince(start);
@@ -466,6 +552,11 @@ void Vm::WatchQemu() {
   exited_cv_.notify_all();
 }
 
+void Vm::SetGuestOpen(channel::Mux::OpenHandler handler) {
+  std::lock_guard<std::mutex> lock(guest_open_->mu);
+  guest_open_->handler = std::move(handler);
+}
+
 bool Vm::QemuExited() const {
   std::lock_guard<std::mutex> lock(mu_);
   return qemu_exit_.has_value();
@@ -533,9 +624,9 @@ DestroyReport Vm::Destroy() {
 
 DestroyReport ReapOrphan(const std::string& id, int64_t pid, const std::string& vm_dir) {
   DestroyReport r;
-  // Candidates: the recorded pid, and any process whose argv names this VM's control
-  // socket (a daemon killed between spawning QEMU and writing qemu.pid left no pid).
-  std::vector<pid_t> pids = FindProcesses(vm_dir + "/ctl.sock,");
+  // Candidates: the recorded pid, and any process whose argv names this VM (-name
+  // trybox-vm-ID,...): a daemon killed between spawning QEMU and writing qemu.pid left none.
+  std::vector<pid_t> pids = FindProcesses("trybox-vm-" + id + ",");
   if (pid > 0) pids.push_back(static_cast<pid_t>(pid));
   // Only a process whose command line still names this VM is ours: pids get reused.
   auto still_ours = [&](pid_t p) {

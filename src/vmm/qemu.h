@@ -48,11 +48,22 @@ struct VmConfig {
   std::string template_dir;
   // kRestore: the template's RAM as a sealed memfd (TemplateStore::Lease::memory_fd).
   int memory_fd = -1;
+  // Egress layer 1 (docs/architecture.md): QEMU starts in a network namespace of its own with
+  // only `lo`, and, if `qemu_uid` is set (the daemon is root), as that uid and gid. QEMU then
+  // reaches the image and the VM directory through inherited directory fds
+  // (/proc/self/fd/3 and /proc/self/fd/4), so neither path's ancestors need opening up.
+  bool netns = true;
+  std::optional<uid_t> qemu_uid;
 };
 
-// Where a clone's QEMU finds its inherited descriptors: the saved state, and the RAM.
-inline constexpr int kRestoreStateFd = 3;
-inline constexpr int kRestoreMemoryFd = 4;
+// Descriptors QEMU inherits: the image and VM directories (O_PATH) when it runs as another
+// uid, plus the template directory, the saved state and the RAM memfd for a clone (always:
+// a clone's disk names its backing file through the template directory's fd).
+inline constexpr int kImageDirFd = 3;
+inline constexpr int kVmDirFd = 4;
+inline constexpr int kTemplateDirFd = 5;
+inline constexpr int kRestoreStateFd = 6;
+inline constexpr int kRestoreMemoryFd = 7;
 
 // Files of a template directory.
 inline constexpr const char* kTemplateMemory = "/memory";
@@ -127,6 +138,10 @@ class Vm {
   // Why the VM is no longer usable ("" while alive): QEMU exit or channel loss.
   std::string death_reason() const;
 
+  // Where streams the guest opens (egress tunnels) go. Until one is set they are refused.
+  // A spare clone gets its handler when it is handed out.
+  void SetGuestOpen(channel::Mux::OpenHandler handler);
+
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
   // Idempotent: a second call returns the first report.
   DestroyReport Destroy();
@@ -137,8 +152,9 @@ class Vm {
  private:
   explicit Vm(VmConfig c) : config_(std::move(c)) {}
   void WatchQemu();
-  // Spawns QEMU with `keep` inherited as fds 3, 4, ... and starts the exit watcher.
-  Status Spawn(std::vector<int> keep);
+  // Spawns QEMU, sandboxed as the config says (egress layer 1), with `state_fd` and the
+  // config's memory fd for a restore, and starts the exit watcher.
+  Status Spawn(int state_fd);
   // Connects the control socket, runs the Mux, and waits for the guest agent's hello.
   Result<Json> AwaitHello(std::chrono::steady_clock::time_point deadline);
   // Kills what was started and returns `st` with QEMU's log and the console tail.
@@ -153,6 +169,12 @@ class Vm {
   std::string boot_id_;
   Json phases_ = Json::object();
   std::unique_ptr<channel::Mux> mux_;
+  // Shared with the Mux's handler threads, which may outlive a destroyed Vm by a moment.
+  struct OpenSlot {
+    std::mutex mu;
+    channel::Mux::OpenHandler handler;  // GUARDED_BY(mu)
+  };
+  std::shared_ptr<OpenSlot> guest_open_ = std::make_shared<OpenSlot>();
   std::thread watcher_;  // waits for QEMU's exit
   mutable std::mutex mu_;
   mutable std::condition_variable exited_cv_;

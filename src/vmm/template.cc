@@ -110,6 +110,7 @@ std::string TemplateMismatch(const Json& meta, const TemplateKey& key) {
            key.inputs["qemu_version"].get<std::string>() + ")";
   }
   if (differs("cmdline")) return "the kernel command line changed";
+  if (differs("qemu_own_uid")) return "QEMU's user changed (the daemon runs as another user)";
   if (differs("memory_mib") || differs("cpus") || differs("accel")) {
     return "the machine shape changed";
   }
@@ -144,8 +145,8 @@ std::string TemplateStore::Check(const std::string& dir, const TemplateKey& key,
   return "";
 }
 
-Status TemplateStore::Build(const TemplateShape& shape, const TemplateKey& key,
-                            const std::string& dir, double* build_ms) {
+Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
+                            const TemplateKey& key, const std::string& dir, double* build_ms) {
   auto start = Clock::now();
   RETURN_IF_ERROR(MakeDirs(root_, 0700));
   RETURN_IF_ERROR(MakeDirs(run_dir_, 0700));
@@ -166,23 +167,42 @@ Status TemplateStore::Build(const TemplateShape& shape, const TemplateKey& key,
   c.qemu = shape.qemu;
   c.mode = StartMode::kTemplate;
   c.template_dir = building;
+  c.netns = sandbox.netns;
+  c.qemu_uid = sandbox.uid;
   auto vm = Vm::Boot(c, boot_timeout_);
   if (!vm.ok()) return cleanup(vm.status().Annotate("boot the template VM"));
   double boot_ms = (*vm)->boot_ms();
   Status st = (*vm)->SaveTemplate(boot_timeout_);
   vm->reset();
   if (!st.ok()) return cleanup(st);
-  // Clones copy this overlay. It must name the template's disk where it will live after
-  // the rename below, so it is made against the disk here and then re-pointed (rebase -u
-  // changes only the name).
-  const std::string overlay = building + kTemplateCloneDisk;
-  st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-b", building + kTemplateDisk, "-F",
-                   "qcow2", overlay},
-                  std::chrono::seconds(30));
-  if (st.ok()) {
-    st = RunChecked({"qemu-img", "rebase", "-u", "-F", "qcow2", "-b", dir + kTemplateDisk, overlay},
-                    std::chrono::seconds(30));
+  // Back to the daemon's user (the template VM may have run as its own uid). Clones, which
+  // may each run as another uid, need to read the disk (through the directory's fd);
+  // nobody else needs anything here.
+  for (const char* f : {"", kTemplateDisk, kTemplateMemory, kTemplateState}) {
+    if (::chown((building + f).c_str(), ::geteuid(), ::getegid()) != 0) {
+      return cleanup(ErrnoError("chown " + building + f));
+    }
   }
+  if (::chmod(building.c_str(), 0711) != 0 || ::chmod((building + kTemplateDisk).c_str(), 0644) ||
+      ::chmod((building + kTemplateMemory).c_str(), 0600) != 0) {
+    return cleanup(ErrnoError("chmod the template"));
+  }
+  // Clones copy this overlay. It names the template's disk through the template directory's
+  // inherited fd (kTemplateDirFd), so it does not depend on where the directory lives, and
+  // nothing here could open that name: -u, with the size the disk has (the image's scratch
+  // layer's, which it overlays).
+  auto info = RunCommand({"qemu-img", "info", "--output=json", shape.image_dir + "/scratch.qcow2"},
+                         std::chrono::seconds(30));
+  Json disk_info = info.ok() ? Json::parse(info->output, nullptr, false) : Json();
+  if (!disk_info.is_object() || !disk_info.contains("virtual-size")) {
+    return cleanup(Internal("qemu-img info of the image's scratch layer gave no size: " +
+                            (info.ok() ? info->output : info.status().message())));
+  }
+  const std::string overlay = building + kTemplateCloneDisk;
+  st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b",
+                   "/proc/self/fd/" + std::to_string(kTemplateDirFd) + kTemplateDisk, "-F", "qcow2",
+                   overlay, std::to_string(disk_info["virtual-size"].get<int64_t>())},
+                  std::chrono::seconds(30));
   if (!st.ok()) return cleanup(st.Annotate("create the clone overlay"));
   *build_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   Json meta = {{"format", kMetaFormat},
@@ -202,7 +222,8 @@ Status TemplateStore::Build(const TemplateShape& shape, const TemplateKey& key,
   return Status::Ok();
 }
 
-Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape) {
+Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape,
+                                                const Sandbox& sandbox) {
   ASSIGN_OR_RETURN(TemplateKey key, ComputeTemplateKey(shape));
   const std::string dir = DirFor(shape);
   std::shared_mutex& m = LockFor(dir);
@@ -222,7 +243,7 @@ Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape) {
     if (why.empty()) continue;  // another caller built it meanwhile
     LogInfo("templates", "building the " + shape.image_name + " template: " + why);
     Forget(dir);
-    RETURN_IF_ERROR(Build(shape, key, dir, &lease.build_ms));
+    RETURN_IF_ERROR(Build(shape, sandbox, key, dir, &lease.build_ms));
     LogInfo("templates",
             "built " + dir + " in " + std::to_string(static_cast<int>(lease.build_ms)) + " ms");
     lease.built = true;
@@ -319,10 +340,10 @@ Json TemplateStore::Describe(const TemplateShape& shape) {
 
 Json DescribeImageTemplate(const std::string& templates_root, const std::string& image_name,
                            const std::string& image_dir, const std::string& accel,
-                           const std::string& qemu) {
+                           const std::string& qemu, bool own_uid) {
   auto sha = Sha256File(image_dir + "/manifest.json");
   if (!sha.ok()) return {{"state", "unknown"}, {"reason", sha.status().message()}};
-  TemplateShape shape{image_name, image_dir, *sha, kDefaultMemoryMib, 1, accel, qemu};
+  TemplateShape shape{image_name, image_dir, *sha, kDefaultMemoryMib, 1, accel, qemu, own_uid};
   TemplateStore store(templates_root, "", std::chrono::milliseconds(0));
   return store.Describe(shape);
 }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 
@@ -35,6 +36,10 @@ struct TemplateShape {
   int cpus = 1;
   std::string accel = "tcg";
   std::string qemu = "qemu-system-x86_64";
+  // QEMU runs as a uid of its own (the daemon is root): the template's disk then names
+  // its backing file through an inherited fd, so such templates are not interchangeable
+  // with the others.
+  bool own_uid = false;
 };
 
 // The first line of `qemu --version`, cached per binary (path, size, mtime).
@@ -65,9 +70,14 @@ class TemplateStore {
     double build_ms = 0;
     std::shared_lock<std::shared_mutex> hold;
   };
+  // How a template VM is confined while it boots (egress layer 1, as for every VM).
+  struct Sandbox {
+    bool netns = true;
+    std::optional<uid_t> uid;  // set iff shape.own_uid
+  };
   // Returns the valid template for `shape`, building it first when there is none or the
   // one on disk does not match (image, QEMU, argv). kUnavailable etc. if the build fails.
-  Result<Lease> Get(const TemplateShape& shape);
+  Result<Lease> Get(const TemplateShape& shape, const Sandbox& sandbox);
 
   // Removes a template that failed to restore, so that the next Get rebuilds it. Call
   // without holding a Lease on it.
@@ -87,8 +97,8 @@ class TemplateStore {
   void Forget(const std::string& dir);
   // With the exclusive lock held: "" if the template in `dir` fits `key`, else why not.
   std::string Check(const std::string& dir, const TemplateKey& key, int memory_mib);
-  Status Build(const TemplateShape& shape, const TemplateKey& key, const std::string& dir,
-               double* build_ms);
+  Status Build(const TemplateShape& shape, const Sandbox& sandbox, const TemplateKey& key,
+               const std::string& dir, double* build_ms);
 
   const std::string root_;
   const std::string run_dir_;
@@ -106,6 +116,7 @@ class TemplateStore {
 // one cpu) of a valid image, under `templates_root`.
 nlohmann::json DescribeImageTemplate(const std::string& templates_root,
                                      const std::string& image_name, const std::string& image_dir,
-                                     const std::string& accel, const std::string& qemu);
+                                     const std::string& accel, const std::string& qemu,
+                                     bool own_uid);
 
 }  // namespace trybox::vmm

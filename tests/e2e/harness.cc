@@ -140,7 +140,12 @@ std::vector<pid_t> Harness::QemuPids() const {
     pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
     if (pid <= 0) continue;
     std::string cmd = ProcessCmdline(pid);
-    if (cmd.find("trybox-vm-") != std::string::npos && cmd.find(home_) != std::string::npos) {
+    if (cmd.find("trybox-vm-") == std::string::npos) continue;
+    // A sandboxed QEMU names its directories as /proc/self/fd/N; its environment says where
+    // they are (TRYBOX_VM_DIR).
+    std::string env = ReadFileToString("/proc/" + std::to_string(pid) + "/environ").value_or("");
+    if (cmd.find(home_) != std::string::npos ||
+        env.find("TRYBOX_VM_DIR=" + home_) != std::string::npos) {
       pids.push_back(pid);
     }
   }

@@ -162,6 +162,8 @@ TEST_F(TemplateE2E, ImageChangeAndQemuChangeRebuildTheTemplate) {
   char tmpl[] = "/tmp/tbx-img-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string images = tmpl;
+  // QEMU may run as a uid of its own (root daemon): it must be able to run the wrapper.
+  ASSERT_EQ(::chmod(images.c_str(), 0755), 0);
   const std::string shared = Paths::FromEnvironment().images + "/debian-12";
   ASSERT_TRUE(RunChecked({"cp", "-al", shared, images + "/debian-12"}).ok());
   // A QEMU that reports another version: a wrapper the test can switch.

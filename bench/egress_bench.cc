@@ -1,0 +1,237 @@
+// Egress benchmarks (issue 4). Prints figures; asserts nothing.
+//
+//   tunnel throughput      guest curl through trybox-init's relay and tryboxd's proxy, MB/s,
+//                          beside a direct host loopback connection of the same bytes, the
+//                          proxy alone on the host, and the guest channel's own ceiling
+//   tunnel setup           p50/p99 of CONNECT sent -> "200 Connection established" in the guest
+//   concurrent tunnels     N tunnels from one VM open at once (the upstream holds every
+//                          request until all N are in), each echoing a random body; bytes lost
+//
+// Usage: egress_bench [--mib N] [--setups N] [--tunnels N]
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "egress/proxy.h"
+#include "tests/e2e/harness.h"
+#include "tests/e2e/upstream.h"
+#include "util/tcp.h"
+
+using trybox::Status;
+using trybox::UniqueFd;
+using trybox::e2e::CliResult;
+using trybox::e2e::Harness;
+using trybox::e2e::HttpUpstream;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+[[noreturn]] void Die(const std::string& what, const std::string& why) {
+  std::fprintf(stderr, "bench: %s: %s\n", what.c_str(), why.c_str());
+  std::exit(1);
+}
+
+double Seconds(Clock::time_point a) {
+  return std::chrono::duration<double>(Clock::now() - a).count();
+}
+
+// Reads an HTTP response to EOF; returns body bytes (after the head).
+size_t ReadResponseBody(int fd) {
+  std::string buf(1 << 20, '\0');
+  size_t total = 0, head_end = std::string::npos;
+  std::string head;
+  for (;;) {
+    auto n = trybox::ReadSome(fd, buf.data(), buf.size());
+    if (!n.ok() || *n == 0) break;
+    if (head_end == std::string::npos) {
+      head.append(buf.data(), *n);
+      head_end = head.find("\r\n\r\n");
+      if (head_end != std::string::npos) total = head.size() - head_end - 4;
+    } else {
+      total += *n;
+    }
+  }
+  return total;
+}
+
+// GET /bytes/N straight from the upstream over host loopback.
+double DirectMBps(uint16_t port, size_t bytes) {
+  auto start = Clock::now();
+  UniqueFd c = trybox::ConnectTcpLoopback(port).value();
+  (void)trybox::WriteFull(c.get(), "GET /bytes/" + std::to_string(bytes) + " HTTP/1.1\r\n\r\n");
+  size_t got = ReadResponseBody(c.get());
+  if (got != bytes) Die("direct", "short body");
+  return static_cast<double>(bytes) / 1e6 / Seconds(start);
+}
+
+// The same through the egress proxy library on the host (no guest, no channel): a CONNECT
+// over loopback to ServeConnection, as the daemon runs it.
+double ProxyOnlyMBps(uint16_t port, size_t bytes) {
+  trybox::egress::Policy policy;
+  policy.allow =
+      trybox::egress::AllowList::Parse({"upstream.test:" + std::to_string(port)}).value();
+  policy.overrides = {
+      trybox::egress::AddressOverride::Parse("127.0.0.1:" + std::to_string(port)).value()};
+  auto resolver = trybox::egress::MapResolver::FromJson({{"upstream.test", {"127.0.0.1"}}}).value();
+  trybox::egress::TunnelSlots slots(4);
+  trybox::TcpListener l = trybox::ListenTcpLoopback(0).value();
+  std::thread server([&] {
+    auto c = trybox::AcceptTcp(l.fd.get()).value();
+    trybox::egress::FdClient client(c.get());
+    trybox::egress::ServeConnection(client, {&policy, resolver.get(), &slots, nullptr, "bench"});
+  });
+  auto start = Clock::now();
+  UniqueFd c = trybox::ConnectTcpLoopback(l.port).value();
+  std::string target = "upstream.test:" + std::to_string(port);
+  (void)trybox::WriteFull(c.get(), "CONNECT " + target + " HTTP/1.1\r\n\r\nGET /bytes/" +
+                                       std::to_string(bytes) + " HTTP/1.1\r\n\r\n");
+  // The 200 Connection established head comes first, then the upstream's response.
+  std::string head;
+  char ch;
+  while (head.find("\r\n\r\n") == std::string::npos) {
+    if (!trybox::ReadSome(c.get(), &ch, 1).ok()) break;
+    head += ch;
+  }
+  size_t got = ReadResponseBody(c.get());
+  double mbps = static_cast<double>(bytes) / 1e6 / Seconds(start);
+  ::shutdown(c.get(), SHUT_WR);
+  server.join();
+  if (got != bytes) Die("proxy only", "short body");
+  return mbps;
+}
+
+std::vector<double> Numbers(const std::string& s) {
+  std::vector<double> v;
+  std::istringstream in(s);
+  double x;
+  while (in >> x) v.push_back(x);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int mib = 64, setups = 50, tunnels = 200;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    int v = std::atoi(argv[i + 1]);
+    if (a == "--mib") mib = v;
+    if (a == "--setups") setups = v;
+    if (a == "--tunnels") tunnels = v;
+  }
+  const size_t bytes = static_cast<size_t>(mib) << 20;
+  HttpUpstream up;
+  const std::string port = std::to_string(up.port());
+  const std::string base = "http://upstream.test:" + port;
+
+  auto h = Harness::Start();
+  if (!h.ok()) Die("harness", h.status().ToString());
+  Status st = (*h)->StopDaemon();
+  (void)trybox::MakeDirs((*h)->home() + "/config", 0700);
+  Json config = {{"resolve", {{"upstream.test", {"127.0.0.1"}}}},
+                 {"internal_allow", {"127.0.0.1:" + port}},
+                 {"max_tunnels_per_vm", std::max(256, tunnels)}};
+  (void)trybox::WriteFileAtomic((*h)->home() + "/config/egress.json", config.dump());
+  st = (*h)->RestartDaemon();
+  if (!st.ok()) Die("daemon", st.ToString());
+  CliResult c = (*h)->Cli({"create", "--memory", "1024", "--allow", "upstream.test:" + port});
+  if (c.code != 0) Die("create", c.err);
+  std::string id = c.out.substr(0, c.out.find('\n'));
+  auto sh = [&](const std::string& s) {
+    CliResult r = (*h)->Cli({"exec", id, "--", "bash", "-c", s});
+    if (r.code != 0) Die("exec " + s, r.err);
+    return r.out;
+  };
+
+  std::printf("egress_bench: %d MiB transfers, %d setups, %d concurrent tunnels\n", mib, setups,
+              tunnels);
+  // Throughput. curl's time_pretransfer marks the tunnel as open, so the rate is the bytes'.
+  auto w =
+      Numbers(sh("curl -sS -p -o /dev/null -w '%{size_download} %{time_pretransfer} "
+                 "%{time_total}' " +
+                 base + "/bytes/" + std::to_string(bytes)));
+  double down = w[0] / 1e6 / (w[2] - w[1]);
+  sh("head -c " + std::to_string(bytes) + " /dev/urandom > /root/big");
+  auto u =
+      Numbers(sh("curl -sS -p --data-binary @/root/big -o /dev/null -w '%{size_upload} "
+                 "%{time_pretransfer} %{time_total}' " +
+                 base + "/sink"));
+  double upload = u[0] / 1e6 / (u[2] - u[1]);
+  // The channel alone: the same bytes as exec stdout over the same virtio-serial port.
+  auto t0 = Clock::now();
+  CliResult cat = (*h)->Cli({"exec", id, "--", "head", "-c", std::to_string(bytes), "/dev/zero"});
+  double channel = static_cast<double>(cat.out.size()) / 1e6 / Seconds(t0);
+  double direct = DirectMBps(up.port(), bytes);
+  double proxy_only = ProxyOnlyMBps(up.port(), bytes);
+  std::printf("\nthroughput (%d MiB)\n", mib);
+  std::printf("  guest tunnel download            %8.1f MB/s\n", down);
+  std::printf("  guest tunnel upload              %8.1f MB/s\n", upload);
+  std::printf("  direct host loopback (no proxy)  %8.1f MB/s   tunnel/direct   %.3f\n", direct,
+              down / direct);
+  std::printf("  proxy alone on the host          %8.1f MB/s   proxy/direct    %.3f\n", proxy_only,
+              proxy_only / direct);
+  std::printf("  guest channel (exec stdout)      %8.1f MB/s   tunnel/channel  %.3f\n", channel,
+              down / channel);
+
+  // Setup: CONNECT sent (after the TCP connect to the relay) -> tunnel established.
+  std::string loop = "for i in $(seq " + std::to_string(setups) +
+                     "); do curl -sS -p -o /dev/null -w '%{time_connect} %{time_pretransfer} "
+                     "%{time_total}\\n' " +
+                     base + "/; done";
+  auto s = Numbers(sh(loop));
+  std::vector<double> setup, total;
+  for (size_t i = 0; i + 2 < s.size(); i += 3) {
+    setup.push_back((s[i + 1] - s[i]) * 1000);
+    total.push_back(s[i + 2] * 1000);
+  }
+  std::printf("\ntunnel setup, n=%zu (in the guest, curl's clock)\n", setup.size());
+  std::printf("  CONNECT -> established  p50 %6.1f ms  p99 %6.1f ms\n", Pct(setup, 50),
+              Pct(setup, 99));
+  std::printf("  whole request           p50 %6.1f ms  p99 %6.1f ms\n", Pct(total, 50),
+              Pct(total, 99));
+
+  // Concurrency: every echo is held until all N are in flight at once.
+  up.SetEchoBarrier(tunnels, std::chrono::seconds(120));
+  sh("head -c 65536 /dev/urandom > /root/t && mkdir -p /root/o && rm -f /root/o/*");
+  auto start = Clock::now();
+  // --parallel-immediate: open every connection at once instead of waiting to multiplex.
+  sh("curl -sS -Z --parallel-immediate --parallel-max " + std::to_string(tunnels) +
+     " -p --data-binary @/root/t -o '/root/o/#1' '" + base + "/echo?i=[1-" +
+     std::to_string(tunnels) + "]'");
+  double secs = Seconds(start);
+  std::string want = sh("sha256sum < /root/t").substr(0, 64);
+  std::string got =
+      sh("cd /root/o && ls | wc -l && sha256sum * | awk '{print $1}' | sort | "
+         "uniq -c");
+  int files = std::atoi(got.c_str());
+  int matching = 0;
+  std::istringstream in(got.substr(got.find('\n') + 1));
+  int n;
+  std::string sha;
+  while (in >> n >> sha) {
+    if (sha == want) matching = n;
+  }
+  std::printf("\n%d concurrent tunnels from one VM, 64 KiB each way\n", tunnels);
+  std::printf("  most open at once at the upstream  %d\n", up.max_concurrent_echo());
+  std::printf("  bodies back %d, byte-exact %d, lost or corrupt %d, in %.1f s\n", files, matching,
+              tunnels - matching, secs);
+  (void)(*h)->Cli({"rm", id});
+  return 0;
+}

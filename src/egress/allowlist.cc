@@ -1,0 +1,131 @@
+#include "egress/allowlist.h"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+#include "egress/hostname.h"
+
+namespace trybox::egress {
+namespace {
+
+Result<int> ParsePort(std::string_view s, std::string_view whole) {
+  bool digits = !s.empty() && s.size() <= 5;
+  for (char c : s) digits = digits && c >= '0' && c <= '9';
+  int port = digits ? std::stoi(std::string(s)) : 0;
+  if (!digits || port < 1 || port > 65535) {
+    return InvalidArgument("'" + std::string(whole) + "': port must be 1..65535");
+  }
+  return port;
+}
+
+}  // namespace
+
+bool AllowEntry::MatchesHost(const std::string& h) const {
+  if (!wildcard) return h == host;
+  return h.size() > host.size() + 1 && h.compare(h.size() - host.size(), host.size(), host) == 0 &&
+         h[h.size() - host.size() - 1] == '.';
+}
+
+std::string AllowEntry::ToString() const {
+  return (wildcard ? "*." : "") + host + ":" + std::to_string(port);
+}
+
+Result<AllowEntry> ParseAllowEntry(std::string_view text) {
+  AllowEntry e;
+  std::string_view host = text;
+  size_t colon = text.rfind(':');
+  if (colon != std::string_view::npos && text.find(':') == colon) {
+    ASSIGN_OR_RETURN(e.port, ParsePort(text.substr(colon + 1), text));
+    host = text.substr(0, colon);
+  }
+  if (host.substr(0, 2) == "*.") {
+    e.wildcard = true;
+    host.remove_prefix(2);
+  }
+  auto canonical = CanonicalHostname(host);
+  if (!canonical.ok()) return canonical.status().Annotate("allow-list entry");
+  e.host = *canonical;
+  // "*.com" would allow a whole top-level domain: refused as almost certainly a mistake.
+  if (e.wildcard && e.host.find('.') == std::string::npos) {
+    return InvalidArgument("allow-list entry '" + std::string(text) +
+                           "': a wildcard needs at least two labels after '*.'");
+  }
+  return e;
+}
+
+Result<AllowList> AllowList::Parse(const std::vector<std::string>& texts) {
+  std::vector<AllowEntry> entries;
+  for (const auto& t : texts) {
+    ASSIGN_OR_RETURN(AllowEntry e, ParseAllowEntry(t));
+    entries.push_back(std::move(e));
+  }
+  return AllowList(std::move(entries));
+}
+
+std::string AllowList::Check(const std::string& host, int port) const {
+  bool host_listed = false;
+  for (const auto& e : entries_) {
+    if (!e.MatchesHost(host)) continue;
+    if (e.port == port) return "";
+    host_listed = true;
+  }
+  if (host_listed) return "port " + std::to_string(port) + " is not allowed for " + host;
+  return host + " is not on the VM's allow-list";
+}
+
+std::vector<std::string> AllowList::ToStrings() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.ToString());
+  return out;
+}
+
+Result<AddressOverride> AddressOverride::Parse(std::string_view text) {
+  AddressOverride o;
+  o.text = std::string(text);
+  std::string addr;
+  std::string_view port;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find("]:");
+    if (close == std::string_view::npos) {
+      return InvalidArgument("address override '" + o.text + "': expected [IPV6]:PORT");
+    }
+    addr = std::string(text.substr(1, close - 1));
+    port = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos) {
+      return InvalidArgument("address override '" + o.text + "': expected IPV4:PORT");
+    }
+    addr = std::string(text.substr(0, colon));
+    port = text.substr(colon + 1);
+  }
+  ASSIGN_OR_RETURN(int p, ParsePort(port, text));
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&o.addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&o.addr);
+  if (::inet_pton(AF_INET, addr.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(p));
+  } else if (::inet_pton(AF_INET6, addr.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(p));
+  } else {
+    return InvalidArgument("address override '" + o.text + "': not a numeric IP address");
+  }
+  return o;
+}
+
+bool AddressOverride::Matches(const sockaddr_storage& a) const {
+  if (a.ss_family != addr.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    auto* x = reinterpret_cast<const sockaddr_in*>(&a);
+    auto* y = reinterpret_cast<const sockaddr_in*>(&addr);
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  auto* x = reinterpret_cast<const sockaddr_in6*>(&a);
+  auto* y = reinterpret_cast<const sockaddr_in6*>(&addr);
+  return x->sin6_port == y->sin6_port &&
+         std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
+}
+
+}  // namespace trybox::egress

@@ -1,0 +1,71 @@
+#include "egress/config.h"
+
+#include <set>
+
+#include "egress/proxy.h"
+#include "util/fd.h"
+#include "util/names.h"
+
+namespace trybox::egress {
+
+Result<Config> ParseConfig(const nlohmann::json& j) {
+  Config c;
+  if (!j.is_object()) return InvalidArgument("egress config must be a JSON object");
+  static const std::set<std::string> kKeys = {
+      "profiles", "max_tunnels_per_vm", "head_timeout_ms", "connect_timeout_ms", "internal_allow",
+      "resolve",  "qemu_netns",         "qemu_drop_uid",   "qemu_uid_base"};
+  for (const auto& [key, value] : j.items()) {
+    if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
+  }
+  try {
+    if (j.contains("profiles")) {
+      for (const auto& [name, entries] : j.at("profiles").items()) {
+        RETURN_IF_ERROR(ValidateName("profile name", name));
+        std::vector<std::string> list = entries.get<std::vector<std::string>>();
+        auto parsed = AllowList::Parse(list);
+        if (!parsed.ok()) return parsed.status().Annotate("egress config: profile " + name);
+        c.profiles[name] = list;
+      }
+    }
+    c.max_tunnels_per_vm = j.value("max_tunnels_per_vm", c.max_tunnels_per_vm);
+    if (c.max_tunnels_per_vm < 1) {
+      return InvalidArgument("egress config: max_tunnels_per_vm must be at least 1");
+    }
+    c.head_timeout = std::chrono::milliseconds(j.value("head_timeout_ms", int64_t{10000}));
+    c.connect_timeout = std::chrono::milliseconds(j.value("connect_timeout_ms", int64_t{10000}));
+    if (c.head_timeout.count() <= 0 || c.connect_timeout.count() <= 0) {
+      return InvalidArgument("egress config: timeouts must be positive");
+    }
+    for (const auto& text : j.value("internal_allow", std::vector<std::string>{})) {
+      auto o = AddressOverride::Parse(text);
+      if (!o.ok()) return o.status().Annotate("egress config: internal_allow");
+      c.internal_allow.push_back(*o);
+    }
+    if (j.contains("resolve")) {
+      auto r = MapResolver::FromJson(j.at("resolve"));
+      if (!r.ok()) return r.status().Annotate("egress config");
+      c.resolve = j.at("resolve");
+    }
+    c.qemu_netns = j.value("qemu_netns", true);
+    c.qemu_drop_uid = j.value("qemu_drop_uid", true);
+    c.qemu_uid_base = j.value("qemu_uid_base", c.qemu_uid_base);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("egress config: ") + e.what());
+  }
+  return c;
+}
+
+Result<Config> LoadConfig(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) {
+    if (text.status().code() == Code::kNotFound) return Config{};
+    return text.status();
+  }
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded()) return InvalidArgument(path + ": not valid JSON");
+  auto c = ParseConfig(j);
+  if (!c.ok()) return c.status().Annotate(path);
+  return c;
+}
+
+}  // namespace trybox::egress

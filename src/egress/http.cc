@@ -1,0 +1,155 @@
+#include "egress/http.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace trybox::egress {
+namespace {
+
+bool IsTchar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+bool IsToken(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), IsTchar); }
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+Result<int> Port(std::string_view s) {
+  bool ok = !s.empty() && s.size() <= 5 &&
+            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  int p = ok ? std::stoi(std::string(s)) : 0;
+  if (p < 1 || p > 65535) return InvalidArgument("bad port '" + std::string(s.substr(0, 16)) + "'");
+  return p;
+}
+
+// "host:port", "[v6]:port", "host". Splits at the last ':' outside brackets.
+Result<std::pair<std::string, std::optional<int>>> SplitAuthority(std::string_view a) {
+  std::string_view host = a;
+  std::optional<int> port;
+  size_t colon = a.rfind(':');
+  size_t bracket = a.rfind(']');
+  if (colon != std::string_view::npos && (bracket == std::string_view::npos || colon > bracket)) {
+    ASSIGN_OR_RETURN(port, Port(a.substr(colon + 1)));
+    host = a.substr(0, colon);
+  }
+  if (host.empty()) return InvalidArgument("empty host");
+  return std::make_pair(std::string(host), port);
+}
+
+}  // namespace
+
+Result<std::optional<RequestHead>> ParseRequestHead(std::string_view buf, size_t max_head) {
+  size_t end = buf.find("\r\n\r\n");
+  if (end == std::string_view::npos) {
+    if (buf.size() >= max_head) {
+      return ResourceExhausted("request head larger than " + std::to_string(max_head) + " bytes");
+    }
+    return std::optional<RequestHead>();
+  }
+  if (end + 4 > max_head) {
+    return ResourceExhausted("request head larger than " + std::to_string(max_head) + " bytes");
+  }
+  RequestHead h;
+  h.size = end + 4;
+  std::string_view head = buf.substr(0, end + 2);  // every line ends in CRLF
+  std::vector<std::string_view> lines;
+  while (!head.empty()) {
+    size_t crlf = head.find("\r\n");
+    std::string_view line = head.substr(0, crlf);
+    if (line.find('\n') != std::string_view::npos || line.find('\r') != std::string_view::npos) {
+      return InvalidArgument("bare CR or LF in the request head");
+    }
+    lines.push_back(line);
+    head.remove_prefix(crlf + 2);
+  }
+  std::string_view rl = lines.front();
+  size_t sp1 = rl.find(' ');
+  size_t sp2 = sp1 == std::string_view::npos ? sp1 : rl.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos || rl.find(' ', sp2 + 1) != std::string_view::npos) {
+    return InvalidArgument("request line is not 'METHOD TARGET VERSION'");
+  }
+  h.method = std::string(rl.substr(0, sp1));
+  h.target = std::string(rl.substr(sp1 + 1, sp2 - sp1 - 1));
+  h.version = std::string(rl.substr(sp2 + 1));
+  if (!IsToken(h.method)) return InvalidArgument("method is not a token");
+  if (h.target.empty()) return InvalidArgument("empty request target");
+  for (char c : h.target) {
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
+      return InvalidArgument("control or non-ASCII byte in the request target");
+    }
+  }
+  if (h.version != "HTTP/1.1" && h.version != "HTTP/1.0") {
+    return InvalidArgument("unsupported HTTP version");
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::string_view l = lines[i];
+    if (!l.empty() && (l.front() == ' ' || l.front() == '\t')) {
+      return InvalidArgument("obsolete header line folding");
+    }
+    size_t colon = l.find(':');
+    if (colon == std::string_view::npos || !IsToken(l.substr(0, colon))) {
+      return InvalidArgument("malformed header line");
+    }
+    h.headers.emplace_back(std::string(l.substr(0, colon)), std::string(Trim(l.substr(colon + 1))));
+  }
+  return std::optional<RequestHead>(std::move(h));
+}
+
+Result<ProxyTarget> ParseProxyTarget(const RequestHead& h) {
+  ProxyTarget t;
+  if (h.method == "CONNECT") {
+    t.tunnel = true;
+    auto a = SplitAuthority(h.target);
+    if (!a.ok()) return a.status().Annotate("CONNECT target");
+    if (!a->second) return InvalidArgument("CONNECT target needs an explicit port");
+    t.host = a->first;
+    t.port = *a->second;
+    return t;
+  }
+  std::string lower = Lower(h.target.substr(0, std::min<size_t>(h.target.size(), 8)));
+  if (lower.rfind("https://", 0) == 0) {
+    return InvalidArgument("https:// requests must use CONNECT");
+  }
+  if (lower.rfind("http://", 0) != 0) {
+    return InvalidArgument("not a proxy request (expected CONNECT or an absolute http:// URL)");
+  }
+  std::string_view rest = std::string_view(h.target).substr(7);
+  size_t end = rest.find_first_of("/?#");
+  std::string_view authority = rest.substr(0, end);
+  auto a = SplitAuthority(authority);
+  if (!a.ok()) return a.status().Annotate("URL authority");
+  t.host = a->first;
+  t.port = a->second.value_or(80);
+  t.path = end == std::string_view::npos ? "/" : std::string(rest.substr(end));
+  if (t.path.front() != '/') t.path = "/" + t.path;
+  size_t hash = t.path.find('#');
+  if (hash != std::string::npos) t.path.resize(hash);
+  return t;
+}
+
+std::string OriginRequest(const RequestHead& h, const ProxyTarget& t) {
+  std::string out = h.method + " " + t.path + " " + h.version + "\r\n";
+  out += "Host: " + t.host + (t.port == 80 ? "" : ":" + std::to_string(t.port)) + "\r\n";
+  for (const auto& [name, value] : h.headers) {
+    std::string n = Lower(name);
+    if (n == "host" || n == "connection" || n == "keep-alive" || n.rfind("proxy-", 0) == 0) {
+      continue;
+    }
+    out += name + ": " + value + "\r\n";
+  }
+  out += "Connection: close\r\n\r\n";
+  return out;
+}
+
+}  // namespace trybox::egress

@@ -1,0 +1,51 @@
+// The one piece of HTTP the egress proxy reads: a client's request head, either
+//   CONNECT host:port HTTP/1.1            (authority-form, the tunnel)
+//   GET http://host[:port]/path HTTP/1.1  (absolute-form, plain HTTP)
+// Bytes come from an untrusted guest, so parsing is strict: CRLF line ends, token methods,
+// no obsolete line folding, a size cap. Everything after the head is never parsed.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trybox::egress {
+
+inline constexpr size_t kDefaultMaxHead = 16 * 1024;
+
+struct RequestHead {
+  std::string method;
+  std::string target;
+  std::string version;  // "HTTP/1.1" or "HTTP/1.0"
+  std::vector<std::pair<std::string, std::string>> headers;
+  size_t size = 0;  // bytes of the head including the blank line
+};
+
+// nullopt while `buffered` holds no complete head yet (and is under `max_head` bytes).
+// kResourceExhausted once `max_head` bytes arrived without the blank line;
+// kInvalidArgument for a malformed head.
+Result<std::optional<RequestHead>> ParseRequestHead(std::string_view buffered,
+                                                    size_t max_head = kDefaultMaxHead);
+
+struct ProxyTarget {
+  bool tunnel = false;  // CONNECT
+  std::string host;     // as sent, not yet validated (CanonicalHostname does that)
+  int port = 0;
+  std::string path;  // plain HTTP: origin-form ("/x?y"); empty for CONNECT
+};
+
+// Where the request wants to go. CONNECT needs an explicit port; absolute-form takes only
+// "http://" (default port 80); userinfo and bracketed IPv6 hosts are passed on as the host
+// so that the refusal names them.
+Result<ProxyTarget> ParseProxyTarget(const RequestHead& head);
+
+// The head to send upstream for plain HTTP: origin-form request line, Host set to the
+// target, Proxy-* and hop-by-hop connection headers dropped, "Connection: close" added (one
+// upstream per client connection).
+std::string OriginRequest(const RequestHead& head, const ProxyTarget& target);
+
+}  // namespace trybox::egress

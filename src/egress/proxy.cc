@@ -1,0 +1,405 @@
+#include "egress/proxy.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "egress/address.h"
+#include "egress/hostname.h"
+
+namespace trybox::egress {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Kind = channel::Stream::Message::Kind;
+
+constexpr size_t kRelayChunk = 256 * 1024;
+// A stream Read re-checks for a local abort this often (Stream::Next has no other wake-up).
+constexpr auto kAbortPoll = std::chrono::milliseconds(200);
+constexpr size_t kMaxAuditHost = 255;
+
+int PollMs(std::optional<Deadline> d) {
+  if (!d) return -1;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(*d - Clock::now()).count();
+  return ms < 0 ? 0 : static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+}
+
+double EpochSeconds() {
+  struct timeval tv;
+  ::gettimeofday(&tv, nullptr);
+  return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6;
+}
+
+const char* StatusText(int status) {
+  switch (status) {
+    case 400:
+      return "Bad Request";
+    case 403:
+      return "Forbidden";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+  }
+  return "Error";
+}
+
+// The reason travels in a header, so it is kept to printable ASCII on one line.
+std::string HeaderSafe(std::string s) {
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  return s;
+}
+
+std::string Response(int status, const std::string& reason) {
+  std::string body = "trybox egress: " + reason + "\n";
+  return "HTTP/1.1 " + std::to_string(status) + " " + StatusText(status) +
+         "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\nX-Trybox-Reason: " + HeaderSafe(reason) + "\r\n\r\n" + body;
+}
+
+Result<UniqueFd> Dial(const sockaddr_storage& a, std::chrono::milliseconds timeout) {
+  UniqueFd fd(::socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoError("socket");
+  socklen_t len = a.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0) {
+    if (errno != EINPROGRESS) return ErrnoError("connect " + FormatAddress(a));
+    pollfd p{fd.get(), POLLOUT, 0};
+    int n;
+    do {
+      n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) return DeadlineExceeded("connect " + FormatAddress(a) + ": timed out");
+    int err = 0;
+    socklen_t el = sizeof err;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err != 0) return ErrnoError("connect " + FormatAddress(a), err);
+  }
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+class Connection {
+ public:
+  Connection(Client& c, const ProxyContext& ctx) : client_(c), ctx_(ctx) {
+    d_.vm_id = ctx.vm_id;
+    d_.started_at = EpochSeconds();
+  }
+
+  Decision Run() {
+    Serve();
+    if (slot_) ctx_.slots->Release();
+    d_.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
+    if (ctx_.audit) {
+      if (audit_id_ < 0) audit_id_ = ctx_.audit->Decided(d_);
+      ctx_.audit->Closed(audit_id_, d_);
+    }
+    return d_;
+  }
+
+ private:
+  void Refuse(int status, const std::string& verdict, const std::string& reason) {
+    d_.status = status;
+    d_.verdict = verdict;
+    d_.reason = reason;
+    if (ctx_.audit) audit_id_ = ctx_.audit->Decided(d_);
+    if (status != 0) {
+      (void)client_.Write(Response(status, reason));
+      (void)client_.CloseWrite();
+    }
+  }
+
+  void Serve() {
+    const Policy& pol = *ctx_.policy;
+    auto deadline = start_ + pol.head_timeout;
+    std::string buf;
+    std::optional<RequestHead> head;
+    for (;;) {
+      auto parsed = ParseRequestHead(buf, pol.max_head);
+      if (!parsed.ok()) {
+        bool big = parsed.status().code() == Code::kResourceExhausted;
+        return Refuse(big ? 431 : 400, "refused",
+                      "malformed request: " + parsed.status().message());
+      }
+      if (parsed->has_value()) {
+        head = std::move(**parsed);
+        break;
+      }
+      auto more = client_.Read(deadline);
+      if (!more.ok()) {
+        if (more.status().code() == Code::kDeadlineExceeded) {
+          return Refuse(408, "refused",
+                        "request head not complete within " +
+                            std::to_string(pol.head_timeout.count()) + " ms");
+        }
+        return Refuse(0, "refused",
+                      "client aborted before its request head: " + more.status().message());
+      }
+      if (more->empty()) return Refuse(0, "refused", "client closed before its request head");
+      buf += *more;
+    }
+    d_.method = head->method.substr(0, 32);
+    auto target = ParseProxyTarget(*head);
+    if (!target.ok()) return Refuse(400, "refused", target.status().message());
+    d_.host = target->host.substr(0, kMaxAuditHost);
+    d_.port = target->port;
+    auto host = CanonicalHostname(target->host);
+    if (!host.ok()) return Refuse(403, "refused", host.status().message());
+    d_.host = *host;
+    std::string why = pol.allow.Check(*host, target->port);
+    if (!why.empty()) return Refuse(403, "refused", why);
+    if (!ctx_.slots->TryAcquire()) {
+      return Refuse(503, "refused",
+                    "too many concurrent tunnels for this VM (cap " +
+                        std::to_string(ctx_.slots->max()) + ")");
+    }
+    slot_ = true;
+    auto addrs = ctx_.resolver->Resolve(*host, target->port);
+    if (!addrs.ok()) return Refuse(502, "failed", addrs.status().message());
+    // Only addresses checked here are dialled; nothing is resolved a second time.
+    std::vector<std::pair<sockaddr_storage, bool>> permitted;  // address, via override
+    std::string refused;
+    for (const auto& a : *addrs) {
+      AddressClass c = Classify(a);
+      bool over = false;
+      for (const auto& o : pol.overrides) over = over || o.Matches(a);
+      if (c == AddressClass::kPublic || over) {
+        permitted.emplace_back(a, over && c != AddressClass::kPublic);
+      } else {
+        refused +=
+            (refused.empty() ? "" : ", ") + FormatAddress(a) + " (" + AddressClassName(c) + ")";
+      }
+    }
+    if (permitted.empty()) {
+      return Refuse(403, "refused", *host + " resolves only to refused addresses: " + refused);
+    }
+    UniqueFd up;
+    std::string dial_errors;
+    for (const auto& [a, over] : permitted) {
+      auto fd = Dial(a, pol.connect_timeout);
+      d_.address = FormatAddress(a);
+      d_.override_used = over;
+      if (fd.ok()) {
+        up = std::move(*fd);
+        break;
+      }
+      dial_errors += (dial_errors.empty() ? "" : "; ") + fd.status().message();
+    }
+    if (!up.valid()) return Refuse(502, "failed", dial_errors);
+    d_.verdict = "allowed";
+    d_.status = 200;
+    d_.reason = d_.override_used ? "internal address allowed by the operator's override"
+                                 : "host and port on the allow-list";
+    if (ctx_.audit) audit_id_ = ctx_.audit->Decided(d_);
+    std::string first = buf.substr(head->size);
+    if (target->tunnel) {
+      if (!client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) return;
+    } else {
+      first = OriginRequest(*head, *target) + first;
+    }
+    Relay(up.get(), first);
+  }
+
+  void Relay(int up, const std::string& first) {
+    std::thread down([&] {
+      std::string chunk(kRelayChunk, '\0');
+      for (;;) {
+        auto n = ReadSome(up, chunk.data(), chunk.size());
+        if (!n.ok()) {
+          client_.Abort("upstream failed: " + n.status().message());
+          return;
+        }
+        if (*n == 0) {
+          (void)client_.CloseWrite();
+          return;
+        }
+        d_.bytes_down += static_cast<int64_t>(*n);
+        if (!client_.Write(std::string_view(chunk.data(), *n)).ok()) {
+          ::shutdown(up, SHUT_RDWR);
+          return;
+        }
+      }
+    });
+    bool ok = first.empty() || WriteFull(up, first).ok();
+    if (ok) d_.bytes_up += static_cast<int64_t>(first.size());
+    while (ok) {
+      auto data = client_.Read(std::nullopt);
+      if (!data.ok()) break;
+      if (data->empty()) {
+        ::shutdown(up, SHUT_WR);
+        down.join();
+        return;
+      }
+      if (!WriteFull(up, *data).ok()) break;
+      d_.bytes_up += static_cast<int64_t>(data->size());
+    }
+    // The guest aborted, or the upstream stopped taking bytes: tear down both directions.
+    ::shutdown(up, SHUT_RDWR);
+    down.join();
+  }
+
+  Client& client_;
+  const ProxyContext& ctx_;
+  Decision d_;
+  Clock::time_point start_ = Clock::now();
+  bool slot_ = false;
+  int64_t audit_id_ = -1;
+};
+
+}  // namespace
+
+Result<std::vector<sockaddr_storage>> SystemResolver::Resolve(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) return NotFound("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  std::vector<sockaddr_storage> out;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    sockaddr_storage s{};
+    std::memcpy(&s, ai->ai_addr, ai->ai_addrlen);
+    if (s.ss_family == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&s)->sin_port = htons(static_cast<uint16_t>(port));
+    } else if (s.ss_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&s)->sin6_port = htons(static_cast<uint16_t>(port));
+    } else {
+      continue;
+    }
+    out.push_back(s);
+  }
+  ::freeaddrinfo(res);
+  if (out.empty()) return NotFound("cannot resolve " + host + ": no IPv4 or IPv6 address");
+  return out;
+}
+
+Result<std::unique_ptr<MapResolver>> MapResolver::FromJson(const nlohmann::json& map) {
+  if (!map.is_object()) return InvalidArgument("resolver map must be an object");
+  auto r = std::make_unique<MapResolver>();
+  for (const auto& [name, addrs] : map.items()) {
+    auto host = CanonicalHostname(name);
+    if (!host.ok()) return host.status().Annotate("resolver map");
+    if (!addrs.is_array()) return InvalidArgument("resolver map: '" + name + "' needs an array");
+    for (const auto& a : addrs) {
+      if (!a.is_string()) return InvalidArgument("resolver map: addresses must be strings");
+      std::string text = a.get<std::string>();
+      auto o = AddressOverride::Parse(text.find(':') == std::string::npos ? text + ":1"
+                                                                          : "[" + text + "]:1");
+      if (!o.ok()) return InvalidArgument("resolver map: '" + text + "' is not an IP address");
+      r->names_[*host].push_back(o->addr);
+    }
+  }
+  return r;
+}
+
+Result<std::vector<sockaddr_storage>> MapResolver::Resolve(const std::string& host, int port) {
+  auto it = names_.find(host);
+  if (it == names_.end()) return NotFound("cannot resolve " + host + ": not in the resolver map");
+  std::vector<sockaddr_storage> out = it->second;
+  for (auto& s : out) {
+    if (s.ss_family == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&s)->sin_port = htons(static_cast<uint16_t>(port));
+    } else {
+      reinterpret_cast<sockaddr_in6*>(&s)->sin6_port = htons(static_cast<uint16_t>(port));
+    }
+  }
+  return out;
+}
+
+Result<std::string> FdClient::Read(std::optional<Deadline> deadline) {
+  pollfd p{fd_, POLLIN, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, PollMs(deadline));
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) return DeadlineExceeded("no bytes from the client in time");
+  std::string buf(kRelayChunk, '\0');
+  auto got = ReadSome(fd_, buf.data(), buf.size());
+  if (!got.ok()) return Unavailable(got.status().message());
+  buf.resize(*got);
+  return buf;
+}
+
+Status FdClient::Write(std::string_view data) { return WriteFull(fd_, data); }
+
+Status FdClient::CloseWrite() {
+  if (::shutdown(fd_, SHUT_WR) != 0) return ErrnoError("shutdown");
+  return Status::Ok();
+}
+
+void FdClient::Abort(const std::string&) { ::shutdown(fd_, SHUT_RDWR); }
+
+Result<std::string> StreamClient::Read(std::optional<Deadline> deadline) {
+  while (!eof_) {
+    if (aborted_) return Unavailable("aborted");
+    auto until = Clock::now() + kAbortPoll;
+    if (deadline && *deadline < until) until = *deadline;
+    auto m = s_.Next(until);
+    if (!m.ok()) {
+      if (m.status().code() == Code::kDeadlineExceeded) {
+        if (deadline && Clock::now() >= *deadline) return m.status();
+        continue;
+      }
+      return Unavailable(m.status().message());
+    }
+    switch (m->kind) {
+      case Kind::kData:
+        if (m->channel == channel::kChanIn) return std::move(m->data);
+        break;
+      case Kind::kEof:
+        if (m->channel == channel::kChanIn) eof_ = true;
+        break;
+      case Kind::kReset:
+        return Unavailable("the guest reset the connection: " +
+                           m->body.value("reason", std::string("no reason")));
+      case Kind::kEnd:
+        return Unavailable("the guest ended the stream");
+      case Kind::kEvent:
+        break;
+    }
+  }
+  return std::string();
+}
+
+Status StreamClient::Write(std::string_view data) { return s_.Write(channel::kChanOut, data); }
+
+Status StreamClient::CloseWrite() { return s_.CloseWrite(channel::kChanOut); }
+
+void StreamClient::Abort(const std::string& reason) {
+  aborted_ = true;
+  (void)s_.Reset(reason);
+}
+
+bool TunnelSlots::TryAcquire() {
+  int cur = in_use_.load();
+  while (cur < max_) {
+    if (in_use_.compare_exchange_weak(cur, cur + 1)) return true;
+  }
+  return false;
+}
+
+void TunnelSlots::Release() { in_use_.fetch_sub(1); }
+
+Decision ServeConnection(Client& client, const ProxyContext& ctx) {
+  return Connection(client, ctx).Run();
+}
+
+}  // namespace trybox::egress

@@ -1,0 +1,163 @@
+// The egress proxy's decision and relay for one client connection.
+//
+// A Client is the guest end of one connection: in the daemon a channel::Stream the guest
+// opened (StreamClient), in tests and benchmarks a real TCP socket (FdClient). ServeConnection
+// reads the request head (capped, with a deadline), decides, dials the exact address it
+// checked (so a second DNS answer can never change the destination), answers, then relays
+// bytes both ways until both directions are closed. Refusals answer with an HTTP status and
+// an X-Trybox-Reason header. Every connection produces one Decision, reported to the audit
+// sink when decided and again when closed.
+//
+// Thread-safety: ServeConnection is called concurrently, one call per connection; Policy and
+// Resolver are shared read-only; TunnelSlots is thread-safe.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "channel/mux.h"
+#include "egress/allowlist.h"
+#include "egress/http.h"
+#include "util/fd.h"
+#include "util/status.h"
+
+namespace trybox::egress {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// Name resolution on the host. The daemon uses getaddrinfo; tests use a fixed map.
+class Resolver {
+ public:
+  virtual ~Resolver() = default;
+  // Addresses for `host` with `port` filled in; kNotFound if the name does not resolve.
+  virtual Result<std::vector<sockaddr_storage>> Resolve(const std::string& host, int port) = 0;
+};
+
+class SystemResolver : public Resolver {
+ public:
+  Result<std::vector<sockaddr_storage>> Resolve(const std::string& host, int port) override;
+};
+
+// Names to numeric addresses, set by the operator (tests point names at loopback upstreams).
+// A name not in the map does not resolve: the map never falls back to DNS.
+class MapResolver : public Resolver {
+ public:
+  // {"upstream.test": ["127.0.0.1", "::1"]}. Fails on a key that is not a valid hostname or
+  // a value that is not a numeric address.
+  static Result<std::unique_ptr<MapResolver>> FromJson(const nlohmann::json& map);
+  Result<std::vector<sockaddr_storage>> Resolve(const std::string& host, int port) override;
+
+ private:
+  std::map<std::string, std::vector<sockaddr_storage>> names_;
+};
+
+// The guest end of one proxied connection.
+class Client {
+ public:
+  virtual ~Client() = default;
+  // Next bytes from the guest; "" at its EOF. kDeadlineExceeded when `deadline` passes first;
+  // kUnavailable if the guest aborted the connection.
+  virtual Result<std::string> Read(std::optional<Deadline> deadline) = 0;
+  virtual Status Write(std::string_view data) = 0;
+  // Half-close towards the guest.
+  virtual Status CloseWrite() = 0;
+  // Tears the connection down in both directions and wakes a blocked Read (from any thread).
+  virtual void Abort(const std::string& reason) = 0;
+};
+
+// A TCP (or unix) socket as the client. Does not own the fd.
+class FdClient : public Client {
+ public:
+  explicit FdClient(int fd) : fd_(fd) {}
+  Result<std::string> Read(std::optional<Deadline> deadline) override;
+  Status Write(std::string_view data) override;
+  Status CloseWrite() override;
+  void Abort(const std::string& reason) override;
+
+ private:
+  int fd_;
+};
+
+// A channel stream the guest opened with {"op":"egress"}: guest bytes arrive on channel 0,
+// bytes for the guest go out on channel 1 (docs/protocol/egress.md).
+class StreamClient : public Client {
+ public:
+  explicit StreamClient(channel::Stream& s) : s_(s) {}
+  Result<std::string> Read(std::optional<Deadline> deadline) override;
+  Status Write(std::string_view data) override;
+  Status CloseWrite() override;
+  void Abort(const std::string& reason) override;
+
+ private:
+  channel::Stream& s_;
+  bool eof_ = false;
+  std::atomic<bool> aborted_{false};
+};
+
+// Caps concurrent tunnels of one VM. Thread-safe.
+class TunnelSlots {
+ public:
+  explicit TunnelSlots(int max) : max_(max) {}
+  bool TryAcquire();
+  void Release();
+  int max() const { return max_; }
+  int in_use() const { return in_use_.load(); }
+
+ private:
+  const int max_;
+  std::atomic<int> in_use_{0};
+};
+
+struct Policy {
+  AllowList allow;
+  std::vector<AddressOverride> overrides;  // operator-only; empty by default
+  std::chrono::milliseconds head_timeout{10000};
+  size_t max_head = kDefaultMaxHead;
+  std::chrono::milliseconds connect_timeout{10000};
+};
+
+// One connection's outcome. verdict: "allowed" (dialled), "refused" (policy or malformed
+// request), "failed" (allowed but the upstream could not be reached).
+struct Decision {
+  std::string vm_id;
+  std::string method;
+  std::string host;  // canonical if valid, else as sent (capped at 255 bytes)
+  int port = 0;
+  std::string address;  // the address dialled, "" if none
+  std::string verdict;
+  std::string reason;
+  bool override_used = false;
+  int status = 0;  // HTTP status sent to the guest (200 for an opened tunnel)
+  int64_t bytes_up = 0;
+  int64_t bytes_down = 0;
+  double started_at = 0;  // seconds since the epoch
+  double duration_ms = 0;
+};
+
+class AuditSink {
+ public:
+  virtual ~AuditSink() = default;
+  // Called once the verdict is known; returns an id passed to Closed.
+  virtual int64_t Decided(const Decision& d) = 0;
+  // Called when the connection is over, with byte counts and duration filled in.
+  virtual void Closed(int64_t id, const Decision& d) = 0;
+};
+
+struct ProxyContext {
+  const Policy* policy;
+  Resolver* resolver;
+  TunnelSlots* slots;
+  AuditSink* audit;  // may be null
+  std::string vm_id;
+};
+
+Decision ServeConnection(Client& client, const ProxyContext& ctx);
+
+}  // namespace trybox::egress

@@ -1,0 +1,336 @@
+// End to end: egress from a real guest through trybox-init's relay and tryboxd's proxy to an
+// HTTP upstream this test serves on the host's loopback. Names resolve through the daemon's
+// resolver map and the upstream is reached through the operator's internal_allow override,
+// so nothing ever leaves loopback. Each isolation layer is then shown to hold on its own.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "tests/e2e/harness.h"
+#include "tests/e2e/upstream.h"
+#include "util/sha256.h"
+#include "util/tcp.h"
+
+namespace trybox::e2e {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A harness whose daemon reads `config` as its egress.json.
+std::unique_ptr<Harness> StartWithEgressConfig(const Json& config) {
+  auto h = Harness::Start();
+  EXPECT_TRUE(h.ok()) << h.status().ToString();
+  if (!h.ok()) return nullptr;
+  EXPECT_TRUE((*h)->StopDaemon().ok());
+  EXPECT_TRUE(MakeDirs((*h)->home() + "/config", 0700).ok());
+  EXPECT_TRUE(WriteFileAtomic((*h)->home() + "/config/egress.json", config.dump()).ok());
+  Status st = (*h)->RestartDaemon();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return std::move(*h);
+}
+
+pid_t QemuPidOf(const Harness& h) {
+  auto pids = h.QemuPids();
+  return pids.size() == 1 ? pids[0] : -1;
+}
+
+std::string NetNs(pid_t pid) {
+  char buf[64] = {};
+  std::string link = "/proc/" + std::to_string(pid) + "/ns/net";
+  ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+std::string StatusField(pid_t pid, const std::string& field) {
+  auto s = ReadFileToString("/proc/" + std::to_string(pid) + "/status").value_or("");
+  size_t at = s.find("\n" + field + ":");
+  if (at == std::string::npos) return "";
+  size_t start = at + field.size() + 2;
+  std::string v = s.substr(start, s.find('\n', start) - start);
+  while (!v.empty() && (v.front() == '\t' || v.front() == ' ')) v.erase(0, 1);
+  return v;
+}
+
+// `openssl s_server -www` on loopback with a self-signed certificate for upstream.test: the
+// guest's curl must verify it end to end, through the tunnel.
+struct TlsUpstream {
+  TlsUpstream() {
+    tmp.emplace(TempDir::Make("/tmp", "tbx-tls-").value());
+    dir = tmp->path();
+    Status st = RunChecked({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                            dir + "/key.pem", "-out", dir + "/cert.pem", "-days", "1", "-subj",
+                            "/CN=upstream.test", "-addext", "subjectAltName=DNS:upstream.test"},
+                           std::chrono::seconds(60));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    // A free port: bound, read, released, then taken by s_server.
+    port = std::to_string(ListenTcpLoopback(0).value().port);
+    SpawnOptions o;
+    o.argv = {"openssl",           "s_server", "-quiet",          "-www", "-accept",
+              "127.0.0.1:" + port, "-cert",    dir + "/cert.pem", "-key", dir + "/key.pem"};
+    server = ChildProcess::Spawn(o).value();
+    for (int i = 0; i < 500 && !ConnectTcpLoopback(std::stoi(port)).ok(); ++i) ::usleep(10000);
+  }
+  std::optional<TempDir> tmp;
+  std::string dir;
+  std::string port;
+  ChildProcess server;
+};
+
+class EgressE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    up_ = new HttpUpstream();
+    port_ = std::to_string(up_->port());
+    tls_ = new TlsUpstream();
+    Json config = {{"resolve",
+                    {{"upstream.test", {"127.0.0.1"}},
+                     {"evil.test", {"127.0.0.1"}},
+                     {"metadata.test", {"169.254.169.254"}},
+                     {"loopback.test", {"127.0.0.2"}}}},
+                   {"internal_allow", {"127.0.0.1:" + port_, "127.0.0.1:" + tls_->port}},
+                   {"max_tunnels_per_vm", 3},
+                   {"head_timeout_ms", 2000},
+                   {"profiles", {{"meta", {"metadata.test:" + port_}}}}};
+    h_ = StartWithEgressConfig(config).release();
+    ASSERT_NE(h_, nullptr);
+    CliResult r =
+        h_->Cli({"create", "--allow", "upstream.test:" + port_, "--allow", "loopback.test:" + port_,
+                 "--allow", "upstream.test:" + tls_->port, "--profile", "meta"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    id_ = r.out.substr(0, r.out.find('\n'));
+  }
+  static void TearDownTestSuite() {
+    delete h_;
+    h_ = nullptr;
+    delete up_;
+    up_ = nullptr;
+    delete tls_;
+    tls_ = nullptr;
+  }
+  void SetUp() override { ASSERT_FALSE(id_.empty()); }
+
+  static CliResult Sh(const std::string& script) {
+    return h_->Cli({"exec", id_, "--", "bash", "-c", script});
+  }
+
+  static Harness* h_;
+  static HttpUpstream* up_;
+  static TlsUpstream* tls_;
+  static std::string port_;
+  static std::string id_;
+};
+Harness* EgressE2E::h_ = nullptr;
+HttpUpstream* EgressE2E::up_ = nullptr;
+TlsUpstream* EgressE2E::tls_ = nullptr;
+std::string EgressE2E::port_;
+std::string EgressE2E::id_;
+
+TEST_F(EgressE2E, CurlThroughTheProxyIsByteExactBothWays) {
+  std::string payload(2 << 20, '\0');
+  std::mt19937 rng(11);
+  for (char& c : payload) c = static_cast<char>(rng());
+  std::string local = h_->home() + "/payload.bin";
+  ASSERT_TRUE(WriteFileAtomic(local, payload).ok());
+  ASSERT_EQ(h_->Cli({"cp", local, id_ + ":/root/up.bin"}).code, 0);
+  std::string want = Sha256Hex(payload);
+  // -p (--proxytunnel) makes curl use CONNECT; without it plain HTTP goes as absolute-form.
+  for (std::string mode : {"-p", ""}) {
+    CliResult r = Sh("curl -sS " + mode + " --data-binary @/root/up.bin -o /root/down.bin " +
+                     "http://upstream.test:" + port_ + "/echo && sha256sum /root/down.bin");
+    EXPECT_EQ(r.code, 0) << mode << ": " << r.err;
+    EXPECT_EQ(r.out.substr(0, 64), want) << mode;   // upstream -> guest
+    EXPECT_EQ(up_->last_body_sha(), want) << mode;  // guest -> upstream
+  }
+}
+
+TEST_F(EgressE2E, HttpsUpstreamIsVerifiedThroughTheTunnel) {
+  ASSERT_EQ(h_->Cli({"cp", tls_->dir + "/cert.pem", id_ + ":/root/ca.pem"}).code, 0);
+  CliResult r = Sh("curl -sS --cacert /root/ca.pem https://upstream.test:" + tls_->port + "/");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("s_server"), std::string::npos) << r.out;
+  // Without the certificate the guest's TLS check fails: the tunnel is opaque bytes.
+  r = Sh("curl -sS https://upstream.test:" + tls_->port + "/");
+  EXPECT_EQ(r.code, 60) << r.err;  // peer certificate cannot be authenticated
+}
+
+TEST_F(EgressE2E, HostOffTheListGets403WithTheReasonAndIsNeverDialled) {
+  int before = up_->accepts();
+  CliResult r = Sh("curl -sv -p http://evil.test:" + port_ + "/ 2>&1; echo rc=$?");
+  EXPECT_NE(r.out.find("< HTTP/1.1 403 Forbidden"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("X-Trybox-Reason: evil.test is not on the VM's allow-list"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("rc=0"), std::string::npos) << r.out;
+  r = Sh("curl -s -o /dev/null -w '%{http_code}' http://upstream.test:" + port_ +
+         "@evil.test:" + port_ + "/");
+  EXPECT_EQ(r.out, "403") << r.err;
+  r = Sh("curl -sv -p http://upstream.test:443/ 2>&1");
+  EXPECT_NE(r.out.find("port 443 is not allowed for upstream.test"), std::string::npos) << r.out;
+  EXPECT_EQ(up_->accepts(), before);
+}
+
+TEST_F(EgressE2E, IpLiteralsAreRefused) {
+  int before = up_->accepts();
+  for (std::string host : {"127.0.0.1", "2130706433", "0x7f.1", "[::1]"}) {
+    // --noproxy '': the guest's default no_proxy would keep loopback literals off the proxy.
+    CliResult r = Sh("curl -sv --noproxy '' -p http://" + host + ":" + port_ + "/ 2>&1");
+    EXPECT_NE(r.out.find("< HTTP/1.1 403"), std::string::npos) << host << ": " << r.out;
+  }
+  EXPECT_EQ(up_->accepts(), before);
+}
+
+TEST_F(EgressE2E, AllowedNamesResolvingToMetadataOrUnlistedLoopbackAreRefused) {
+  CliResult r = Sh("curl -sv -p http://metadata.test:" + port_ + "/ 2>&1");
+  EXPECT_NE(r.out.find("(cloud metadata)"), std::string::npos) << r.out;
+  r = Sh("curl -sv -p http://loopback.test:" + port_ + "/ 2>&1");
+  EXPECT_NE(r.out.find("127.0.0.2:" + port_ + " (loopback)"), std::string::npos) << r.out;
+}
+
+TEST_F(EgressE2E, SlowClientIsTimedOutWith408) {
+  // A raw client inside the guest sends half a request head and waits.
+  CliResult r = Sh("exec 3<>/dev/tcp/127.0.0.1/3128; printf 'CONNECT upstream.test:" + port_ +
+                   " HTTP/1.1\\r\\n' >&3; cat <&3");
+  EXPECT_NE(r.out.find("HTTP/1.1 408"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("not complete within 2000 ms"), std::string::npos) << r.out;
+}
+
+TEST_F(EgressE2E, TunnelsOverTheCapAreRefusedNotHeld) {
+  CliResult r = Sh("for i in 1 2 3; do (curl -sS -p http://upstream.test:" + port_ +
+                   "/hold -o /tmp/hold$i >/tmp/hold$i.err 2>&1 &); done");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto give_up = Clock::now() + std::chrono::seconds(60);
+  while (up_->held() < 3 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(up_->held(), 3);
+  r = Sh("curl -sv -p http://upstream.test:" + port_ + "/ 2>&1");
+  EXPECT_NE(r.out.find("< HTTP/1.1 503"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("too many concurrent tunnels for this VM (cap 3)"), std::string::npos)
+      << r.out;
+  up_->Release();
+  // The held tunnels finish normally once the upstream answers.
+  r =
+      Sh("for i in 1 2 3; do while [ ! -s /tmp/hold$i ]; do sleep 0.1; done; cat /tmp/hold$i; "
+         "done");
+  EXPECT_EQ(r.out, "hellohellohello") << r.err;
+}
+
+TEST_F(EgressE2E, GuestHasNoResolverAndNoRouteWithoutTheProxy) {
+  int before = up_->accepts();
+  CliResult r = Sh("ls /sys/class/net");
+  EXPECT_EQ(r.out, "lo\n");
+  r = Sh("getent hosts upstream.test");
+  EXPECT_EQ(r.code, 2) << r.out;
+  // DNS straight to an address (QEMU's usual slirp resolver): no route, nothing sent.
+  r = Sh("echo x > /dev/udp/10.0.2.3/53");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("Network is unreachable"), std::string::npos) << r.err;
+  // Raw TCP to the host, bypassing the proxy: no route; the guest's own loopback is not the
+  // host's.
+  r = Sh("echo x > /dev/tcp/10.0.2.2/" + port_);
+  EXPECT_NE(r.err.find("Network is unreachable"), std::string::npos) << r.err;
+  r = Sh("curl -sS --noproxy '*' http://127.0.0.1:" + port_ + "/");
+  EXPECT_EQ(r.code, 7) << r.err;  // couldn't connect
+  EXPECT_NE(r.err.find("Failed to connect to 127.0.0.1"), std::string::npos) << r.err;
+  EXPECT_EQ(up_->accepts(), before);
+}
+
+// Layer 1 alone: even with the proxy out of the picture and the upstream explicitly allowed
+// by the operator override, QEMU's own process cannot reach the host's loopback service.
+TEST_F(EgressE2E, QemuNetnsHoldsOnItsOwn) {
+  pid_t qemu = QemuPidOf(*h_);
+  ASSERT_GT(qemu, 0);
+  EXPECT_NE(NetNs(qemu), NetNs(::getpid()));
+  EXPECT_EQ(StatusField(qemu, "Seccomp"), "2");
+  EXPECT_EQ(StatusField(qemu, "NoNewPrivs"), "1");
+  std::string uid = StatusField(qemu, "Uid");
+  uid = uid.substr(0, uid.find('\t'));
+  if (::geteuid() == 0) {
+    // Its own uid from the configured range (default base 2000000000), no groups.
+    int64_t n = std::atoll(uid.c_str());
+    EXPECT_GE(n, 2000000000) << uid;
+    EXPECT_LT(n, 2000000000 + 65536) << uid;
+    EXPECT_EQ(StatusField(qemu, "Groups"), "");
+  }
+  int before = up_->accepts();
+  std::string ns = "/proc/" + std::to_string(qemu) + "/ns/net";
+  // As QEMU's own uid inside QEMU's namespace: only a down lo, and no way to the upstream.
+  auto r = RunCommand({"nsenter", "--net=" + ns, "-S", uid, "-G", uid, "bash", "-c",
+                       "ip -o link; exec 3<>/dev/tcp/127.0.0.1/" + port_ + " && echo CONNECTED"},
+                      std::chrono::seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->output.find("CONNECTED"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("Network is unreachable"), std::string::npos) << r->output;
+  EXPECT_EQ(r->output.rfind("1: lo: <LOOPBACK>", 0), 0u) << r->output;  // down, and alone
+  EXPECT_EQ(r->output.find("\n2: "), std::string::npos) << r->output;
+  EXPECT_EQ(up_->accepts(), before);
+}
+
+TEST_F(EgressE2E, AuditShowsEveryDecisionWithBytes) {
+  CliResult r =
+      Sh("head -c 300000 /dev/urandom > /root/a && curl -sS -p --data-binary @/root/a "
+         "-o /dev/null http://upstream.test:" +
+         port_ +
+         "/echo && curl -s -p "
+         "http://evil.test:" +
+         port_ + "/; true");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = h_->Cli({"audit", "--vm", id_, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  Json rows = Json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(rows.is_array()) << r.out;
+  bool tunnel = false, refused = false, overridden = false;
+  for (const auto& e : rows) {
+    EXPECT_EQ(e["vm"], id_);
+    if (e["verdict"] == "allowed" && e["method"] == "CONNECT" &&
+        e["bytes_up"].get<int64_t>() >= 300000 && e["bytes_down"].get<int64_t>() >= 300000) {
+      tunnel = true;
+      EXPECT_EQ(e["address"], "127.0.0.1:" + port_);
+    }
+    if (e["verdict"] == "refused" && e["host"] == "evil.test" && e["status"] == 403) refused = true;
+    if (e["override"].get<bool>()) overridden = true;
+  }
+  EXPECT_TRUE(tunnel) << rows.dump(1);
+  EXPECT_TRUE(refused) << rows.dump(1);
+  EXPECT_TRUE(overridden) << rows.dump(1);
+  CliResult text = h_->Cli({"audit", "--vm", id_});
+  EXPECT_NE(text.out.find("evil.test:" + port_), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("[override]"), std::string::npos) << text.out;
+}
+
+// Layer 2 alone: QEMU in the daemon's own namespace and uid, and the proxy still refuses
+// everything off the list.
+TEST(EgressLayerE2E, ProxyHoldsWithQemuInTheHostNamespace) {
+  HttpUpstream up;
+  std::string port = std::to_string(up.port());
+  auto h = StartWithEgressConfig({{"resolve", {{"upstream.test", {"127.0.0.1"}}}},
+                                  {"qemu_netns", false},
+                                  {"qemu_drop_uid", false}});
+  ASSERT_NE(h, nullptr);
+  CliResult c = h->Cli({"create", "--allow", "upstream.test:" + port});
+  ASSERT_EQ(c.code, 0) << c.err;
+  std::string id = c.out.substr(0, c.out.find('\n'));
+  pid_t qemu = QemuPidOf(*h);
+  ASSERT_GT(qemu, 0);
+  EXPECT_EQ(NetNs(qemu), NetNs(::getpid()));  // layer 1 really is off
+  auto sh = [&](const std::string& s) { return h->Cli({"exec", id, "--", "bash", "-c", s}); };
+  // Listed, but loopback without an override; an IP literal; a host off the list.
+  CliResult r = sh("curl -sv -p http://upstream.test:" + port + "/ 2>&1");
+  EXPECT_NE(r.out.find("(loopback)"), std::string::npos) << r.out;
+  r = sh("curl -sv --noproxy '' -p http://127.0.0.1:" + port + "/ 2>&1");
+  EXPECT_NE(r.out.find("IP literal"), std::string::npos) << r.out;
+  r = sh("curl -sv http://other.test:" + port + "/ 2>&1");
+  EXPECT_NE(r.out.find("not on the VM's allow-list"), std::string::npos) << r.out;
+  EXPECT_EQ(up.accepts(), 0);
+}
+
+}  // namespace
+}  // namespace trybox::e2e
