@@ -255,8 +255,8 @@ Json DescribeTemplate(const Paths& paths, const std::string& name, const std::st
   }
   // As the daemon judges it with its default configuration (QEMU under its own uid when
   // the daemon is root).
-  return vmm::DescribeImageTemplate(paths.templates(), name, dir, a["accel"],
-                                    "qemu-system-x86_64", ::geteuid() == 0);
+  return vmm::DescribeImageTemplate(paths.templates(), name, dir, a["accel"], "qemu-system-x86_64",
+                                    ::geteuid() == 0);
 }
 
 int CmdImageLs(bool json) {
