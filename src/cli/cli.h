@@ -17,6 +17,9 @@ struct VmOptions {
   std::string image = "debian-12";
   int memory_mib = 512;
   int cpus = 1;
+  std::string workspace;        // --workspace DIR: a git working tree copied to /workspace
+  std::string workspace_quota;  // --workspace-quota SIZE (default: the daemon's, 1 GiB)
+  uint64_t quota_bytes = 0;     // parsed; 0 = the daemon's default
 };
 
 struct ExecOptions {
@@ -27,11 +30,13 @@ struct ExecOptions {
 };
 
 struct Invocation {
-  std::string command;  // run create exec cp rm ls image-build image-ls doctor help
+  std::string command;  // run create exec cp rm ls collect diff image-build image-ls doctor help
   VmOptions vm;
   ExecOptions exec;
   std::vector<std::string> argv;  // run/exec
-  std::string id;                 // exec
+  std::string id;                 // exec, collect, diff
+  std::string into;               // collect --into
+  bool no_commit = false;         // collect --no-commit
   std::vector<std::string> ids;   // rm
   std::string src, dst;           // cp
   bool json = false;

@@ -340,7 +340,8 @@ void GetFile(Stream& s, const std::string& path) {
   (void)s.End(Ok(bytes));
 }
 
-void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct stat& st) {
+void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat& st) {
+  const std::string& path = req.path;
   auto out = MakePipe();
   auto err = MakePipe();
   if (!out.ok() || !err.ok()) {
@@ -355,8 +356,10 @@ void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct sta
            .ok()) {
     return;
   }
-  SpawnOutcome tar = StartTar(reaper, {kTar, "-c", "-f", "-", "-C", path, "."}, -1,
-                              out->write.get(), err->write.get());
+  std::vector<std::string> argv = {kTar, "-c", "-f", "-"};
+  for (const auto& x : req.exclude) argv.push_back("--exclude=" + x);
+  for (const char* a : {"-C", path.c_str(), "."}) argv.push_back(a);
+  SpawnOutcome tar = StartTar(reaper, argv, -1, out->write.get(), err->write.get());
   out->write.Reset();
   err->write.Reset();
   if (tar.error != SpawnError::kNone) {
@@ -382,7 +385,10 @@ void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct sta
     return;
   }
   if (!s.CloseWrite(channel::kChanOut).ok()) return;
-  (void)s.End(Ok(bytes));
+  Json ok = Ok(bytes);
+  // What tar left out on its own (sockets) is only in its warnings.
+  if (!text.empty()) ok["warnings"] = text;
+  (void)s.End(ok);
 }
 
 }  // namespace
@@ -413,7 +419,7 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request) {
     return;
   }
   if (S_ISREG(st.st_mode)) return GetFile(stream, path);
-  if (S_ISDIR(st.st_mode)) return GetDir(reaper, stream, path, st);
+  if (S_ISDIR(st.st_mode)) return GetDir(reaper, stream, *req, st);
   (void)stream.End(Fail("unsupported", path + ": is " + FileTypeName(st.st_mode)));
 }
 
