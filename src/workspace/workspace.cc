@@ -194,14 +194,17 @@ std::vector<Skipped> SkippedFromTarWarnings(const std::string& warnings) {
     size_t nl = warnings.find('\n', start);
     std::string line = warnings.substr(start, nl == std::string::npos ? nl : nl - start);
     start = nl == std::string::npos ? warnings.size() : nl + 1;
-    const std::string prefix = "tar: ";
+    // "tar: ./s: socket ignored" or "/bin/tar: ./s: socket ignored".
     const std::string suffix = ": socket ignored";
-    if (line.rfind(prefix, 0) == 0 && line.size() > prefix.size() + suffix.size() &&
-        line.compare(line.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      std::string path = line.substr(prefix.size(), line.size() - prefix.size() - suffix.size());
-      if (path.rfind("./", 0) == 0) path.erase(0, 2);
-      out.push_back({path, "a socket (left out by the guest's tar)"});
+    size_t colon = line.find(": ");
+    if (colon == std::string::npos || colon < 3 || line.compare(colon - 3, 3, "tar") != 0 ||
+        line.size() <= colon + 2 + suffix.size() ||
+        line.compare(line.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
     }
+    std::string path = line.substr(colon + 2, line.size() - suffix.size() - colon - 2);
+    if (path.rfind("./", 0) == 0) path.erase(0, 2);
+    out.push_back({path, "a socket (left out by the guest's tar)"});
   }
   return out;
 }

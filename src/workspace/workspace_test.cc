@@ -208,9 +208,11 @@ TEST(WorkspaceTest, ParseSize) {
 }
 
 TEST(WorkspaceTest, SocketsFromTarWarnings) {
-  auto s = SkippedFromTarWarnings("tar: ./a/s: socket ignored\ntar: other warning\n");
-  ASSERT_EQ(s.size(), 1u);
+  auto s = SkippedFromTarWarnings(
+      "tar: ./a/s: socket ignored\ntar: other warning\n/bin/tar: ./b: socket ignored");
+  ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0].path, "a/s");
+  EXPECT_EQ(s[1].path, "b");
 }
 
 }  // namespace
