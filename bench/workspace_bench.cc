@@ -2,7 +2,8 @@
 //
 //   inject  (workspace_in: git ls-files, sha256 + git blobs of every file, tar, guest untar)
 //   collect (guest tar, safe extraction on the host, manifest, diff, commit of one change)
-//   beside  host `tar -c | tar -x` of the same tree, and the host-only planning step
+//   beside  host `tar -c | tar -x` of the same tree, the host-only planning step, and the
+//           same tree through the plain put/get verbs (trybox cp)
 //
 // Usage: workspace_bench [--files N] [--mib N]
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "cli/client.h"
+#include "cli/transfer.h"
 #include "tests/e2e/harness.h"
 #include "util/fd.h"
 #include "workspace/testing.h"
@@ -96,6 +98,14 @@ int main(int argc, char** argv) {
   auto col = c.Call({{"verb", "collect"}, {"vm", id}, {"command", "bench"}});
   auto t7 = Clock::now();
   if (!col.ok()) Die("collect", col.status());
+  // The same tree through the plain put/get verbs (trybox cp), for the transport's share.
+  auto t8 = Clock::now();
+  auto put = trybox::cli::PutPath(c, id, repo + "/src", "/srv/copy");
+  auto t9 = Clock::now();
+  if (!put.ok()) Die("cp in", put.status());
+  auto get = trybox::cli::GetPath(c, id, "/srv/copy", tmp->path() + "/back");
+  auto t10 = Clock::now();
+  if (!get.ok()) Die("cp out", get.status());
   (void)c.Call({{"verb", "destroy"}, {"vm", id}});
 
   double total = static_cast<double>(mib);
@@ -104,6 +114,8 @@ int main(int argc, char** argv) {
   Row("inject: workspace_in (plan + tar + guest)", Sec(t3, t4), total);
   Row("collect: guest tar + safe extract + diff", Sec(t5, t6), total);
   Row("collect + commit of one changed file", Sec(t6, t7), total);
+  Row("trybox cp DIR ID:/srv/copy (put, tar)", Sec(t8, t9), total);
+  Row("trybox cp ID:/srv/copy DIR (get, tar)", Sec(t9, t10), total);
   std::printf("  changes seen by the daemon: %zu; commit %s\n", (*col)["collect"]["changes"].size(),
               (*col)["collect"]["commit"].get<std::string>().c_str());
   return 0;

@@ -237,7 +237,12 @@ void Daemon::HandleClient(UniqueFd fd) {
   mux->OnOpen([this, conn](std::shared_ptr<channel::Stream> s, Json req) {
     Dispatch(s, std::move(req), *conn);
   });
-  mux->OnDeath([&dead](const std::string&) { dead.set_value(); });
+  mux->OnDeath([&dead](const std::string& why) {
+    // A client that simply hung up is routine; anything else (a bad frame, a failed write)
+    // is worth a line when a caller reports a dropped connection.
+    if (why != "connection closed") LogWarn("daemon", "client connection lost: " + why);
+    dead.set_value();
+  });
   mux->Start();
   fut.wait();
   std::vector<std::string> ids;

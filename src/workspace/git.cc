@@ -18,17 +18,7 @@ namespace {
 constexpr const char* kZeroId = "0000000000000000000000000000000000000000";
 constexpr size_t kErrTail = 2000;
 
-std::vector<std::string> SplitZ(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start < s.size()) {
-    size_t z = s.find('\0', start);
-    if (z == std::string::npos) z = s.size();
-    out.push_back(s.substr(start, z - start));
-    start = z + 1;
-  }
-  return out;
-}
+std::vector<std::string> SplitZ(const std::string& s) { return SplitRecords(s, '\0'); }
 
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
@@ -46,6 +36,18 @@ void Drain(int fd, std::string* out) {
 }
 
 }  // namespace
+
+std::vector<std::string> SplitRecords(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find(sep, start);
+    if (end == std::string::npos) end = s.size();
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
 
 std::vector<std::string> HardenedGitEnv(const std::string& dir, const std::string& index_file) {
   const char* path = std::getenv("PATH");
@@ -183,14 +185,7 @@ Result<std::vector<std::string>> GitRepo::WriteBlobsFromFiles(
   }
   ASSIGN_OR_RETURN(std::string out,
                    Run({"hash-object", "-w", "--no-filters", "--stdin-paths"}, input));
-  std::vector<std::string> ids;
-  size_t start = 0;
-  while (start < out.size()) {
-    size_t nl = out.find('\n', start);
-    if (nl == std::string::npos) nl = out.size();
-    ids.push_back(out.substr(start, nl - start));
-    start = nl + 1;
-  }
+  std::vector<std::string> ids = SplitRecords(out, '\n');
   if (ids.size() != paths.size()) {
     return Internal("git hash-object returned " + std::to_string(ids.size()) + " ids for " +
                     std::to_string(paths.size()) + " files");

@@ -75,6 +75,9 @@ class GitRepo {
   std::string dir_;
 };
 
+// "a\nb\n" -> {"a", "b"}: records ended (or separated) by `sep`, as git prints them.
+std::vector<std::string> SplitRecords(const std::string& s, char sep);
+
 // The hardened environment and leading arguments (for tests and docs).
 std::vector<std::string> HardenedGitEnv(const std::string& dir, const std::string& index_file);
 std::vector<std::string> HardenedGitArgs();

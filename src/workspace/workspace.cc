@@ -189,11 +189,7 @@ Result<CommitOutcome> CommitCollected(const CommitInput& in) {
 
 std::vector<Skipped> SkippedFromTarWarnings(const std::string& warnings) {
   std::vector<Skipped> out;
-  size_t start = 0;
-  while (start < warnings.size()) {
-    size_t nl = warnings.find('\n', start);
-    std::string line = warnings.substr(start, nl == std::string::npos ? nl : nl - start);
-    start = nl == std::string::npos ? warnings.size() : nl + 1;
+  for (const std::string& line : SplitRecords(warnings, '\n')) {
     // "tar: ./s: socket ignored" or "/bin/tar: ./s: socket ignored".
     const std::string suffix = ": socket ignored";
     size_t colon = line.find(": ");
