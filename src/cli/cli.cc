@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "cli/client.h"
@@ -606,8 +607,10 @@ int Run(const Invocation& inv) {
     if (ran) code = StreamExec(c, *id, inv.argv, inv.exec);
     if (ran && !inv.vm.workspace.empty()) {
       // The work comes back whatever the command's exit code: a failed try is a result too.
-      std::cerr << "trybox: ";
-      int cc = CollectWorkspace(c, *id, "", true, JoinCommand(inv.argv), false, std::cerr);
+      std::ostringstream text;
+      int cc = CollectWorkspace(c, *id, "", true, JoinCommand(inv.argv), false, text);
+      std::istringstream lines(text.str());
+      for (std::string line; std::getline(lines, line);) std::cerr << "trybox: " << line << "\n";
       if (cc != 0 && code == 0) code = cc;
     }
     auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});

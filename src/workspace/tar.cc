@@ -182,6 +182,9 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
       ++report->excluded;
       continue;
     }
+    // Permission bits only: a guest must not plant set-uid, set-gid or sticky files on the
+    // host (the daemon may run as root). Ownership is never restored (no EXTRACT_OWNER).
+    archive_entry_set_perm(e, archive_entry_perm(e) & 0777);
     if (hard) archive_entry_set_hardlink(e, (dest + "/" + hard_name).c_str());
     archive_entry_set_pathname(e, (dest + "/" + name).c_str());
     r = archive_write_header(disk.get(), e);

@@ -128,6 +128,34 @@ TEST_F(TarTest, EscapesAreSkippedAndNamedNeverWritten) {
   EXPECT_EQ(r.files, 2u);  // ok.txt, and flink as a plain file
 }
 
+TEST_F(TarTest, SetUidAndSetGidBitsAreDropped) {
+  archive* a = archive_write_new();
+  std::string tar;
+  archive_write_set_format_pax_restricted(a);
+  archive_write_open(
+      a, &tar, nullptr,
+      [](archive*, void* ud, const void* buf, size_t len) -> la_ssize_t {
+        static_cast<std::string*>(ud)->append(static_cast<const char*>(buf), len);
+        return static_cast<la_ssize_t>(len);
+      },
+      nullptr);
+  archive_entry* e = archive_entry_new();
+  archive_entry_set_pathname(e, "suid");
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_perm(e, 06755);
+  archive_entry_set_size(e, 1);
+  archive_write_header(a, e);
+  archive_write_data(a, "x", 1);
+  archive_entry_free(e);
+  archive_write_close(a);
+  archive_write_free(a);
+  ExtractReport r;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, {}, &r).ok());
+  struct stat st;
+  ASSERT_EQ(::stat((dest_ + "/suid").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
+}
+
 TEST_F(TarTest, QuotaStopsExtraction) {
   std::string tar = TarBuilder()
                         .Add("a", AE_IFREG, std::string(600, 'a'))
