@@ -125,6 +125,12 @@ TEST_F(WorkspaceE2E, RoundTripOf5000FilesCommitsOnBranchAndLeavesTheTreeUntouche
   ASSERT_NE(FindChange(ch, "src/d01/f00001.txt"), nullptr);
   EXPECT_EQ((*FindChange(ch, "src/d01/f00001.txt"))["change"], "mode_changed");
   EXPECT_EQ(c["branch"], "trybox/" + id);
+  CliResult text = h_->Cli({"diff", id});
+  EXPECT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("R  src/d05/f00005.txt -> src/moved.txt (7 bytes)"), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("T  src/d01/f00001.txt (mode 755 -> 644)"), std::string::npos)
+      << text.out;
 
   // The user's tree, index, HEAD and config are byte for byte as before.
   EXPECT_EQ(wt::TreeFingerprint(repo_), before);
@@ -214,6 +220,32 @@ TEST_F(WorkspaceE2E, NotARepositoryOrMissingDirIsAClearError) {
   CliResult plain = h_->Cli({"run", "--workspace", home_, "--", "true"});
   EXPECT_EQ(plain.code, 125);
   EXPECT_NE(plain.err.find("not a git working tree"), std::string::npos) << plain.err;
+}
+
+// The guest powers off in the middle of the tar it sends: the collect fails naming that,
+// leaves no --into directory and no branch, and the failure is on record.
+TEST_F(WorkspaceE2E, GuestDyingMidCollectIsItsOwnErrorAndLeavesNothing) {
+  MakeRepo(200);
+  std::string id = Create({});
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(h_->Cli({"exec", id, "--", "sh", "-c",
+                     "echo changed > src/d01/f00001.txt && cp /bin/tar /bin/tar.real && printf "
+                     "'#!/bin/sh\n/bin/tar.real -cf - -C /workspace . | head -c 20000\necho o "
+                     "> /proc/sysrq-trigger\nsleep 60\n' > /bin/tar"})
+                .code,
+            0);
+  std::string into = tmp_->path() + "/into";
+  CliResult r = h_->Cli({"collect", id, "--into", into});
+  EXPECT_EQ(r.code, 125) << r.out;
+  EXPECT_NE(r.err.find("collect the workspace of VM " + id), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("guest"), std::string::npos) << r.err;
+  struct stat st;
+  EXPECT_NE(::lstat(into.c_str(), &st), 0) << "a partial --into directory was left";
+  EXPECT_EQ(Sh("cd '" + repo_ + "' && git branch --list 'trybox/*'"), "");
+  Json c = DiffJson(id);
+  EXPECT_EQ(c["outcome"], "error") << c.dump();
+  EXPECT_EQ(c["changes"].size(), 0u);
+  (void)h_->Cli({"rm", id});
 }
 
 // A hostile guest: special files in /workspace, then a /bin/tar replaced by a script that
