@@ -6,19 +6,11 @@
 
 #include <algorithm>
 
+#include "util/file_type.h"
 #include "util/sha256.h"
 
 namespace trybox::workspace {
 namespace {
-
-const char* SpecialName(mode_t m) {
-  if (S_ISDIR(m)) return "a directory (a submodule?)";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISFIFO(m)) return "a fifo";
-  if (S_ISSOCK(m)) return "a socket";
-  return "an unsupported file type";
-}
 
 // Reads one lstat'ed path into `e`. Regular files are hashed through O_NOFOLLOW.
 Status FillEntry(const std::string& full, const struct stat& st, Entry* e) {
@@ -61,7 +53,8 @@ Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std
     }
     if (excludes.Excluded(p, S_ISDIR(st.st_mode))) continue;
     if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
-      skipped->push_back({p, SpecialName(st.st_mode)});
+      skipped->push_back(
+          {p, S_ISDIR(st.st_mode) ? "a directory (a submodule?)" : DescribeFileType(st.st_mode)});
       continue;
     }
     Entry e;

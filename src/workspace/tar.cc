@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "util/fd.h"
+#include "util/file_type.h"
 
 namespace trybox::workspace {
 namespace {
@@ -41,21 +42,6 @@ std::string StripDotSlash(std::string name) {
   while (name.rfind("./", 0) == 0) name.erase(0, 2);
   while (name.size() > 1 && name.back() == '/') name.pop_back();
   return name;
-}
-
-const char* TypeName(mode_t t) {
-  switch (t) {
-    case AE_IFCHR:
-      return "a character device";
-    case AE_IFBLK:
-      return "a block device";
-    case AE_IFIFO:
-      return "a fifo";
-    case AE_IFSOCK:
-      return "a socket";
-    default:
-      return "an unsupported entry type";
-  }
 }
 
 }  // namespace
@@ -172,7 +158,7 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
       if (!hwhy.empty()) why = "a hard link to " + hwhy;
     }
     if (why.empty() && !hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK) {
-      why = TypeName(type);
+      why = DescribeFileType(type);  // AE_IF* are the S_IF* values
     }
     if (!why.empty()) {
       report->skipped.push_back({shown, why});

@@ -157,6 +157,16 @@ TEST_F(WorkspaceE2E, NoChangeMakesNoCommitAndSaysSo) {
   EXPECT_EQ(Sh("cd '" + repo_ + "' && git branch --list 'trybox/*'"), "");
 }
 
+TEST_F(WorkspaceE2E, AFailedCommandsWorkStillComesBackWithItsExitCode) {
+  MakeRepo(10);
+  CliResult r =
+      h_->Cli({"run", "--workspace", repo_, "--", "sh", "-c", "echo partial > wip.txt; exit 3"});
+  EXPECT_EQ(r.code, 3) << r.err;
+  std::string id = VmIdFrom(r.err);
+  ASSERT_FALSE(id.empty()) << r.err;
+  EXPECT_EQ(Sh("cd '" + repo_ + "' && git show trybox/" + id + ":wip.txt"), "partial\n");
+}
+
 TEST_F(WorkspaceE2E, SetupHookRunsFirstAndItsFailureStopsTheRunWithItsCode) {
   MakeRepo(3,
            "mkdir -p .trybox && printf 'echo setup-ran\\ntouch /tmp/setup-done\\n' > "
