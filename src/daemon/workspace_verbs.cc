@@ -114,13 +114,17 @@ void Daemon::DoWorkspaceIn(channel::Stream& client, const Json& req) {
   Status sent = ws::WriteTar(plan->dir, plan->manifest, [&](std::string_view d) {
     return (*guest)->Write(channel::kChanIn, d);
   });
-  if (sent.ok()) {
-    sent = (*guest)->CloseWrite(channel::kChanIn);
-  } else {
-    (void)(*guest)->Reset("the host could not read the workspace");
+  if (sent.ok()) sent = (*guest)->CloseWrite(channel::kChanIn);
+  if (!sent.ok()) {
+    // After a local reset no END will come: fail now, never wait for one.
+    (void)(*guest)->Reset("the host could not send the workspace");
+    if (!(*e)->vm->alive()) NoteDeath(**e);
+    std::string why = (*e)->vm->death_reason();
+    Status st = why.empty() ? sent : Unavailable("the guest is gone: " + why);
+    return fail(st.Annotate("copy the workspace into VM " + id));
   }
   auto end = AwaitGuestEnd(**guest);
-  Status st = !sent.ok() ? sent : end.ok() ? StatusFromGuestEnd(*end) : end.status();
+  Status st = end.ok() ? StatusFromGuestEnd(*end) : end.status();
   if (!st.ok()) {
     if (!(*e)->vm->alive()) NoteDeath(**e);
     return fail(st.Annotate("copy the workspace into VM " + id));
