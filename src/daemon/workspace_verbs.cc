@@ -273,7 +273,7 @@ Json Daemon::DoCollect(const Json& req) {
   xo.excludes = &*excludes;
   xo.quota_bytes = static_cast<uint64_t>(w.quota_bytes);
   Status st = ws::ExtractTar(next_chunk, staging, xo, &report);
-  if (st.code() == Code::kResourceExhausted) {
+  if (st.code() == Code::kResourceExhausted && report.bytes > xo.quota_bytes) {
     (void)(*guest)->Reset("over the workspace quota");
     return failed(ResourceExhausted(
         "/workspace holds more than the workspace quota of " +
