@@ -13,6 +13,7 @@
 
 #include "guest/requests.h"
 #include "guest/spawn.h"
+#include "util/file_type.h"
 #include "util/names.h"
 
 namespace trybox::guest {
@@ -61,15 +62,6 @@ Json FailErrno(const std::string& path, int err) {
 
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-const char* FileTypeName(mode_t mode) {
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a fifo";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "an unsupported file type";
 }
 
 std::string Tail(const std::string& s) {
@@ -314,7 +306,7 @@ void GetFile(Stream& s, const std::string& path) {
     return;
   }
   if (!S_ISREG(st.st_mode)) {  // replaced since we looked
-    (void)s.End(Fail("unsupported", path + ": is " + FileTypeName(st.st_mode)));
+    (void)s.End(Fail("unsupported", path + ": is " + DescribeFileType(st.st_mode)));
     return;
   }
   Json meta = {{"type", "meta"},
@@ -420,7 +412,7 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request) {
   }
   if (S_ISREG(st.st_mode)) return GetFile(stream, path);
   if (S_ISDIR(st.st_mode)) return GetDir(reaper, stream, *req, st);
-  (void)stream.End(Fail("unsupported", path + ": is " + FileTypeName(st.st_mode)));
+  (void)stream.End(Fail("unsupported", path + ": is " + DescribeFileType(st.st_mode)));
 }
 
 }  // namespace trybox::guest
