@@ -1,7 +1,9 @@
 #include "cli/cli.h"
 
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "cli/client.h"
@@ -20,6 +23,7 @@
 #include "util/paths.h"
 #include "util/process.h"
 #include "vmm/template.h"
+#include "workspace/workspace.h"
 
 namespace trybox::cli {
 namespace {
@@ -40,6 +44,10 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
   cmd->add_option("--profile", vm.profiles,
                   "Add a named allow-list from the daemon's egress.json (repeatable)")
       ->allow_extra_args(false);
+  cmd->add_option("--workspace", vm.workspace,
+                  "Copy this git working tree into /workspace (the default working directory)");
+  cmd->add_option("--workspace-quota", vm.workspace_quota,
+                  "Most the workspace may hold, each way (bytes, or K/M/G; default 1G)");
 }
 
 void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
@@ -144,6 +152,145 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
     std::cerr << "trybox: " << start["note"].get<std::string>() << "\n";
   }
   return r["vm"]["id"].get<std::string>();
+}
+
+// Copies the working tree `dir` into the VM and runs the project's setup hook, whose output
+// goes to our stderr. Returns 0, or the exit code to stop with.
+int InjectWorkspace(Client& client, const std::string& vm, const VmOptions& opts) {
+  char real[PATH_MAX];
+  if (!::realpath(opts.workspace.c_str(), real)) {
+    return Fail(ErrnoError("--workspace " + opts.workspace));
+  }
+  Json req = {{"verb", "workspace_in"}, {"vm", vm}, {"dir", real}};
+  if (opts.quota_bytes) req["quota_bytes"] = opts.quota_bytes;
+  auto s = client.Open(req);
+  if (!s.ok()) return Fail(s.status());
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) return Fail(m.status().Annotate("lost tryboxd"));
+    if (m->kind == Kind::kData) {
+      (void)WriteFull(2, m->data);
+      continue;
+    }
+    if (m->kind == Kind::kReset) return Fail(Unavailable("tryboxd aborted the workspace copy"));
+    if (m->kind != Kind::kEnd) continue;
+    Status st = StatusFromReply(m->body);
+    if (!st.ok()) return Fail(st);
+    const Json& w = m->body["workspace"];
+    for (const auto& sk : w["skipped"]) {
+      std::cerr << "trybox: workspace: not copied: " << sk["path"].get<std::string>() << ": "
+                << sk["reason"].get<std::string>() << "\n";
+    }
+    const Json& setup = m->body["setup"];
+    if (setup.is_null()) return 0;
+    std::string msg;
+    int code = ExitCodeFor(setup["result"], &msg);
+    if (code != 0) {
+      std::cerr << "trybox: " << workspace::kSetupScript << " failed"
+                << (msg.empty() ? " with exit code " + std::to_string(code) : ": " + msg)
+                << "; the command was not run\n";
+    }
+    return code;
+  }
+}
+
+// A cheap look before a VM is booted for nothing; the daemon checks again, fully.
+Status CheckWorkspaceDir(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoError("--workspace " + dir);
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("--workspace " + dir + " is not a directory");
+  if (::lstat((dir + "/.git").c_str(), &st) != 0) {
+    return InvalidArgument("--workspace " + dir +
+                           " is not a git working tree (no .git in it; pass the top level of "
+                           "the repository)");
+  }
+  return Status::Ok();
+}
+
+void PrintCollect(std::ostream& out, const Json& c) {
+  const Json& n = c["counts"];
+  size_t total = c["changes"].size();
+  out << "collected /workspace of VM " << c["vm"].get<std::string>() << ": " << total << " file"
+      << (total == 1 ? "" : "s") << " changed (" << n["added"] << " added, " << n["modified"]
+      << " modified, " << n["deleted"] << " deleted, " << n["renamed"] << " renamed, "
+      << n["mode_changed"] << " mode changes)\n";
+  for (const auto& sk : c["skipped"]) {
+    out << "skipped " << sk["path"].get<std::string>() << ": " << sk["reason"].get<std::string>()
+        << "\n";
+  }
+  if (!c["commit"].get<std::string>().empty()) {
+    out << "committed " << c["commit"].get<std::string>() << " on branch "
+        << c["branch"].get<std::string>();
+    if (c.contains("dir")) out << " in " << c["dir"].get<std::string>();
+    out << "\n";
+  } else if (!c["note"].get<std::string>().empty()) {
+    out << c["note"].get<std::string>() << "\n";
+  }
+}
+
+// Runs the collect verb; prints to `out` (text) or stdout (JSON). Returns the exit code.
+int CollectWorkspace(Client& client, const std::string& vm, const std::string& into, bool commit,
+                     const std::string& command, bool json, std::ostream& out) {
+  Json req = {{"verb", "collect"}, {"vm", vm}, {"commit", commit}, {"command", command}};
+  if (!into.empty()) {
+    std::string abs = into;
+    if (abs[0] != '/') {
+      char cwd[PATH_MAX];
+      if (!::getcwd(cwd, sizeof cwd)) return Fail(ErrnoError("getcwd"));
+      abs = std::string(cwd) + "/" + into;
+    }
+    req["into"] = abs;
+  }
+  auto r = client.Call(req);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << (*r)["collect"].dump(2) << "\n";
+  } else {
+    PrintCollect(out, (*r)["collect"]);
+  }
+  return 0;
+}
+
+int CmdDiff(Client& client, const std::string& vm, bool json) {
+  auto r = client.Call({{"verb", "diff"}, {"vm", vm}});
+  if (!r.ok()) return Fail(r.status());
+  const Json& c = (*r)["collect"];
+  if (json) {
+    std::cout << c.dump(2) << "\n";
+    return 0;
+  }
+  if (c["outcome"] != "ok") {
+    std::cout << "the last collect of VM " << vm << " failed: " << c["error"].get<std::string>()
+              << "\n";
+    return 1;
+  }
+  for (const auto& ch : c["changes"]) {
+    std::string k = ch["change"];
+    std::string path = ch["path"];
+    if (k == "added") {
+      std::printf("A  %s (%lld bytes)\n", path.c_str(), ch["new_size"].get<long long>());
+    } else if (k == "deleted") {
+      std::printf("D  %s (%lld bytes)\n", path.c_str(), ch["old_size"].get<long long>());
+    } else if (k == "modified") {
+      std::printf("M  %s (%lld -> %lld bytes)\n", path.c_str(), ch["old_size"].get<long long>(),
+                  ch["new_size"].get<long long>());
+    } else if (k == "renamed") {
+      std::printf("R  %s -> %s (%lld bytes)\n", ch["from"].get<std::string>().c_str(), path.c_str(),
+                  ch["new_size"].get<long long>());
+    } else if (k == "mode_changed") {
+      std::printf("T  %s (mode %o -> %o)\n", path.c_str(), ch["old_mode"].get<unsigned>(),
+                  ch["new_mode"].get<unsigned>());
+    }
+  }
+  std::fflush(stdout);
+  PrintCollect(std::cout, c);
+  return 0;
+}
+
+std::string JoinCommand(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
 }
 
 std::string FormatAge(double created) {
@@ -432,6 +579,17 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   exec->add_option("id", inv.id, "VM id")->required();
   exec->add_option("command", inv.argv, "Command and arguments (after --)")->required();
 
+  auto* collect = app.add_subcommand(
+      "collect", "Bring /workspace back and commit it on branch trybox/ID of the workspace repo");
+  collect->add_option("id", inv.id, "VM id")->required();
+  collect->add_option("--into", inv.into, "Also leave the collected tree in this new directory");
+  collect->add_flag("--no-commit", inv.no_commit, "Record the changes but make no commit");
+  collect->add_flag("--json", inv.json, "JSON output");
+
+  auto* diff = app.add_subcommand("diff", "Show the files changed, as of the last collect");
+  diff->add_option("id", inv.id, "VM id")->required();
+  diff->add_flag("--json", inv.json, "JSON output");
+
   auto* cp = app.add_subcommand("cp", "Copy files: trybox cp SRC ID:/path, or ID:/path DST");
   cp->add_option("src", inv.src)->required();
   cp->add_option("dst", inv.dst)->required();
@@ -477,6 +635,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (create->parsed()) inv.command = "create";
   if (exec->parsed()) inv.command = "exec";
   if (cp->parsed()) inv.command = "cp";
+  if (collect->parsed()) inv.command = "collect";
+  if (diff->parsed()) inv.command = "diff";
   if (rm->parsed()) inv.command = "rm";
   if (ls->parsed()) inv.command = "ls";
   if (build->parsed()) inv.command = "image-build";
@@ -496,7 +656,14 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     RETURN_IF_ERROR(
         ValidateName("image name", inv.command == "image-build" ? inv.image_name : inv.vm.image));
   }
-  if (inv.command == "exec") RETURN_IF_ERROR(ValidateName("VM id", inv.id));
+  if (inv.command == "exec" || inv.command == "collect" || inv.command == "diff") {
+    RETURN_IF_ERROR(ValidateName("VM id", inv.id));
+  }
+  if (!inv.vm.workspace_quota.empty()) {
+    auto q = workspace::ParseSize(inv.vm.workspace_quota);
+    if (!q.ok()) return q.status().Annotate("--workspace-quota");
+    inv.vm.quota_bytes = *q;
+  }
   for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));
   return inv;
 }
@@ -518,16 +685,41 @@ int Run(const Invocation& inv) {
   if (inv.command == "doctor") return CmdDoctor(c);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
+  if (inv.command == "collect") {
+    return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, std::cout);
+  }
+  if (inv.command == "diff") return CmdDiff(c, inv.id, inv.json);
+  if (!inv.vm.workspace.empty()) {
+    Status st = CheckWorkspaceDir(inv.vm.workspace);
+    if (!st.ok()) return Fail(st);
+  }
   if (inv.command == "create") {
     auto id = CreateVm(c, inv.vm, /*ephemeral=*/false);
     if (!id.ok()) return Fail(id.status());
+    if (!inv.vm.workspace.empty()) {
+      int code = InjectWorkspace(c, *id, inv.vm);
+      if (code != 0) {
+        (void)c.Call({{"verb", "destroy"}, {"vm", *id}});
+        return code;
+      }
+    }
     std::cout << *id << "\n";
     return 0;
   }
   if (inv.command == "run") {
     auto id = CreateVm(c, inv.vm, /*ephemeral=*/true);
     if (!id.ok()) return Fail(id.status());
-    int code = StreamExec(c, *id, inv.argv, inv.exec);
+    int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm);
+    bool ran = code == 0;
+    if (ran) code = StreamExec(c, *id, inv.argv, inv.exec);
+    if (ran && !inv.vm.workspace.empty()) {
+      // The work comes back whatever the command's exit code: a failed try is a result too.
+      std::ostringstream text;
+      int cc = CollectWorkspace(c, *id, "", true, JoinCommand(inv.argv), false, text);
+      std::istringstream lines(text.str());
+      for (std::string line; std::getline(lines, line);) std::cerr << "trybox: " << line << "\n";
+      if (cc != 0 && code == 0) code = cc;
+    }
     auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});
     if (!r.ok()) {
       std::cerr << "trybox: could not destroy VM " << *id << ": " << r.status().message() << "\n";

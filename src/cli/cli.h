@@ -20,6 +20,9 @@ struct VmOptions {
   bool cold = false;                  // boot instead of restoring from the template
   std::vector<std::string> allow;     // egress allow-list entries HOST[:PORT], validated
   std::vector<std::string> profiles;  // named allow-lists from the daemon's egress.json
+  std::string workspace;              // --workspace DIR: a git working tree copied to /workspace
+  std::string workspace_quota;        // --workspace-quota SIZE (default: the daemon's, 1 GiB)
+  uint64_t quota_bytes = 0;           // parsed; 0 = the daemon's default
 };
 
 struct ExecOptions {
@@ -30,11 +33,14 @@ struct ExecOptions {
 };
 
 struct Invocation {
-  std::string command;  // run create exec cp rm ls image-build image-ls doctor audit help
+  std::string
+      command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit help
   VmOptions vm;
   ExecOptions exec;
   std::vector<std::string> argv;  // run/exec
-  std::string id;                 // exec; audit --vm
+  std::string id;                 // exec, collect, diff; audit --vm
+  std::string into;               // collect --into
+  bool no_commit = false;         // collect --no-commit
   int64_t limit = 1000;           // audit
   std::vector<std::string> ids;   // rm
   std::string src, dst;           // cp

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "util/fd.h"
+#include "workspace/tar.h"
 
 namespace trybox::cli {
 namespace {
@@ -144,77 +145,16 @@ Result<std::string> NextOutChunk(channel::Stream& s, bool* eof, Json* early_end)
 
 Status ExtractTarSafely(const std::function<Result<std::string>()>& next_chunk,
                         const std::string& dest) {
-  RETURN_IF_ERROR(MakeDirs(dest, 0755));
-  ArchivePtr in(archive_read_new());
-  archive_read_support_format_tar(in.get());
-  struct Source {
-    const std::function<Result<std::string>()>* next;
-    std::string chunk;
-    Status st;
-  } src{&next_chunk, "", Status::Ok()};
-  auto read_cb = [](archive*, void* ud, const void** buf) -> la_ssize_t {
-    auto* s = static_cast<Source*>(ud);
-    auto c = (*s->next)();
-    if (!c.ok()) {
-      s->st = c.status();
-      return -1;
+  workspace::ExtractReport report;
+  RETURN_IF_ERROR(workspace::ExtractTar(next_chunk, dest, {}, &report));
+  // Devices, fifos and sockets are not copied; an entry that tried to leave the tree is an
+  // error (it was not written).
+  for (const auto& sk : report.skipped) {
+    if (sk.reason.find("device") != std::string::npos || sk.reason == "a fifo" ||
+        sk.reason == "a socket") {
+      continue;
     }
-    s->chunk = std::move(*c);
-    *buf = s->chunk.data();
-    return static_cast<la_ssize_t>(s->chunk.size());
-  };
-  if (archive_read_open(in.get(), &src, nullptr, read_cb, nullptr) != ARCHIVE_OK) {
-    return src.st.ok() ? Internal(std::string("untar: ") + archive_error_string(in.get())) : src.st;
-  }
-  ArchivePtr disk(archive_write_disk_new());
-  archive_write_disk_set_options(
-      disk.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
-                      ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_UNLINK);
-  for (;;) {
-    archive_entry* e;
-    int r = archive_read_next_header(in.get(), &e);
-    if (r == ARCHIVE_EOF) break;
-    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
-      return src.st.ok() ? Internal(std::string("untar: ") + archive_error_string(in.get()))
-                         : src.st;
-    }
-    std::string name = archive_entry_pathname(e);
-    if (name.empty() || name[0] == '/') {
-      return PermissionDenied("refusing tar entry with an absolute path: " + name);
-    }
-    if (name == "." || name == "./") continue;
-    auto filetype = archive_entry_filetype(e);
-    if (filetype != AE_IFREG && filetype != AE_IFDIR && filetype != AE_IFLNK) {
-      continue;  // devices, fifos, sockets are not copied
-    }
-    const char* hard = archive_entry_hardlink(e);
-    if (hard) archive_entry_set_hardlink(e, (dest + "/" + hard).c_str());
-    archive_entry_set_pathname(e, (dest + "/" + name).c_str());
-    r = archive_write_header(disk.get(), e);
-    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
-      return PermissionDenied("refusing tar entry " + name + ": " +
-                              archive_error_string(disk.get()));
-    }
-    const void* buf;
-    size_t size;
-    la_int64_t off;
-    for (;;) {
-      r = archive_read_data_block(in.get(), &buf, &size, &off);
-      if (r == ARCHIVE_EOF) break;
-      if (r != ARCHIVE_OK) {
-        return src.st.ok() ? Internal(std::string("untar: ") + archive_error_string(in.get()))
-                           : src.st;
-      }
-      if (archive_write_data_block(disk.get(), buf, size, off) != ARCHIVE_OK) {
-        return Internal("write " + name + ": " + archive_error_string(disk.get()));
-      }
-    }
-    if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) {
-      return Internal("write " + name + ": " + archive_error_string(disk.get()));
-    }
-  }
-  if (archive_write_close(disk.get()) != ARCHIVE_OK) {
-    return Internal(std::string("untar: ") + archive_error_string(disk.get()));
+    return PermissionDenied("refusing tar entry " + sk.path + ": " + sk.reason);
   }
   return Status::Ok();
 }

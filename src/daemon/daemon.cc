@@ -44,7 +44,11 @@ struct RelayResult {
   int64_t bytes[3] = {0, 0, 0};
 };
 
-RelayResult RelayFromGuest(channel::Stream& guest, channel::Stream& client) {
+// How much of an output a capture keeps (its tail).
+constexpr size_t kCaptureBytes = 256 * 1024;
+
+RelayResult RelayFromGuest(channel::Stream& guest, channel::Stream* client,
+                           std::string* capture = nullptr) {
   RelayResult r;
   for (;;) {
     auto m = guest.Next();
@@ -55,7 +59,14 @@ RelayResult RelayFromGuest(channel::Stream& guest, channel::Stream& client) {
     switch (m->kind) {
       case Kind::kData:
         r.bytes[m->channel] += static_cast<int64_t>(m->data.size());
-        if (!r.client_gone && !client.Write(m->channel, m->data).ok()) {
+        if (capture) {
+          capture->append(m->data);
+          if (capture->size() > 2 * kCaptureBytes) {
+            capture->erase(0, capture->size() - kCaptureBytes);
+          }
+        }
+        if (!client) break;
+        if (!r.client_gone && !client->Write(m->channel, m->data).ok()) {
           // The caller went away: stop the guest's work rather than run it unobserved.
           r.client_gone = true;
           (void)guest.Reset("the client disconnected");
@@ -64,10 +75,10 @@ RelayResult RelayFromGuest(channel::Stream& guest, channel::Stream& client) {
         }
         break;
       case Kind::kEof:
-        (void)client.CloseWrite(m->channel);
+        if (client) (void)client->CloseWrite(m->channel);
         break;
       case Kind::kEvent:
-        (void)client.SendEvent(m->body);
+        if (client) (void)client->SendEvent(m->body);
         break;
       case Kind::kEnd:
         r.end = std::move(m->body);
@@ -110,6 +121,19 @@ void DrainInput(channel::Stream& client) {
   }
 }
 
+// Ends a put/get: the guest's END in the daemon's error shape, or why none came.
+void FinishFileRelay(channel::Stream& client, vmm::Vm& vm, const RelayResult& r) {
+  if (!r.end.is_null()) {
+    (void)client.End(NormalizeGuestEnd(r.end));
+    return;
+  }
+  std::string why = vm.death_reason();
+  (void)client.End(
+      ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
+}
+
+}  // namespace
+
 // Guest file errors arrive as {"ok":false,"error":"not_found","message":...}; callers get
 // the daemon's one error shape, keeping the guest's kind.
 Json NormalizeGuestEnd(Json end) {
@@ -126,16 +150,7 @@ Json NormalizeGuestEnd(Json end) {
            {{"code", CodeName(code)}, {"kind", kind}, {"message", end.value("message", kind)}}}};
 }
 
-// Ends a put/get: the guest's END in the daemon's error shape, or why none came.
-void FinishFileRelay(channel::Stream& client, vmm::Vm& vm, const RelayResult& r) {
-  if (!r.end.is_null()) {
-    (void)client.End(NormalizeGuestEnd(r.end));
-    return;
-  }
-  std::string why = vm.death_reason();
-  (void)client.End(
-      ErrorReply(Unavailable(why.empty() ? r.failure.message() : "the guest is gone: " + why)));
-}
+namespace {
 
 // The audit record of egress decisions is the store's egress table.
 class StoreAudit : public egress::AuditSink {
@@ -334,7 +349,12 @@ void Daemon::HandleClient(UniqueFd fd) {
   mux->OnOpen([this, conn](std::shared_ptr<channel::Stream> s, Json req) {
     Dispatch(s, std::move(req), *conn);
   });
-  mux->OnDeath([&dead](const std::string&) { dead.set_value(); });
+  mux->OnDeath([&dead](const std::string& why) {
+    // A client that simply hung up is routine; anything else (a bad frame, a failed write)
+    // is worth a line when a caller reports a dropped connection.
+    if (why != "connection closed") LogWarn("daemon", "client connection lost: " + why);
+    dead.set_value();
+  });
   mux->Start();
   fut.wait();
   std::vector<std::string> ids;
@@ -358,6 +378,7 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& 
     if (verb == "exec") return DoExec(*s, req);
     if (verb == "put") return DoPut(*s, req);
     if (verb == "get") return DoGet(*s, req);
+    if (verb == "workspace_in") return DoWorkspaceIn(*s, req);
     Json reply;
     if (verb == "create") {
       reply = DoCreate(req);
@@ -380,12 +401,17 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& 
       reply = DoDoctor(req);
     } else if (verb == "audit") {
       reply = DoAudit(req);
+    } else if (verb == "collect") {
+      reply = DoCollect(req);
+    } else if (verb == "diff") {
+      reply = DoDiff(req);
     } else if (verb == "ping") {
       reply = {{"ok", true}, {"pid", ::getpid()}};
     } else {
       reply = ErrorReply(
           InvalidArgument("unknown verb " + QuoteForMessage(verb) +
-                          " (verbs: create, exec, put, get, destroy, list, doctor, audit, ping)"));
+                          " (verbs: create, exec, put, get, destroy, list, doctor, audit, ping, "
+                          "workspace_in, collect, diff)"));
     }
     (void)s->End(reply);
   } catch (const std::exception& e) {
@@ -947,31 +973,42 @@ void Daemon::DoExec(channel::Stream& client, const Json& req) {
     return;
   }
   bool want_stdin = req.value("stdin", false);
+  std::string default_cwd = "/root";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if ((*e)->has_workspace) default_cwd = "/workspace";
+  }
   Json greq = {{"op", "exec"},
                {"argv", req["argv"]},
                {"env", env},
-               {"cwd", req.value("cwd", "/root")},
+               {"cwd", req.value("cwd", default_cwd)},
                {"timeout_ms", req.value("timeout_ms", 0)},
                {"stdin", want_stdin}};
+  Json result = RunGuestExec(**e, greq, &client, want_stdin, nullptr, nullptr);
+  (void)client.End({{"ok", true}, {"result", result}});
+}
 
+Json Daemon::RunGuestExec(VmEntry& e, const Json& greq, channel::Stream* client, bool want_stdin,
+                          std::string* capture, int64_t* exec_id) {
   store::ExecRecord rec;
-  rec.vm_id = (*e)->record.id;
-  rec.argv = req["argv"];
+  rec.vm_id = e.record.id;
+  rec.argv = greq["argv"];
   rec.cwd = greq["cwd"];
   rec.started_at = store::NowSeconds();
   rec.outcome = "running";
   auto id = store_->InsertExec(rec);
   rec.id = id.ok() ? *id : 0;
+  if (exec_id) *exec_id = rec.id;
 
   Json result;
-  auto guest = (*e)->vm->Open(greq);
+  auto guest = e.vm->Open(greq);
   if (!guest.ok()) {
-    NoteDeath(**e);
+    NoteDeath(e);
     result = {{"outcome", "channel_lost"}, {"message", guest.status().message()}};
   } else {
     std::thread pump;
-    if (want_stdin) pump = std::thread([&] { PumpToGuest(client, **guest); });
-    RelayResult r = RelayFromGuest(**guest, client);
+    if (want_stdin && client) pump = std::thread([&] { PumpToGuest(*client, **guest); });
+    RelayResult r = RelayFromGuest(**guest, client, capture);
     if (pump.joinable()) {
       if (!r.end.is_null() || !r.failure.ok()) (void)(*guest)->Reset("exec finished");
       pump.join();
@@ -984,8 +1021,8 @@ void Daemon::DoExec(channel::Stream& client, const Json& req) {
       result = {{"outcome", "cancelled"}, {"message", "the client disconnected"}};
     } else {
       // The channel closed before an exit event: report that, never an exit code.
-      if (!(*e)->vm->alive()) NoteDeath(**e);
-      std::string why = (*e)->vm->death_reason();
+      if (!e.vm->alive()) NoteDeath(e);
+      std::string why = e.vm->death_reason();
       result = {{"outcome", "channel_lost"},
                 {"message", why.empty() ? r.failure.message() : "the guest is gone: " + why}};
     }
@@ -998,7 +1035,7 @@ void Daemon::DoExec(channel::Stream& client, const Json& req) {
     rec.signal = result["signal"].get<int>();
   rec.error = result.value("message", result.value("error", ""));
   if (rec.id) (void)store_->FinishExec(rec);
-  (void)client.End({{"ok", true}, {"result", result}});
+  return result;
 }
 
 void Daemon::DoPut(channel::Stream& client, const Json& req) {
@@ -1024,7 +1061,7 @@ void Daemon::DoPut(channel::Stream& client, const Json& req) {
     return;
   }
   std::thread pump([&] { PumpToGuest(client, **guest); });
-  RelayResult r = RelayFromGuest(**guest, client);
+  RelayResult r = RelayFromGuest(**guest, &client);
   if (r.end.is_null()) (void)(*guest)->Reset("put failed");
   pump.join();
   FinishFileRelay(client, *(*e)->vm, r);
@@ -1043,7 +1080,7 @@ void Daemon::DoGet(channel::Stream& client, const Json& req) {
     (void)client.End(ErrorReply(guest.status()));
     return;
   }
-  RelayResult r = RelayFromGuest(**guest, client);
+  RelayResult r = RelayFromGuest(**guest, &client);
   FinishFileRelay(client, *(*e)->vm, r);
 }
 

@@ -77,6 +77,7 @@ class Daemon {
     store::VmRecord record;
     std::shared_ptr<EgressVm> egress;
     UidLease qemu_uid;
+    bool has_workspace = false;  // GUARDED_BY(Daemon::mu_): execs default to /workspace
   };
 
   // One client connection. VMs created with "ephemeral": true belong to it and are
@@ -107,6 +108,15 @@ class Daemon {
   void DoExec(channel::Stream& client, const Json& req);
   void DoPut(channel::Stream& client, const Json& req);
   void DoGet(channel::Stream& client, const Json& req);
+  // Workspace verbs (workspace_verbs.cc, docs/workspace.md).
+  void DoWorkspaceIn(channel::Stream& client, const Json& req);
+  Json DoCollect(const Json& req);
+  Json DoDiff(const Json& req);
+
+  // Runs one exec request `greq` in the VM and records it in the store. Output goes to
+  // `client` (if not null) and, capped to its tail, to `capture` (if not null).
+  Json RunGuestExec(VmEntry& e, const Json& greq, channel::Stream* client, bool want_stdin,
+                    std::string* capture, int64_t* exec_id);
 
   // The VM for a request's "vm" field, or an error Status naming why not.
   Result<std::shared_ptr<VmEntry>> Lookup(const Json& req);
@@ -163,5 +173,8 @@ class Daemon {
 
 // {"ok":false,"error":{"code":"NOT_FOUND","message":...}}
 Json ErrorReply(const Status& st);
+// A guest file request's error END ({"ok":false,"error":"not_found",...}) in that shape,
+// keeping the guest's error name as "kind". Other bodies are returned unchanged.
+Json NormalizeGuestEnd(Json end);
 
 }  // namespace trybox::daemon

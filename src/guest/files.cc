@@ -13,6 +13,7 @@
 
 #include "guest/requests.h"
 #include "guest/spawn.h"
+#include "util/file_type.h"
 #include "util/names.h"
 
 namespace trybox::guest {
@@ -61,15 +62,6 @@ Json FailErrno(const std::string& path, int err) {
 
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-const char* FileTypeName(mode_t mode) {
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a fifo";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "an unsupported file type";
 }
 
 std::string Tail(const std::string& s) {
@@ -314,7 +306,7 @@ void GetFile(Stream& s, const std::string& path) {
     return;
   }
   if (!S_ISREG(st.st_mode)) {  // replaced since we looked
-    (void)s.End(Fail("unsupported", path + ": is " + FileTypeName(st.st_mode)));
+    (void)s.End(Fail("unsupported", path + ": is " + DescribeFileType(st.st_mode)));
     return;
   }
   Json meta = {{"type", "meta"},
@@ -340,7 +332,8 @@ void GetFile(Stream& s, const std::string& path) {
   (void)s.End(Ok(bytes));
 }
 
-void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct stat& st) {
+void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat& st) {
+  const std::string& path = req.path;
   auto out = MakePipe();
   auto err = MakePipe();
   if (!out.ok() || !err.ok()) {
@@ -355,8 +348,10 @@ void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct sta
            .ok()) {
     return;
   }
-  SpawnOutcome tar = StartTar(reaper, {kTar, "-c", "-f", "-", "-C", path, "."}, -1,
-                              out->write.get(), err->write.get());
+  std::vector<std::string> argv = {kTar, "-c", "-f", "-"};
+  for (const auto& x : req.exclude) argv.push_back("--exclude=" + x);
+  for (const char* a : {"-C", path.c_str(), "."}) argv.push_back(a);
+  SpawnOutcome tar = StartTar(reaper, argv, -1, out->write.get(), err->write.get());
   out->write.Reset();
   err->write.Reset();
   if (tar.error != SpawnError::kNone) {
@@ -382,7 +377,10 @@ void GetDir(Reaper& reaper, Stream& s, const std::string& path, const struct sta
     return;
   }
   if (!s.CloseWrite(channel::kChanOut).ok()) return;
-  (void)s.End(Ok(bytes));
+  Json ok = Ok(bytes);
+  // What tar left out on its own (sockets) is only in its warnings.
+  if (!text.empty()) ok["warnings"] = text;
+  (void)s.End(ok);
 }
 
 }  // namespace
@@ -413,8 +411,8 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request) {
     return;
   }
   if (S_ISREG(st.st_mode)) return GetFile(stream, path);
-  if (S_ISDIR(st.st_mode)) return GetDir(reaper, stream, path, st);
-  (void)stream.End(Fail("unsupported", path + ": is " + FileTypeName(st.st_mode)));
+  if (S_ISDIR(st.st_mode)) return GetDir(reaper, stream, *req, st);
+  (void)stream.End(Fail("unsupported", path + ": is " + DescribeFileType(st.st_mode)));
 }
 
 }  // namespace trybox::guest

@@ -142,6 +142,18 @@ Result<PutRequest> ParsePutRequest(const Json& request) {
 Result<GetRequest> ParseGetRequest(const Json& request) {
   GetRequest out;
   ASSIGN_OR_RETURN(out.path, PathField(request, "path"));
+  if (request.contains("exclude")) {
+    const Json& ex = request["exclude"];
+    if (!ex.is_array()) return InvalidArgument("'exclude' must be an array of strings");
+    for (const auto& p : ex) {
+      if (!p.is_string()) return InvalidArgument("'exclude' must be an array of strings");
+      std::string s = p.get<std::string>();
+      if (s.empty() || s[0] == '-' || s.find('\0') != std::string::npos) {
+        return InvalidArgument("'exclude' patterns must be non-empty and not start with '-'");
+      }
+      out.exclude.push_back(std::move(s));
+    }
+  }
   return out;
 }
 

@@ -39,6 +39,8 @@ struct PutRequest {
 
 struct GetRequest {
   std::string path;
+  // Directories only: GNU tar --exclude patterns (never starting with '-', no NUL).
+  std::vector<std::string> exclude;
 };
 
 // "identity": what a clone restored from a template must be told before it serves

@@ -33,6 +33,14 @@ class Stmt {
     sqlite3_bind_double(st_, i, v);
     return *this;
   }
+  Stmt& Bind(int i, const Json& j, const char* field) {
+    if (j.contains(field)) {
+      sqlite3_bind_int64(st_, i, j[field].get<int64_t>());
+    } else {
+      sqlite3_bind_null(st_, i);
+    }
+    return *this;
+  }
   Stmt& Bind(int i, std::optional<int> v) {
     if (v) {
       sqlite3_bind_int64(st_, i, *v);
@@ -55,6 +63,10 @@ class Stmt {
   }
   int64_t Int(int col) { return sqlite3_column_int64(st_, col); }
   double Double(int col) { return sqlite3_column_double(st_, col); }
+  Json JsonCol(int col) { return Json::parse(Text(col), nullptr, false); }
+  void OptIntInto(int col, Json& j, const char* field) {
+    if (sqlite3_column_type(st_, col) != SQLITE_NULL) j[field] = sqlite3_column_int64(st_, col);
+  }
   std::optional<int> OptInt(int col) {
     if (sqlite3_column_type(st_, col) == SQLITE_NULL) return std::nullopt;
     return static_cast<int>(sqlite3_column_int64(st_, col));
@@ -114,6 +126,46 @@ CREATE TABLE IF NOT EXISTS egress (
   duration_ms REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS egress_vm ON egress(vm_id);
+CREATE TABLE IF NOT EXISTS workspaces (
+  vm_id TEXT PRIMARY KEY REFERENCES vms(id),
+  dir TEXT NOT NULL,
+  base TEXT NOT NULL,
+  excludes TEXT NOT NULL,
+  manifest TEXT NOT NULL,
+  quota_bytes INTEGER NOT NULL,
+  files INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  skipped TEXT NOT NULL,
+  injected_at REAL NOT NULL,
+  setup_exec_id INTEGER REFERENCES execs(id),
+  setup_output TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS collects (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  vm_id TEXT NOT NULL REFERENCES vms(id),
+  exec_id INTEGER REFERENCES execs(id),
+  collected_at REAL NOT NULL,
+  outcome TEXT NOT NULL,
+  error TEXT NOT NULL DEFAULT '',
+  files INTEGER NOT NULL DEFAULT 0,
+  bytes INTEGER NOT NULL DEFAULT 0,
+  skipped TEXT NOT NULL DEFAULT '[]',
+  commit_id TEXT NOT NULL DEFAULT '',
+  branch TEXT NOT NULL DEFAULT '',
+  note TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS collects_vm ON collects(vm_id);
+CREATE TABLE IF NOT EXISTS file_changes (
+  collect_id INTEGER NOT NULL REFERENCES collects(id),
+  change TEXT NOT NULL,
+  path TEXT NOT NULL,
+  old_path TEXT NOT NULL DEFAULT '',
+  old_size INTEGER,
+  new_size INTEGER,
+  old_mode INTEGER,
+  new_mode INTEGER
+);
+CREATE INDEX IF NOT EXISTS file_changes_collect ON file_changes(collect_id);
 )sql";
 
 VmRecord ReadVm(Stmt& s) {
@@ -348,6 +400,144 @@ Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, in
     out.push_back(std::move(e));
   }
   return out;
+}
+
+Status Store::InsertWorkspace(const WorkspaceRecord& w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO workspaces (vm_id, dir, base, excludes, manifest, quota_bytes, files, bytes, "
+         "skipped, injected_at) VALUES (?,?,?,?,?,?,?,?,?,?)");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, w.vm_id).Bind(2, w.dir).Bind(3, w.base).Bind(4, w.excludes.dump());
+  s.Bind(5, w.manifest.dump()).Bind(6, w.quota_bytes).Bind(7, w.files).Bind(8, w.bytes);
+  s.Bind(9, w.skipped.dump()).Bind(10, w.injected_at);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return Status::Ok();
+}
+
+Status Store::SetWorkspaceSetup(const std::string& vm_id, std::optional<int> exec_id,
+                                const std::string& output) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "UPDATE workspaces SET setup_exec_id = ?, setup_output = ? WHERE vm_id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, exec_id).Bind(2, output).Bind(3, vm_id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return Status::Ok();
+}
+
+Result<std::optional<WorkspaceRecord>> Store::GetWorkspace(const std::string& vm_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "SELECT vm_id, dir, base, excludes, manifest, quota_bytes, files, bytes, skipped, "
+         "injected_at, setup_exec_id, setup_output FROM workspaces WHERE vm_id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, vm_id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<WorkspaceRecord>();
+  WorkspaceRecord w;
+  w.vm_id = s.Text(0);
+  w.dir = s.Text(1);
+  w.base = s.Text(2);
+  w.excludes = s.JsonCol(3);
+  w.manifest = s.JsonCol(4);
+  w.quota_bytes = s.Int(5);
+  w.files = s.Int(6);
+  w.bytes = s.Int(7);
+  w.skipped = s.JsonCol(8);
+  w.injected_at = s.Double(9);
+  w.setup_exec_id = s.OptInt(10);
+  w.setup_output = s.Text(11);
+  return std::optional<WorkspaceRecord>(std::move(w));
+}
+
+Result<int64_t> Store::InsertCollect(const CollectRecord& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  char* err = nullptr;
+  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return Internal("sqlite: " + msg);
+  }
+  auto insert = [&]() -> Result<int64_t> {
+    Stmt s(db_,
+           "INSERT INTO collects (vm_id, exec_id, collected_at, outcome, error, files, bytes, "
+           "skipped, commit_id, branch, note) VALUES (?,?,?,?,?,?,?,?,?,?,?)");
+    RETURN_IF_ERROR(s.prepared());
+    s.Bind(1, c.vm_id).Bind(2, c.exec_id).Bind(3, c.collected_at).Bind(4, c.outcome);
+    s.Bind(5, c.error).Bind(6, c.files).Bind(7, c.bytes).Bind(8, c.skipped.dump());
+    s.Bind(9, c.commit).Bind(10, c.branch).Bind(11, c.note);
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    (void)row;
+    int64_t id = sqlite3_last_insert_rowid(db_);
+    for (const auto& ch : c.changes) {
+      Stmt f(db_,
+             "INSERT INTO file_changes (collect_id, change, path, old_path, old_size, new_size, "
+             "old_mode, new_mode) VALUES (?,?,?,?,?,?,?,?)");
+      RETURN_IF_ERROR(f.prepared());
+      f.Bind(1, id).Bind(2, ch.value("change", "")).Bind(3, ch.value("path", ""));
+      f.Bind(4, ch.value("from", "")).Bind(5, ch, "old_size").Bind(6, ch, "new_size");
+      f.Bind(7, ch, "old_mode").Bind(8, ch, "new_mode");
+      ASSIGN_OR_RETURN(bool r, f.Step());
+      (void)r;
+    }
+    return id;
+  };
+  auto id = insert();
+  (void)sqlite3_exec(db_, id.ok() ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  return id;
+}
+
+Result<std::optional<CollectRecord>> Store::LatestCollect(const std::string& vm_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "SELECT id, vm_id, exec_id, collected_at, outcome, error, files, bytes, skipped, "
+         "commit_id, branch, note FROM collects WHERE vm_id = ? ORDER BY id DESC LIMIT 1");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, vm_id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<CollectRecord>();
+  CollectRecord c;
+  c.id = s.Int(0);
+  c.vm_id = s.Text(1);
+  c.exec_id = s.OptInt(2);
+  c.collected_at = s.Double(3);
+  c.outcome = s.Text(4);
+  c.error = s.Text(5);
+  c.files = s.Int(6);
+  c.bytes = s.Int(7);
+  c.skipped = s.JsonCol(8);
+  c.commit = s.Text(9);
+  c.branch = s.Text(10);
+  c.note = s.Text(11);
+  Stmt f(db_,
+         "SELECT change, path, old_path, old_size, new_size, old_mode, new_mode FROM "
+         "file_changes WHERE collect_id = ? ORDER BY path");
+  RETURN_IF_ERROR(f.prepared());
+  f.Bind(1, c.id);
+  for (;;) {
+    ASSIGN_OR_RETURN(bool r, f.Step());
+    if (!r) break;
+    Json ch = {{"change", f.Text(0)}, {"path", f.Text(1)}};
+    if (!f.Text(2).empty()) ch["from"] = f.Text(2);
+    f.OptIntInto(3, ch, "old_size");
+    f.OptIntInto(4, ch, "new_size");
+    f.OptIntInto(5, ch, "old_mode");
+    f.OptIntInto(6, ch, "new_mode");
+    c.changes.push_back(std::move(ch));
+  }
+  return std::optional<CollectRecord>(std::move(c));
+}
+
+Result<std::optional<int>> Store::LastExecId(const std::string& vm_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "SELECT max(id) FROM execs WHERE vm_id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, vm_id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<int>();
+  return s.OptInt(0);
 }
 
 }  // namespace trybox::store

@@ -69,6 +69,40 @@ struct EgressRecord {
   double duration_ms = 0;
 };
 
+// A project workspace copied into a VM (docs/workspace.md). JSON columns stay JSON here.
+struct WorkspaceRecord {
+  std::string vm_id;
+  std::string dir;
+  std::string base;               // HEAD at inject time; "" on an unborn branch
+  Json excludes = Json::array();  // the project's .trybox/exclude lines
+  Json manifest = Json::array();  // what went in, with git blob ids
+  int64_t quota_bytes = 0;
+  int64_t files = 0;
+  int64_t bytes = 0;
+  Json skipped = Json::array();  // [{path, reason}] not sent
+  double injected_at = 0;
+  std::optional<int> setup_exec_id;  // NULL when the project has no setup script
+  std::string setup_output;          // its output (tail), kept
+};
+
+// One collect of a workspace and the files it found changed.
+struct CollectRecord {
+  int64_t id = 0;
+  std::string vm_id;
+  std::optional<int> exec_id;  // the VM's last exec before the collect
+  double collected_at = 0;
+  std::string outcome;  // "ok" or "error"
+  std::string error;
+  int64_t files = 0;
+  int64_t bytes = 0;
+  Json skipped = Json::array();
+  std::string commit;
+  std::string branch;
+  std::string note;
+  // [{change, path, from?, old_size?, new_size?, old_mode?, new_mode?}]
+  Json changes = Json::array();
+};
+
 class Store {
  public:
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
@@ -91,6 +125,16 @@ class Store {
   Status FinishEgress(const EgressRecord& e);
   // Oldest first; all VMs if `vm_id` is empty; at most `limit` rows (the newest ones).
   Result<std::vector<EgressRecord>> ListEgress(const std::string& vm_id, int64_t limit = 1000);
+  Status InsertWorkspace(const WorkspaceRecord& w);
+  Status SetWorkspaceSetup(const std::string& vm_id, std::optional<int> exec_id,
+                           const std::string& output);
+  Result<std::optional<WorkspaceRecord>> GetWorkspace(const std::string& vm_id);
+  // Inserts the collect and its changes in one transaction; returns the collect id.
+  Result<int64_t> InsertCollect(const CollectRecord& c);
+  // The newest collect of a VM, with its changes.
+  Result<std::optional<CollectRecord>> LatestCollect(const std::string& vm_id);
+  // The id of the VM's newest exec, if any.
+  Result<std::optional<int>> LastExecId(const std::string& vm_id);
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}

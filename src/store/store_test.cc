@@ -119,5 +119,63 @@ TEST_F(StoreTest, EgressDecisionIsRecordedThenFinished) {
   EXPECT_EQ(store_->FinishEgress(e).code(), Code::kNotFound);
 }
 
+TEST_F(StoreTest, WorkspaceAndCollectsAreRecordedWithTheirChanges) {
+  ASSERT_TRUE(store_->InsertVm(Vm("w1")).ok());
+  auto none = store_->GetWorkspace("w1");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  WorkspaceRecord w;
+  w.vm_id = "w1";
+  w.dir = "/home/u/proj";
+  w.excludes = {"*.log"};
+  w.manifest = Json::array({{{"path", "a"}, {"size", 1}}});
+  w.quota_bytes = 1024;
+  w.files = 1;
+  w.bytes = 1;
+  w.injected_at = NowSeconds();
+  ASSERT_TRUE(store_->InsertWorkspace(w).ok());
+  EXPECT_FALSE(store_->InsertWorkspace(w).ok());  // one workspace per VM
+  ASSERT_TRUE(store_->SetWorkspaceSetup("w1", std::nullopt, "setup output").ok());
+  auto got = store_->GetWorkspace("w1");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->dir, "/home/u/proj");
+  EXPECT_EQ((*got)->excludes[0], "*.log");
+  EXPECT_EQ((*got)->manifest[0]["path"], "a");
+  EXPECT_FALSE((*got)->setup_exec_id.has_value());
+  EXPECT_EQ((*got)->setup_output, "setup output");
+
+  auto last = store_->LastExecId("w1");
+  ASSERT_TRUE(last.ok());
+  EXPECT_FALSE(last->has_value());
+  CollectRecord failed;
+  failed.vm_id = "w1";
+  failed.outcome = "error";
+  failed.error = "over the quota";
+  ASSERT_TRUE(store_->InsertCollect(failed).ok());
+  CollectRecord c;
+  c.vm_id = "w1";
+  c.outcome = "ok";
+  c.commit = "abc";
+  c.branch = "trybox/w1";
+  c.changes =
+      Json::array({{{"change", "renamed"},
+                    {"path", "b"},
+                    {"from", "a"},
+                    {"old_size", 1},
+                    {"new_size", 1},
+                    {"old_mode", 420},
+                    {"new_mode", 420}},
+                   {{"change", "added"}, {"path", "c"}, {"new_size", 5}, {"new_mode", 493}}});
+  ASSERT_TRUE(store_->InsertCollect(c).ok());
+  auto latest = store_->LatestCollect("w1");
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  EXPECT_EQ((*latest)->outcome, "ok");
+  EXPECT_EQ((*latest)->commit, "abc");
+  ASSERT_EQ((*latest)->changes.size(), 2u);
+  EXPECT_EQ((*latest)->changes[0]["from"], "a");
+  EXPECT_FALSE((*latest)->changes[1].contains("old_size"));  // NULL, not 0
+  EXPECT_EQ((*latest)->changes[1]["new_size"], 5);
+}
+
 }  // namespace
 }  // namespace trybox::store

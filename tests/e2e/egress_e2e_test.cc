@@ -37,9 +37,11 @@ std::unique_ptr<Harness> StartWithEgressConfig(const Json& config) {
   return std::move(*h);
 }
 
+// A QEMU of this daemon. Every one (VMs, spare clones, template builds) is confined
+// alike, so any will do.
 pid_t QemuPidOf(const Harness& h) {
   auto pids = h.QemuPids();
-  return pids.size() == 1 ? pids[0] : -1;
+  return pids.empty() ? -1 : pids[0];
 }
 
 std::string NetNs(pid_t pid) {

@@ -1,0 +1,256 @@
+#include "workspace/git.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <set>
+#include <thread>
+
+#include "util/fd.h"
+#include "util/process.h"
+
+namespace trybox::workspace {
+namespace {
+
+constexpr const char* kZeroId = "0000000000000000000000000000000000000000";
+constexpr size_t kErrTail = 2000;
+
+std::vector<std::string> SplitZ(const std::string& s) { return SplitRecords(s, '\0'); }
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Reads `fd` to EOF into `out`.
+void Drain(int fd, std::string* out) {
+  char buf[65536];
+  for (;;) {
+    auto n = ReadSome(fd, buf, sizeof buf);
+    if (!n.ok() || *n == 0) return;
+    out->append(buf, *n);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> SplitRecords(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find(sep, start);
+    if (end == std::string::npos) end = s.size();
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> HardenedGitEnv(const std::string& dir, const std::string& index_file) {
+  const char* path = std::getenv("PATH");
+  std::vector<std::string> env = {
+      std::string("PATH=") + (path ? path : "/usr/bin:/bin"),
+      "LC_ALL=C",
+      "HOME=/nonexistent",
+      "GIT_CONFIG_GLOBAL=/dev/null",
+      "GIT_CONFIG_SYSTEM=/dev/null",
+      "GIT_CONFIG_NOSYSTEM=1",
+      "GIT_TERMINAL_PROMPT=0",
+      "GIT_ASKPASS=/bin/false",
+      "SSH_ASKPASS=/bin/false",
+      "GIT_OPTIONAL_LOCKS=0",
+      "GIT_NO_REPLACE_OBJECTS=1",
+      "GIT_ALLOW_PROTOCOL=",
+      "GIT_PAGER=cat",
+      "PAGER=cat",
+      "GIT_EDITOR=false",
+      "GIT_DIR=" + dir + "/.git",
+      "GIT_WORK_TREE=" + dir,
+      "GIT_AUTHOR_NAME=trybox",
+      "GIT_AUTHOR_EMAIL=trybox@localhost",
+      "GIT_COMMITTER_NAME=trybox",
+      "GIT_COMMITTER_EMAIL=trybox@localhost",
+  };
+  if (!index_file.empty()) env.push_back("GIT_INDEX_FILE=" + index_file);
+  return env;
+}
+
+std::vector<std::string> HardenedGitArgs() {
+  std::vector<std::string> args = {"git", "--no-pager", "--no-replace-objects"};
+  for (const char* kv : {"core.hooksPath=/dev/null", "core.fsmonitor=false", "core.pager=cat",
+                         "core.editor=false", "sequence.editor=false", "core.sshCommand=false",
+                         "core.askPass=", "credential.helper=", "protocol.allow=never",
+                         "core.attributesFile=/dev/null", "core.untrackedCache=false",
+                         "core.splitIndex=false", "gc.auto=0", "maintenance.auto=false"}) {
+    args.push_back("-c");
+    args.push_back(kv);
+  }
+  return args;
+}
+
+Result<GitRepo> GitRepo::Open(const std::string& dir) {
+  if (dir.empty()) return InvalidArgument("the workspace directory is empty");
+  char real[PATH_MAX];
+  if (!::realpath(dir.c_str(), real)) return ErrnoError("workspace " + dir);
+  struct stat st;
+  if (::stat(real, &st) != 0) return ErrnoError("workspace " + dir);
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("workspace " + dir + " is not a directory");
+  std::string top = real;
+  if (::lstat((top + "/.git").c_str(), &st) != 0) {
+    return InvalidArgument("workspace " + dir +
+                           " is not a git working tree (no .git in it; pass the top level of "
+                           "the repository)");
+  }
+  GitRepo repo(top);
+  auto check = repo.Run({"rev-parse", "--git-dir"});
+  if (!check.ok()) {
+    return InvalidArgument("workspace " + dir +
+                           " is not a usable git repository: " + check.status().message());
+  }
+  return repo;
+}
+
+Result<std::string> GitRepo::Run(const std::vector<std::string>& args, std::string_view input,
+                                 const std::string& index_file) const {
+  int pin[2], pout[2], perr[2];
+  if (::pipe2(pin, O_CLOEXEC) || ::pipe2(pout, O_CLOEXEC) || ::pipe2(perr, O_CLOEXEC)) {
+    return ErrnoError("pipe");
+  }
+  UniqueFd in_r(pin[0]), in_w(pin[1]), out_r(pout[0]), out_w(pout[1]), err_r(perr[0]),
+      err_w(perr[1]);
+  SpawnOptions o;
+  o.argv = HardenedGitArgs();
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env = HardenedGitEnv(dir_, index_file);
+  o.cwd = dir_;
+  o.stdin_fd = in_r.get();
+  o.stdout_fd = out_w.get();
+  o.stderr_fd = err_w.get();
+  ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(o));
+  in_r.Reset();
+  out_w.Reset();
+  err_w.Reset();
+  std::string out, err;
+  std::thread writer([&] {
+    (void)WriteFull(in_w.get(), input);
+    in_w.Reset();
+  });
+  std::thread errs([&] { Drain(err_r.get(), &err); });
+  Drain(out_r.get(), &out);
+  errs.join();
+  writer.join();
+  ASSIGN_OR_RETURN(ExitInfo e, child.Wait());
+  if (!e.exited || e.code != 0) {
+    std::string tail = err.size() > kErrTail ? err.substr(err.size() - kErrTail) : err;
+    return Internal("git " + (args.empty() ? std::string() : args[0]) + " " + e.Describe() + ": " +
+                    Trim(tail));
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> GitRepo::ListFiles() const {
+  ASSIGN_OR_RETURN(std::string out,
+                   Run({"ls-files", "-z", "--cached", "--others", "--exclude-standard"}));
+  std::vector<std::string> files;
+  std::set<std::string> seen;
+  for (auto& p : SplitZ(out)) {
+    if (seen.insert(p).second) files.push_back(std::move(p));
+  }
+  return files;
+}
+
+Result<std::optional<std::string>> GitRepo::ResolveCommit(const std::string& ref) const {
+  auto r = Run({"rev-parse", "--verify", "-q", ref + "^{commit}"});
+  if (!r.ok()) return std::optional<std::string>();
+  return std::optional<std::string>(Trim(*r));
+}
+
+Result<std::optional<std::string>> GitRepo::Head() const { return ResolveCommit("HEAD"); }
+
+Result<std::vector<std::string>> GitRepo::WriteBlobsFromFiles(
+    const std::vector<std::string>& paths) const {
+  if (paths.empty()) return std::vector<std::string>();
+  std::string input;
+  for (const auto& p : paths) {
+    if (p.find('\n') != std::string::npos) {
+      return InvalidArgument(
+          "a file name contains a newline, which git's --stdin-paths cannot "
+          "carry: " +
+          p);
+    }
+    input += p + "\n";
+  }
+  ASSIGN_OR_RETURN(std::string out,
+                   Run({"hash-object", "-w", "--no-filters", "--stdin-paths"}, input));
+  std::vector<std::string> ids = SplitRecords(out, '\n');
+  if (ids.size() != paths.size()) {
+    return Internal("git hash-object returned " + std::to_string(ids.size()) + " ids for " +
+                    std::to_string(paths.size()) + " files");
+  }
+  return ids;
+}
+
+Result<std::string> GitRepo::WriteBlob(std::string_view content) const {
+  ASSIGN_OR_RETURN(std::string out, Run({"hash-object", "-w", "--no-filters", "--stdin"}, content));
+  return Trim(out);
+}
+
+Result<std::string> GitRepo::BuildTree(const std::optional<std::string>& base,
+                                       const std::vector<IndexEntry>& entries) const {
+  ASSIGN_OR_RETURN(TempDir tmp, TempDir::Make("/tmp", "trybox-index-"));
+  std::string index = tmp.path() + "/index";
+  if (base) {
+    RETURN_IF_ERROR(Run({"read-tree", *base}, {}, index).status());
+  } else {
+    RETURN_IF_ERROR(Run({"read-tree", "--empty"}, {}, index).status());
+  }
+  std::string input;
+  for (const auto& e : entries) {
+    input += e.mode + " " + (e.mode == "0" ? kZeroId : e.blob) + "\t" + e.path;
+    input.push_back('\0');
+  }
+  if (!input.empty())
+    RETURN_IF_ERROR(Run({"update-index", "-z", "--index-info"}, input, index).status());
+  ASSIGN_OR_RETURN(std::string tree, Run({"write-tree"}, {}, index));
+  return Trim(tree);
+}
+
+Result<std::vector<IndexEntry>> GitRepo::TreeEntries(const std::string& commit) const {
+  ASSIGN_OR_RETURN(std::string out, Run({"ls-tree", "-r", "-z", "--full-tree", commit}));
+  std::vector<IndexEntry> entries;
+  for (const auto& line : SplitZ(out)) {
+    // "<mode> SP <type> SP <object> TAB <path>"
+    size_t tab = line.find('\t');
+    size_t sp1 = line.find(' ');
+    size_t sp2 = line.find(' ', sp1 + 1);
+    if (tab == std::string::npos || sp1 == std::string::npos || sp2 == std::string::npos) {
+      return Internal("unexpected ls-tree line: " + line);
+    }
+    entries.push_back(
+        {line.substr(0, sp1), line.substr(sp2 + 1, tab - sp2 - 1), line.substr(tab + 1)});
+  }
+  return entries;
+}
+
+Result<std::string> GitRepo::CommitTree(const std::string& tree,
+                                        const std::optional<std::string>& parent,
+                                        const std::string& message) const {
+  std::vector<std::string> args = {"commit-tree", tree};
+  if (parent) {
+    args.push_back("-p");
+    args.push_back(*parent);
+  }
+  ASSIGN_OR_RETURN(std::string id, Run(args, message));
+  return Trim(id);
+}
+
+Status GitRepo::UpdateRef(const std::string& ref, const std::string& new_id,
+                          const std::optional<std::string>& old_id) const {
+  return Run({"update-ref", "-m", "trybox collect", ref, new_id, old_id ? *old_id : kZeroId})
+      .status();
+}
+
+}  // namespace trybox::workspace

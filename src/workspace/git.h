@@ -1,0 +1,85 @@
+// Hardened git on a user's repository.
+//
+// Every call runs git with an environment built from nothing (PATH and LC_ALL only, plus
+// the settings below) and with command-line configuration that outranks anything in the
+// repository's config files or their includes:
+//   env  GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_SYSTEM=/dev/null GIT_CONFIG_NOSYSTEM=1
+//        GIT_TERMINAL_PROMPT=0 GIT_ASKPASS/SSH_ASKPASS=/bin/false GIT_OPTIONAL_LOCKS=0
+//        GIT_NO_REPLACE_OBJECTS=1 GIT_ALLOW_PROTOCOL= GIT_PAGER=cat GIT_EDITOR=false
+//        GIT_DIR=<dir>/.git GIT_WORK_TREE=<dir> (so core.worktree cannot redirect us)
+//   -c   core.hooksPath=/dev/null core.fsmonitor=false core.pager=cat core.editor=false
+//        sequence.editor=false core.sshCommand=false core.askPass= credential.helper=
+//        protocol.allow=never core.attributesFile=/dev/null core.untrackedCache=false
+//        core.splitIndex=false gc.auto=0 maintenance.auto=false
+// Only plumbing builtins are run (aliases can never shadow a builtin), never diff, log,
+// status or checkout. Blobs are written with `hash-object --no-filters`, so no clean/smudge
+// or process filter runs; commits are made with `commit-tree`, which runs no hooks, into a
+// temporary index (GIT_INDEX_FILE), so the user's index, HEAD and working tree are never
+// written. Docs: docs/workspace.md.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trybox::workspace {
+
+// One line of `update-index --index-info`: mode "0" removes the path.
+struct IndexEntry {
+  std::string mode;
+  std::string blob;
+  std::string path;
+};
+
+class GitRepo {
+ public:
+  // `dir` must be the top level of a git working tree (it holds `.git`).
+  static Result<GitRepo> Open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+
+  // Runs `git ARGS` hardened, with `input` on stdin. `index_file` (if not empty) becomes
+  // GIT_INDEX_FILE. Returns stdout; a non-zero exit is an error quoting stderr's tail.
+  Result<std::string> Run(const std::vector<std::string>& args, std::string_view input = {},
+                          const std::string& index_file = "") const;
+
+  // Tracked and untracked-but-not-ignored paths (`ls-files --cached --others
+  // --exclude-standard`), relative, deduplicated.
+  Result<std::vector<std::string>> ListFiles() const;
+  // HEAD's commit, or nullopt on an unborn branch.
+  Result<std::optional<std::string>> Head() const;
+  // `REF^{commit}` if it exists.
+  Result<std::optional<std::string>> ResolveCommit(const std::string& ref) const;
+  // Writes each file (absolute paths, regular files) as a blob, no filters. Same order.
+  Result<std::vector<std::string>> WriteBlobsFromFiles(const std::vector<std::string>& paths) const;
+  Result<std::string> WriteBlob(std::string_view content) const;
+
+  // Builds a tree in a fresh temporary index: `base` (a commit, or none for the empty tree),
+  // then `entries` applied. Returns the tree id.
+  Result<std::string> BuildTree(const std::optional<std::string>& base,
+                                const std::vector<IndexEntry>& entries) const;
+  // The mode+path of every entry of `commit`'s tree, recursively ("160000" for submodules).
+  Result<std::vector<IndexEntry>> TreeEntries(const std::string& commit) const;
+  // commit-tree with an author/committer of "trybox"; returns the commit id.
+  Result<std::string> CommitTree(const std::string& tree, const std::optional<std::string>& parent,
+                                 const std::string& message) const;
+  // update-ref REF NEW OLD, where OLD nullopt means "must not exist yet".
+  Status UpdateRef(const std::string& ref, const std::string& new_id,
+                   const std::optional<std::string>& old_id) const;
+
+ private:
+  explicit GitRepo(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;
+};
+
+// "a\nb\n" -> {"a", "b"}: records ended (or separated) by `sep`, as git prints them.
+std::vector<std::string> SplitRecords(const std::string& s, char sep);
+
+// The hardened environment and leading arguments (for tests and docs).
+std::vector<std::string> HardenedGitEnv(const std::string& dir, const std::string& index_file);
+std::vector<std::string> HardenedGitArgs();
+
+}  // namespace trybox::workspace

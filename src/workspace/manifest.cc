@@ -1,0 +1,241 @@
+#include "workspace/manifest.h"
+
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "util/file_type.h"
+#include "util/sha256.h"
+
+namespace trybox::workspace {
+namespace {
+
+// Reads one lstat'ed path into `e`. Regular files are hashed through O_NOFOLLOW.
+Status FillEntry(const std::string& full, const struct stat& st, Entry* e) {
+  e->mode = st.st_mode & 07777;
+  if (S_ISLNK(st.st_mode)) {
+    std::string buf(static_cast<size_t>(st.st_size) + 1, '\0');
+    ssize_t n = ::readlink(full.c_str(), buf.data(), buf.size());
+    if (n < 0) return ErrnoError("readlink " + full);
+    buf.resize(static_cast<size_t>(n));
+    e->symlink = true;
+    e->target = buf;
+    e->size = buf.size();
+    e->sha256 = Sha256Hex(buf);
+    return Status::Ok();
+  }
+  e->size = static_cast<uint64_t>(st.st_size);
+  ASSIGN_OR_RETURN(e->sha256, Sha256File(full));
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* Entry::GitMode() const {
+  if (symlink) return "120000";
+  return (mode & 0100) ? "100755" : "100644";
+}
+
+Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
+                                  const ExcludeList& excludes, std::vector<Skipped>* skipped) {
+  Manifest m;
+  for (const auto& p : paths) {
+    std::string full = root + "/" + p;
+    struct stat st;
+    if (::lstat(full.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) {
+        if (!excludes.Excluded(p, false)) skipped->push_back({p, "deleted in the working tree"});
+        continue;
+      }
+      return ErrnoError("lstat " + full);
+    }
+    if (excludes.Excluded(p, S_ISDIR(st.st_mode))) continue;
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+      skipped->push_back(
+          {p, S_ISDIR(st.st_mode) ? "a directory (a submodule?)" : DescribeFileType(st.st_mode)});
+      continue;
+    }
+    Entry e;
+    e.path = p;
+    RETURN_IF_ERROR(FillEntry(full, st, &e));
+    m[p] = std::move(e);
+  }
+  return m;
+}
+
+Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& excludes) {
+  // nftw takes no user pointer; the walk is short and single-threaded per call, so a
+  // thread_local context carries the state.
+  struct Walk {
+    const std::string* root;
+    const ExcludeList* excludes;
+    Manifest* m;
+    Status st;
+  };
+  thread_local Walk* walk = nullptr;
+  Manifest m;
+  Walk w{&root, &excludes, &m, Status::Ok()};
+  walk = &w;
+  auto visit = [](const char* fpath, const struct stat* sb, int type, struct FTW* ftw) -> int {
+    std::string full = fpath;
+    if (ftw->level == 0) return FTW_CONTINUE;
+    std::string rel = full.substr(walk->root->size() + 1);
+    if (type == FTW_D || type == FTW_DNR) {
+      if (walk->excludes->Excluded(rel, true)) return FTW_SKIP_SUBTREE;
+      if (type == FTW_DNR) {
+        walk->st = PermissionDenied("cannot read directory " + full);
+        return FTW_STOP;
+      }
+      return FTW_CONTINUE;
+    }
+    if (type == FTW_NS) {
+      walk->st = ErrnoError("stat " + full);
+      return FTW_STOP;
+    }
+    if (!S_ISREG(sb->st_mode) && !S_ISLNK(sb->st_mode)) return FTW_CONTINUE;
+    if (walk->excludes->Excluded(rel, false)) return FTW_CONTINUE;
+    Entry e;
+    e.path = rel;
+    walk->st = FillEntry(full, *sb, &e);
+    if (!walk->st.ok()) return FTW_STOP;
+    (*walk->m)[rel] = std::move(e);
+    return FTW_CONTINUE;
+  };
+  int rc = ::nftw(root.c_str(), visit, 64, FTW_PHYS | FTW_ACTIONRETVAL);
+  walk = nullptr;
+  if (!w.st.ok()) return w.st;
+  if (rc == -1) return ErrnoError("walk " + root);
+  return m;
+}
+
+uint64_t TotalBytes(const Manifest& m) {
+  uint64_t n = 0;
+  for (const auto& [p, e] : m) n += e.size;
+  return n;
+}
+
+Json ManifestToJson(const Manifest& m) {
+  Json a = Json::array();
+  for (const auto& [p, e] : m) {
+    Json j = {{"path", p},
+              {"type", e.symlink ? "symlink" : "file"},
+              {"mode", e.mode},
+              {"size", e.size},
+              {"sha256", e.sha256}};
+    if (e.symlink) j["target"] = e.target;
+    if (!e.blob.empty()) j["blob"] = e.blob;
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+Result<Manifest> ManifestFromJson(const Json& j) {
+  if (!j.is_array()) return InvalidArgument("a manifest must be a JSON array");
+  Manifest m;
+  try {
+    for (const auto& x : j) {
+      Entry e;
+      e.path = x.at("path").get<std::string>();
+      e.symlink = x.at("type").get<std::string>() == "symlink";
+      e.mode = x.at("mode").get<uint32_t>();
+      e.size = x.at("size").get<uint64_t>();
+      e.sha256 = x.at("sha256").get<std::string>();
+      e.target = x.value("target", "");
+      e.blob = x.value("blob", "");
+      m[e.path] = std::move(e);
+    }
+  } catch (const std::exception& ex) {
+    return InvalidArgument(std::string("malformed manifest: ") + ex.what());
+  }
+  return m;
+}
+
+const char* KindName(Change::Kind k) {
+  switch (k) {
+    case Change::Kind::kAdded:
+      return "added";
+    case Change::Kind::kModified:
+      return "modified";
+    case Change::Kind::kDeleted:
+      return "deleted";
+    case Change::Kind::kModeChanged:
+      return "mode_changed";
+    case Change::Kind::kRenamed:
+      return "renamed";
+  }
+  return "unknown";
+}
+
+Result<Change::Kind> KindFromName(const std::string& name) {
+  for (auto k : {Change::Kind::kAdded, Change::Kind::kModified, Change::Kind::kDeleted,
+                 Change::Kind::kModeChanged, Change::Kind::kRenamed}) {
+    if (name == KindName(k)) return k;
+  }
+  return InvalidArgument("unknown change kind " + name);
+}
+
+std::vector<Change> Diff(const Manifest& before, const Manifest& after) {
+  std::vector<Change> out;
+  std::vector<const Entry*> added, deleted;
+  for (const auto& [p, a] : after) {
+    auto it = before.find(p);
+    if (it == before.end()) {
+      added.push_back(&a);
+      continue;
+    }
+    const Entry& b = it->second;
+    Change c{Change::Kind::kModified, p, "", b.size, a.size, b.mode, a.mode};
+    if (b.symlink != a.symlink || b.sha256 != a.sha256) {
+      out.push_back(c);
+    } else if (b.mode != a.mode) {
+      c.kind = Change::Kind::kModeChanged;
+      out.push_back(c);
+    }
+  }
+  for (const auto& [p, b] : before) {
+    if (!after.count(p)) deleted.push_back(&b);
+  }
+  // Renames: pair each deleted entry with the first unpaired added one of equal content.
+  std::vector<bool> used(added.size(), false);
+  for (const Entry* d : deleted) {
+    bool paired = false;
+    for (size_t i = 0; i < added.size() && !paired; ++i) {
+      const Entry* a = added[i];
+      if (used[i] || a->symlink != d->symlink || a->sha256 != d->sha256) continue;
+      used[i] = paired = true;
+      out.push_back({Change::Kind::kRenamed, a->path, d->path, d->size, a->size, d->mode, a->mode});
+    }
+    if (!paired) out.push_back({Change::Kind::kDeleted, d->path, "", d->size, 0, d->mode, 0});
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    if (!used[i]) {
+      out.push_back(
+          {Change::Kind::kAdded, added[i]->path, "", 0, added[i]->size, 0, added[i]->mode});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Change& a, const Change& b) { return a.path < b.path; });
+  return out;
+}
+
+Json ChangesToJson(const std::vector<Change>& changes) {
+  Json a = Json::array();
+  for (const auto& c : changes) {
+    Json j = {{"change", KindName(c.kind)}, {"path", c.path}};
+    if (c.kind == Change::Kind::kRenamed) j["from"] = c.old_path;
+    if (c.kind != Change::Kind::kAdded) {
+      j["old_size"] = c.old_size;
+      j["old_mode"] = c.old_mode;
+    }
+    if (c.kind != Change::Kind::kDeleted) {
+      j["new_size"] = c.new_size;
+      j["new_mode"] = c.new_mode;
+    }
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+}  // namespace trybox::workspace

@@ -1,0 +1,75 @@
+// Manifests of a workspace and the diff between two of them.
+//
+// A manifest lists the regular files and symbolic links of a tree (directories are implied,
+// as in git): path, type, permission bits, size and sha256 of the content (of the link
+// target for a symlink). The daemon builds one of what it sends into a VM and one of what
+// comes back, from its own reads of the host's files, and diffs them. Pure data otherwise;
+// values are thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+#include "workspace/exclude.h"
+
+namespace trybox::workspace {
+
+using Json = nlohmann::json;
+
+struct Entry {
+  std::string path;  // relative, '/'-separated
+  bool symlink = false;
+  uint32_t mode = 0;  // st_mode & 07777
+  uint64_t size = 0;
+  std::string sha256;
+  std::string target;  // symlinks: the link text
+  std::string blob;    // the git blob id, once written into the user's repository
+  // The git mode: 120000, 100755 or 100644.
+  const char* GitMode() const;
+};
+
+using Manifest = std::map<std::string, Entry>;
+
+// An entry that was not copied, and why ("a socket", "an absolute path", ...).
+struct Skipped {
+  std::string path;
+  std::string reason;
+};
+
+// The entries of `paths` (relative to `root`), each examined with lstat. Excluded paths,
+// paths that no longer exist (a tracked file deleted in the working tree), directories (a
+// submodule) and special files are left out; all but excluded ones are added to `skipped`.
+Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
+                                  const ExcludeList& excludes, std::vector<Skipped>* skipped);
+// Every regular file and symlink below `root`, never following a link, minus exclusions.
+Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& excludes);
+
+uint64_t TotalBytes(const Manifest& m);
+Json ManifestToJson(const Manifest& m);
+Result<Manifest> ManifestFromJson(const Json& j);
+
+// One difference between what went in and what came back.
+struct Change {
+  enum class Kind { kAdded, kModified, kDeleted, kModeChanged, kRenamed };
+  Kind kind;
+  std::string path;      // the new path (the only path unless renamed)
+  std::string old_path;  // renamed: where it was
+  uint64_t old_size = 0, new_size = 0;
+  uint32_t old_mode = 0, new_mode = 0;
+};
+
+const char* KindName(Change::Kind k);
+Result<Change::Kind> KindFromName(const std::string& name);
+
+// Added, modified (content or type), deleted, mode-changed (content equal, permission bits
+// not). A deleted path and an added path with the same type and content hash are one
+// rename, paired one to one in path order. Sorted by path.
+std::vector<Change> Diff(const Manifest& before, const Manifest& after);
+
+Json ChangesToJson(const std::vector<Change>& changes);
+
+}  // namespace trybox::workspace

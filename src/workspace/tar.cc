@@ -1,0 +1,212 @@
+#include "workspace/tar.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <memory>
+
+#include "util/fd.h"
+#include "util/file_type.h"
+
+namespace trybox::workspace {
+namespace {
+
+struct ArchiveDeleter {
+  void operator()(archive* a) const { archive_free(a); }
+};
+using ArchivePtr = std::unique_ptr<archive, ArchiveDeleter>;
+
+struct EntryDeleter {
+  void operator()(archive_entry* e) const { archive_entry_free(e); }
+};
+using EntryPtr = std::unique_ptr<archive_entry, EntryDeleter>;
+
+// Why a relative tar path is unsafe, or "" if it is not.
+std::string UnsafePathReason(const std::string& name) {
+  if (name.empty()) return "an empty path";
+  if (name[0] == '/') return "an absolute path";
+  size_t start = 0;
+  for (;;) {
+    size_t slash = name.find('/', start);
+    std::string comp = name.substr(start, slash == std::string::npos ? slash : slash - start);
+    if (comp == "..") return "a '..' component";
+    if (slash == std::string::npos) return "";
+    start = slash + 1;
+  }
+}
+
+std::string StripDotSlash(std::string name) {
+  while (name.rfind("./", 0) == 0) name.erase(0, 2);
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  return name;
+}
+
+}  // namespace
+
+Status WriteTar(const std::string& root, const Manifest& m,
+                const std::function<Status(std::string_view)>& sink) {
+  ArchivePtr out(archive_write_new());
+  archive_write_set_format_pax_restricted(out.get());
+  archive_write_set_bytes_per_block(out.get(), 0);
+  struct Sink {
+    const std::function<Status(std::string_view)>* fn;
+    Status st;
+  } s{&sink, Status::Ok()};
+  auto write_cb = [](archive*, void* ud, const void* buf, size_t len) -> la_ssize_t {
+    auto* k = static_cast<Sink*>(ud);
+    k->st = (*k->fn)(std::string_view(static_cast<const char*>(buf), len));
+    return k->st.ok() ? static_cast<la_ssize_t>(len) : -1;
+  };
+  auto fail = [&](const std::string& what) {
+    return s.st.ok() ? Internal(what + ": " + archive_error_string(out.get())) : s.st;
+  };
+  if (archive_write_open(out.get(), &s, nullptr, write_cb, nullptr) != ARCHIVE_OK) {
+    return fail("tar");
+  }
+  std::string buf(256 * 1024, '\0');
+  for (const auto& [path, e] : m) {
+    std::string full = root + "/" + path;
+    EntryPtr ae(archive_entry_new());
+    archive_entry_set_pathname(ae.get(), path.c_str());
+    archive_entry_set_perm(ae.get(), e.mode);
+    struct stat st;
+    if (::lstat(full.c_str(), &st) != 0) return ErrnoError(full + " vanished while being copied");
+    archive_entry_set_mtime(ae.get(), st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    if (e.symlink) {
+      archive_entry_set_filetype(ae.get(), AE_IFLNK);
+      archive_entry_set_symlink(ae.get(), e.target.c_str());
+      if (archive_write_header(out.get(), ae.get()) != ARCHIVE_OK) return fail("tar " + path);
+      continue;
+    }
+    UniqueFd fd(::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) return ErrnoError("open " + full);
+    if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + full);
+    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != e.size) {
+      return FailedPrecondition(full + " changed while being copied into the VM; try again");
+    }
+    archive_entry_set_filetype(ae.get(), AE_IFREG);
+    archive_entry_set_size(ae.get(), static_cast<la_int64_t>(e.size));
+    if (archive_write_header(out.get(), ae.get()) != ARCHIVE_OK) return fail("tar " + path);
+    uint64_t left = e.size;
+    while (left > 0) {
+      ASSIGN_OR_RETURN(size_t n,
+                       ReadSome(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size())));
+      if (n == 0) return FailedPrecondition(full + " shrank while being copied into the VM");
+      if (archive_write_data(out.get(), buf.data(), n) < 0) return fail("tar " + path);
+      left -= n;
+    }
+  }
+  if (archive_write_close(out.get()) != ARCHIVE_OK) return fail("tar");
+  return Status::Ok();
+}
+
+Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const std::string& dest,
+                  const ExtractOptions& opts, ExtractReport* report) {
+  RETURN_IF_ERROR(MakeDirs(dest, 0755));
+  ArchivePtr in(archive_read_new());
+  archive_read_support_format_tar(in.get());
+  struct Source {
+    const std::function<Result<std::string>()>* next;
+    std::string chunk;
+    Status st;
+    uint64_t* bytes;
+  } src{&next_chunk, "", Status::Ok(), &report->tar_bytes};
+  auto read_cb = [](archive*, void* ud, const void** buf) -> la_ssize_t {
+    auto* s = static_cast<Source*>(ud);
+    auto c = (*s->next)();
+    if (!c.ok()) {
+      s->st = c.status();
+      return -1;
+    }
+    s->chunk = std::move(*c);
+    *s->bytes += s->chunk.size();
+    *buf = s->chunk.data();
+    return static_cast<la_ssize_t>(s->chunk.size());
+  };
+  auto read_fail = [&](const char* what) {
+    return src.st.ok() ? Internal(std::string(what) + ": " + archive_error_string(in.get()))
+                       : src.st;
+  };
+  if (archive_read_open(in.get(), &src, nullptr, read_cb, nullptr) != ARCHIVE_OK) {
+    return read_fail("untar");
+  }
+  ArchivePtr disk(archive_write_disk_new());
+  // No ARCHIVE_EXTRACT_UNLINK: with it, libarchive replaces a symlink met on the way with a
+  // directory and goes on; without it, such an entry is refused, and so can be reported.
+  archive_write_disk_set_options(disk.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM |
+                                                 ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+                                                 ARCHIVE_EXTRACT_SECURE_NODOTDOT);
+  for (;;) {
+    archive_entry* e;
+    int r = archive_read_next_header(in.get(), &e);
+    if (r == ARCHIVE_EOF) break;
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) return read_fail("untar");
+    std::string raw = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
+    std::string name = StripDotSlash(raw);
+    if (name.empty() || name == ".") continue;
+    const std::string& shown = raw[0] == '/' ? raw : name;
+    std::string why = UnsafePathReason(raw[0] == '/' ? raw : name);
+    auto type = archive_entry_filetype(e);
+    const char* hard = archive_entry_hardlink(e);
+    std::string hard_name;
+    if (why.empty() && hard) {
+      hard_name = StripDotSlash(hard);
+      std::string hwhy = UnsafePathReason(hard[0] == '/' ? std::string(hard) : hard_name);
+      if (!hwhy.empty()) why = "a hard link to " + hwhy;
+    }
+    if (why.empty() && !hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK) {
+      why = DescribeFileType(type);  // AE_IF* are the S_IF* values
+    }
+    if (!why.empty()) {
+      report->skipped.push_back({shown, why});
+      continue;
+    }
+    if (opts.excludes && opts.excludes->Excluded(name, type == AE_IFDIR)) {
+      ++report->excluded;
+      continue;
+    }
+    // Permission bits only: a guest must not plant set-uid, set-gid or sticky files on the
+    // host (the daemon may run as root). Ownership is never restored (no EXTRACT_OWNER).
+    archive_entry_set_perm(e, archive_entry_perm(e) & 0777);
+    if (hard) archive_entry_set_hardlink(e, (dest + "/" + hard_name).c_str());
+    archive_entry_set_pathname(e, (dest + "/" + name).c_str());
+    r = archive_write_header(disk.get(), e);
+    if (r == ARCHIVE_FATAL)
+      return Internal("write " + name + ": " + archive_error_string(disk.get()));
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
+      // libarchive's secure checks: the entry would be written through a symbolic link.
+      report->skipped.push_back(
+          {shown, std::string("refused: ") + archive_error_string(disk.get())});
+      continue;
+    }
+    if (type == AE_IFREG && !hard) ++report->files;
+    const void* buf;
+    size_t size;
+    la_int64_t off;
+    for (;;) {
+      r = archive_read_data_block(in.get(), &buf, &size, &off);
+      if (r == ARCHIVE_EOF) break;
+      if (r != ARCHIVE_OK) return read_fail("untar");
+      report->bytes += size;
+      if (opts.quota_bytes && report->bytes > opts.quota_bytes) {
+        return ResourceExhausted("over the workspace quota of " + std::to_string(opts.quota_bytes) +
+                                 " bytes");
+      }
+      if (archive_write_data_block(disk.get(), buf, size, off) != ARCHIVE_OK) {
+        return Internal("write " + name + ": " + archive_error_string(disk.get()));
+      }
+    }
+    if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) {
+      return Internal("write " + name + ": " + archive_error_string(disk.get()));
+    }
+  }
+  if (archive_write_close(disk.get()) != ARCHIVE_OK) {
+    return Internal(std::string("untar: ") + archive_error_string(disk.get()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace trybox::workspace

@@ -1,0 +1,44 @@
+// Workspace tar streams, written and read on the host with libarchive.
+//
+// In: a tar of exactly the entries of a manifest, read from the user's tree with
+// O_NOFOLLOW (symlinks travel as symlinks). Out: a tar from the guest unpacked into a
+// host directory that nothing else writes to. Extraction never writes outside `dest`:
+// absolute paths, ".." components, hard links that leave the tree and entries that would be
+// written through a symbolic link are skipped and named in the report, as are devices,
+// fifos and sockets. Not thread-safe per call (plain functions, no shared state).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "util/status.h"
+#include "workspace/exclude.h"
+#include "workspace/manifest.h"
+
+namespace trybox::workspace {
+
+// Writes the entries of `m` (relative to `root`) as a pax tar to `sink`. A file whose size
+// no longer matches the manifest is an error naming it (it changed while being copied).
+Status WriteTar(const std::string& root, const Manifest& m,
+                const std::function<Status(std::string_view)>& sink);
+
+struct ExtractOptions {
+  const ExcludeList* excludes = nullptr;  // null: keep everything safe
+  uint64_t quota_bytes = 0;               // 0: no limit; over it is kResourceExhausted
+};
+
+struct ExtractReport {
+  std::vector<Skipped> skipped;
+  uint64_t files = 0;      // regular files written
+  uint64_t bytes = 0;      // content bytes written
+  uint64_t excluded = 0;   // entries dropped by the exclude list
+  uint64_t tar_bytes = 0;  // bytes of tar stream read
+};
+
+// Unpacks the tar stream from `next_chunk` ("" at the end) into `dest` (created).
+Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const std::string& dest,
+                  const ExtractOptions& opts, ExtractReport* report);
+
+}  // namespace trybox::workspace

@@ -1,0 +1,208 @@
+#include "workspace/workspace.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <map>
+
+#include "util/fd.h"
+
+namespace trybox::workspace {
+namespace {
+
+constexpr const char* kEmptyTree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+Result<std::string> TreeOf(const GitRepo& repo, const std::string& commit) {
+  ASSIGN_OR_RETURN(std::string t, repo.Run({"rev-parse", commit + "^{tree}"}));
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  return t;
+}
+
+// Writes blobs for every entry of `m` under `root` that has none yet.
+Status WriteBlobs(const GitRepo& repo, const std::string& root, Manifest* m) {
+  std::vector<std::string> files;
+  std::vector<Entry*> file_entries;
+  for (auto& [p, e] : *m) {
+    if (!e.blob.empty()) continue;
+    if (e.symlink) {
+      ASSIGN_OR_RETURN(e.blob, repo.WriteBlob(e.target));
+    } else {
+      files.push_back(root + "/" + p);
+      file_entries.push_back(&e);
+    }
+  }
+  ASSIGN_OR_RETURN(auto ids, repo.WriteBlobsFromFiles(files));
+  for (size_t i = 0; i < ids.size(); ++i) file_entries[i]->blob = ids[i];
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string FormatBytes(uint64_t n) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(n));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  }
+  return buf;
+}
+
+Result<uint64_t> ParseSize(const std::string& text) {
+  if (text.empty()) return InvalidArgument("a size is empty");
+  size_t pos = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    return InvalidArgument("not a size: " + text + " (use bytes or K, M, G)");
+  }
+  std::string unit = text.substr(pos);
+  uint64_t mult = 1;
+  if (unit == "K" || unit == "KiB" || unit == "k")
+    mult = 1ull << 10;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1ull << 20;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1ull << 30;
+  else if (!unit.empty())
+    return InvalidArgument("not a size: " + text + " (use bytes or K, M, G)");
+  if (n == 0) return InvalidArgument("a size must be positive: " + text);
+  return static_cast<uint64_t>(n) * mult;
+}
+
+Result<ExcludeList> ExcludesFromLines(const std::vector<std::string>& lines) {
+  std::string joined;
+  for (const auto& l : lines) joined += l + "\n";
+  return ExcludeList::WithProjectFile(joined);
+}
+
+Result<InjectPlan> PlanInject(const std::string& dir, uint64_t quota_bytes) {
+  ASSIGN_OR_RETURN(GitRepo repo, GitRepo::Open(dir));
+  InjectPlan plan;
+  plan.dir = repo.dir();
+  ASSIGN_OR_RETURN(plan.base, repo.Head());
+  std::string exclude_file = plan.dir + "/.trybox/exclude";
+  struct stat st;
+  if (::lstat(exclude_file.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return InvalidArgument(exclude_file + " must be a regular file");
+    }
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(exclude_file));
+    ASSIGN_OR_RETURN(plan.excludes, ExcludeList::WithProjectFile(text));
+  }
+  ASSIGN_OR_RETURN(auto files, repo.ListFiles());
+  ASSIGN_OR_RETURN(plan.manifest, ManifestFromList(plan.dir, files, plan.excludes, &plan.skipped));
+  uint64_t total = TotalBytes(plan.manifest);
+  if (quota_bytes && total > quota_bytes) {
+    return ResourceExhausted("workspace " + plan.dir + " holds " + FormatBytes(total) +
+                             ", over the workspace quota of " + FormatBytes(quota_bytes) + " (" +
+                             std::to_string(quota_bytes) + " bytes)");
+  }
+  RETURN_IF_ERROR(WriteBlobs(repo, plan.dir, &plan.manifest));
+  return plan;
+}
+
+Result<CommitOutcome> CommitCollected(const CommitInput& in) {
+  CommitOutcome out;
+  if (Diff(in.before, in.after).empty()) {
+    out.note = "no files changed; no commit made";
+    return out;
+  }
+  ASSIGN_OR_RETURN(GitRepo repo, GitRepo::Open(in.dir));
+  // Tree A: the base commit as the working tree was injected. Tracked paths that were not
+  // sent are dropped unless excluded (excluded paths never left, so they stay as they are)
+  // or submodules (never sent).
+  std::vector<IndexEntry> entries;
+  if (in.base) {
+    ASSIGN_OR_RETURN(auto base_entries, repo.TreeEntries(*in.base));
+    for (const auto& b : base_entries) {
+      if (b.mode == "160000" || in.before.count(b.path) || in.excludes.Excluded(b.path, false)) {
+        continue;
+      }
+      entries.push_back({"0", "", b.path});
+    }
+  }
+  for (const auto& [p, e] : in.before) entries.push_back({e.GitMode(), e.blob, p});
+  ASSIGN_OR_RETURN(std::string tree_a, repo.BuildTree(in.base, entries));
+
+  // Tree B: tree A with what came back.
+  Manifest after = in.after;
+  for (auto& [p, e] : after) {
+    auto it = in.before.find(p);
+    if (it != in.before.end() && it->second.symlink == e.symlink && it->second.sha256 == e.sha256) {
+      e.blob = it->second.blob;
+    }
+  }
+  RETURN_IF_ERROR(WriteBlobs(repo, in.staging, &after));
+  for (const auto& [p, e] : in.before) {
+    if (!after.count(p)) entries.push_back({"0", "", p});
+  }
+  for (const auto& [p, e] : after) entries.push_back({e.GitMode(), e.blob, p});
+  ASSIGN_OR_RETURN(std::string tree_b, repo.BuildTree(in.base, entries));
+
+  std::string ref = "refs/heads/" + in.branch;
+  ASSIGN_OR_RETURN(auto tip, repo.ResolveCommit(ref));
+  std::optional<std::string> parent;
+  if (tip) {
+    ASSIGN_OR_RETURN(std::string tip_tree, TreeOf(repo, *tip));
+    if (tip_tree == tree_b) {
+      out.note = "nothing changed since the last commit on " + in.branch + "; no commit made";
+      out.commit = *tip;
+      return out;
+    }
+    parent = tip;
+  } else {
+    if (tree_a == tree_b) {
+      out.note =
+          "the changes are not recorded by git (permission bits other than the "
+          "executable bit); no commit made";
+      return out;
+    }
+    parent = in.base;
+    std::string base_tree = kEmptyTree;
+    if (in.base) {
+      ASSIGN_OR_RETURN(base_tree, TreeOf(repo, *in.base));
+    }
+    if (tree_a != base_tree) {
+      ASSIGN_OR_RETURN(out.injected_commit,
+                       repo.CommitTree(tree_a, in.base,
+                                       "trybox: the working tree as copied into the VM\n\n"
+                                       "Uncommitted changes of the working tree at the time the "
+                                       "workspace was injected, so that the next commit holds "
+                                       "only the VM's work.\n"));
+      parent = out.injected_commit;
+    }
+  }
+  ASSIGN_OR_RETURN(out.commit, repo.CommitTree(tree_b, parent, in.message));
+  RETURN_IF_ERROR(repo.UpdateRef(ref, out.commit, tip));
+  out.committed = true;
+  return out;
+}
+
+std::vector<Skipped> SkippedFromTarWarnings(const std::string& warnings) {
+  std::vector<Skipped> out;
+  for (const std::string& line : SplitRecords(warnings, '\n')) {
+    // "tar: ./s: socket ignored" or "/bin/tar: ./s: socket ignored".
+    const std::string suffix = ": socket ignored";
+    size_t colon = line.find(": ");
+    if (colon == std::string::npos || colon < 3 || line.compare(colon - 3, 3, "tar") != 0 ||
+        line.size() <= colon + 2 + suffix.size() ||
+        line.compare(line.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    std::string path = line.substr(colon + 2, line.size() - suffix.size() - colon - 2);
+    if (path.rfind("./", 0) == 0) path.erase(0, 2);
+    out.push_back({path, "a socket (left out by the guest's tar)"});
+  }
+  return out;
+}
+
+}  // namespace trybox::workspace

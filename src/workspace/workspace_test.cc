@@ -1,0 +1,219 @@
+// Real git on real repositories: the commit flow and the hardening against a hostile
+// repository configuration. No VM: the "guest" here is a tar round trip into a staging dir.
+#include "workspace/workspace.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "util/fd.h"
+#include "util/process.h"
+#include "util/sha256.h"
+#include "workspace/tar.h"
+#include "workspace/testing.h"
+
+namespace trybox::workspace {
+namespace {
+
+using testing::AttacksThatRan;
+using testing::TreeFingerprint;
+
+std::string Sh(const std::string& home, const std::string& script) {
+  auto r = testing::Sh(home, script);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : "";
+}
+
+class WorkspaceGitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = TempDir::Make("/tmp", "ws-git-test-");
+    ASSERT_TRUE(t.ok());
+    tmp_.emplace(std::move(*t));
+    home_ = tmp_->path() + "/home";
+    repo_ = tmp_->path() + "/repo";
+    marks_ = tmp_->path() + "/marks";
+    staging_ = tmp_->path() + "/staging";
+    ASSERT_TRUE(MakeDirs(home_).ok());
+    ASSERT_TRUE(MakeDirs(marks_).ok());
+    Sh(home_, "git init -q -b main '" + repo_ + "' && cd '" + repo_ +
+                  "' && mkdir -p src/build node_modules/pkg && echo one > src/a.txt && "
+                  "echo two > src/b.txt && echo gone > src/c.txt && echo keep > "
+                  "src/build/out.o && echo dep > node_modules/pkg/i.js && printf "
+                  "'#!/bin/sh\\necho hi\\n' > run.sh && chmod +x run.sh && git add -A && "
+                  "git commit -qm init");
+  }
+
+  // Injects, plays the VM by unpacking the same tar into `staging_`, applies `work` there,
+  // then collects and commits as the daemon does.
+  Result<CommitOutcome> RoundTrip(const std::string& work, Manifest* after_out = nullptr,
+                                  std::vector<Change>* changes = nullptr) {
+    ASSIGN_OR_RETURN(InjectPlan plan, PlanInject(repo_, kDefaultQuotaBytes));
+    std::string tar;
+    RETURN_IF_ERROR(WriteTar(plan.dir, plan.manifest, [&](std::string_view d) {
+      tar.append(d);
+      return Status::Ok();
+    }));
+    (void)RemoveTree(staging_);
+    ExtractReport r;
+    bool done = false;
+    RETURN_IF_ERROR(ExtractTar(
+        [&]() -> Result<std::string> {
+          if (done) return std::string();
+          done = true;
+          return tar;
+        },
+        staging_, {}, &r));
+    if (!work.empty()) Sh(home_, "cd '" + staging_ + "' && " + work);
+    ASSIGN_OR_RETURN(Manifest after, ManifestFromTree(staging_, plan.excludes));
+    if (changes) *changes = Diff(plan.manifest, after);
+    if (after_out) *after_out = after;
+    CommitInput in{plan.dir, plan.base, plan.excludes, plan.manifest,
+                   after,    staging_,  "trybox/vm1",  "trybox: test\n\nVM: vm1\n"};
+    return CommitCollected(in);
+  }
+
+  std::optional<TempDir> tmp_;
+  std::string home_, repo_, marks_, staging_;
+};
+
+TEST_F(WorkspaceGitTest, InjectListsTrackedAndUntrackedButNotIgnoredOrExcluded) {
+  Sh(home_, "cd '" + repo_ +
+                "' && echo new > untracked.txt && echo '*.log' > .gitignore && "
+                "echo x > ignored.log && mkdir -p deep/a/target && echo t > "
+                "deep/a/target/t && mkdir -p .trybox && echo 'secret*' > "
+                ".trybox/exclude && echo s > secrets.env");
+  auto plan = PlanInject(repo_, kDefaultQuotaBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::vector<std::string> paths;
+  for (const auto& [p, e] : plan->manifest) paths.push_back(p);
+  EXPECT_EQ(paths, (std::vector<std::string>{".gitignore", ".trybox/exclude", "run.sh", "src/a.txt",
+                                             "src/b.txt", "src/c.txt", "untracked.txt"}));
+  EXPECT_EQ(plan->manifest.at("run.sh").GitMode(), std::string("100755"));
+  for (const auto& [p, e] : plan->manifest) EXPECT_EQ(e.blob.size(), 40u) << p;
+}
+
+TEST_F(WorkspaceGitTest, QuotaIsCheckedBeforeAnythingIsSent) {
+  auto plan = PlanInject(repo_, 10);
+  ASSERT_EQ(plan.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("quota of 10 bytes"), std::string::npos)
+      << plan.status().message();
+}
+
+TEST_F(WorkspaceGitTest, NotARepositoryAndMissingDirAreClearErrors) {
+  auto a = PlanInject(tmp_->path() + "/nope", kDefaultQuotaBytes);
+  EXPECT_EQ(a.status().code(), Code::kNotFound) << a.status().ToString();
+  auto b = PlanInject(home_, kDefaultQuotaBytes);
+  EXPECT_EQ(b.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("not a git working tree"), std::string::npos);
+  auto c = PlanInject(repo_ + "/src", kDefaultQuotaBytes);
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(WorkspaceGitTest, CommitOnBranchLeavesHeadIndexAndTreeUntouched) {
+  std::string before = TreeFingerprint(repo_);
+  std::string head = Sh(home_, "cd '" + repo_ + "' && git rev-parse HEAD");
+  std::vector<Change> changes;
+  auto out = RoundTrip(
+      "echo changed > src/a.txt && rm src/c.txt && mv src/b.txt src/b2.txt && echo n > "
+      "added.txt && chmod -x run.sh && mkdir -p x/build && echo o > x/build/o",
+      nullptr, &changes);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_TRUE(out->committed);
+  EXPECT_TRUE(out->injected_commit.empty());  // clean working tree: one commit
+  EXPECT_EQ(TreeFingerprint(repo_), before);
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git rev-parse HEAD"), head);
+  std::string status =
+      Sh(home_, "cd '" + repo_ + "' && git diff-tree -r -M --name-status HEAD trybox/vm1");
+  EXPECT_EQ(status,
+            "A\tadded.txt\nM\trun.sh\nM\tsrc/a.txt\nR100\tsrc/b.txt\tsrc/b2.txt\nD\tsrc/c.txt\n");
+  // The tracked, excluded build output stays as it was in HEAD.
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git show trybox/vm1:src/build/out.o"), "keep\n");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git rev-parse trybox/vm1^"), head);
+  ASSERT_EQ(changes.size(), 5u);
+}
+
+TEST_F(WorkspaceGitTest, NoChangeMeansNoCommit) {
+  auto out = RoundTrip("");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_FALSE(out->committed);
+  EXPECT_NE(out->note.find("no commit"), std::string::npos);
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git branch --list 'trybox/*'"), "");
+}
+
+TEST_F(WorkspaceGitTest, DirtyWorkingTreeGetsItsOwnCommitFirst) {
+  Sh(home_, "cd '" + repo_ +
+                "' && echo local > src/a.txt && echo u > untracked.txt && rm "
+                "src/c.txt && git add src/a.txt");
+  std::string index_before = Sha256File(repo_ + "/.git/index").value_or("");
+  auto out = RoundTrip("echo vm > vm.txt");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_TRUE(out->committed);
+  ASSERT_FALSE(out->injected_commit.empty());
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ +
+                          "' && git diff-tree -r --name-status trybox/vm1^ "
+                          "trybox/vm1"),
+            "A\tvm.txt\n");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git diff-tree -r --name-status HEAD trybox/vm1^"),
+            "M\tsrc/a.txt\nD\tsrc/c.txt\nA\tuntracked.txt\n");
+  EXPECT_EQ(Sha256File(repo_ + "/.git/index").value_or("x"), index_before);
+}
+
+TEST_F(WorkspaceGitTest, PlantedConfigAttacksNeverRun) {
+  ASSERT_TRUE(testing::PlantGitConfigAttacks(home_, repo_, marks_).ok());
+
+  // Control: the same repository under plain git does run them, so the plants are live.
+  std::string control = tmp_->path() + "/control";
+  Sh(home_, "cp -a '" + repo_ + "' '" + control + "' && cd '" + control +
+                "' && echo c >> src/a.txt && git add src/a.txt && git commit -qm c && "
+                "git status >/dev/null && script -qc 'git log -1' /dev/null >/dev/null");
+  auto ran = AttacksThatRan(marks_);
+  auto has = [&](const std::string& n) {
+    return std::find(ran.begin(), ran.end(), n) != ran.end();
+  };
+  EXPECT_TRUE(has("ran-clean")) << "the filter did not run under plain git";
+  EXPECT_TRUE(has("hook-pre-commit")) << "the hook did not run under plain git";
+  EXPECT_TRUE(has("ran-included-pager")) << "the included pager did not run under plain git";
+  EXPECT_TRUE(has("ran-fsmonitor")) << "fsmonitor did not run under plain git";
+  Sh(home_, "rm -f '" + marks_ + "'/ran-* '" + marks_ + "'/hook-*");
+
+  std::string before = TreeFingerprint(repo_);
+  auto out = RoundTrip("echo changed > src/a.txt && echo n > added.txt");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(out->committed);
+  EXPECT_EQ(AttacksThatRan(marks_), std::vector<std::string>());
+  EXPECT_EQ(TreeFingerprint(repo_), before);
+  // The committed blob is the raw content: no clean filter touched it.
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git cat-file blob trybox/vm1:src/a.txt"), "changed\n");
+}
+
+TEST_F(WorkspaceGitTest, SecondCollectBuildsOnTheBranch) {
+  auto first = RoundTrip("echo 1 > one.txt");
+  ASSERT_TRUE(first.ok() && first->committed);
+  auto second = RoundTrip("echo 1 > one.txt && echo 2 > two.txt");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(second->committed);
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git rev-parse trybox/vm1^"), first->commit + "\n");
+  auto third = RoundTrip("echo 1 > one.txt && echo 2 > two.txt");
+  ASSERT_TRUE(third.ok());
+  EXPECT_FALSE(third->committed);
+}
+
+TEST(WorkspaceTest, ParseSize) {
+  EXPECT_EQ(ParseSize("1G").value_or(0), 1ull << 30);
+  EXPECT_EQ(ParseSize("512M").value_or(0), 512ull << 20);
+  EXPECT_EQ(ParseSize("100").value_or(0), 100u);
+  EXPECT_FALSE(ParseSize("0").ok());
+  EXPECT_FALSE(ParseSize("12X").ok());
+  EXPECT_FALSE(ParseSize("").ok());
+}
+
+TEST(WorkspaceTest, SocketsFromTarWarnings) {
+  auto s = SkippedFromTarWarnings(
+      "tar: ./a/s: socket ignored\ntar: other warning\n/bin/tar: ./b: socket ignored");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].path, "a/s");
+  EXPECT_EQ(s[1].path, "b");
+}
+
+}  // namespace
+}  // namespace trybox::workspace
