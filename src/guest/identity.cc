@@ -42,6 +42,12 @@ bool HostsFileNames(const std::string& text, const std::string& name) {
   return false;
 }
 
+int64_t MonotonicUs() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
 }  // namespace
 
 Status SetNames(const std::string& hostname, const std::string& machine_id) {
@@ -80,14 +86,23 @@ Status ReseedRandom(const std::vector<uint8_t>& seed, bool credit) {
   return Status::Ok();
 }
 
-Status ApplyIdentity(const Identity& id) {
+Status ApplyIdentity(const Identity& id, IdentityTimings* timings) {
+  IdentityTimings unused;
+  IdentityTimings& t = timings ? *timings : unused;
+  int64_t start = MonotonicUs();
   if (!id.seed.empty()) RETURN_IF_ERROR(ReseedRandom(id.seed));
+  t.reseed_us = MonotonicUs() - start;
+  start = MonotonicUs();
   if (id.time_ns > 0) {
     struct timespec ts = {static_cast<time_t>(id.time_ns / 1000000000),
                           static_cast<long>(id.time_ns % 1000000000)};
     if (::clock_settime(CLOCK_REALTIME, &ts) != 0) return ErrnoError("clock_settime");
   }
-  return SetNames(id.hostname, id.machine_id);
+  t.clock_us = MonotonicUs() - start;
+  start = MonotonicUs();
+  Status st = SetNames(id.hostname, id.machine_id);
+  t.names_us = MonotonicUs() - start;
+  return st;
 }
 
 Status RehearseIdentity() {

@@ -36,8 +36,13 @@ Status SetNames(const std::string& hostname, const std::string& machine_id);
 // `credit` false mixes the bytes in without counting them as entropy.
 Status ReseedRandom(const std::vector<uint8_t>& seed, bool credit = true);
 
+// Microseconds each step took (CLOCK_MONOTONIC), for the host's benchmarks.
+struct IdentityTimings {
+  int64_t reseed_us = 0, clock_us = 0, names_us = 0;
+};
+
 // Applies the whole identity: reseed, clock, names. Stops at the first failure.
-Status ApplyIdentity(const Identity& id);
+Status ApplyIdentity(const Identity& id, IdentityTimings* timings = nullptr);
 
 // Runs the identity's code path without changing who the guest is: the current hostname
 // and machine-id written again, zeros mixed into the pool without credit. For warm-up.

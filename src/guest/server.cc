@@ -177,7 +177,8 @@ void Server::Identify(Stream& stream, const Json& request) {
     return;
   }
   Identity id{req->vm_id, req->hostname, req->machine_id, req->seed, req->time_ns};
-  Status st = ApplyIdentity(id);
+  IdentityTimings timings;
+  Status st = ApplyIdentity(id, &timings);
   if (!st.ok()) {
     (void)stream.End(Fail("identity_failed", st.message()));
     return;
@@ -190,7 +191,13 @@ void Server::Identify(Stream& stream, const Json& request) {
   }
   boot_id_ = *boot_id;
   ready_ = true;
-  (void)stream.End({{"ok", true}, {"boot_id", boot_id_}, {"hostname", req->hostname}});
+  (void)stream.End({{"ok", true},
+                    {"boot_id", boot_id_},
+                    {"hostname", req->hostname},
+                    {"timings_us",
+                     {{"reseed", timings.reseed_us},
+                      {"clock", timings.clock_us},
+                      {"names", timings.names_us}}}});
 }
 
 void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) {

@@ -475,6 +475,7 @@ Status Vm::Identify(Clock::time_point deadline) {
     return Unavailable("the guest refused its identity: " + reply.dump());
   boot_id_ = reply.value("boot_id", "");
   phases_["identity_ms"] = MsSince(start);
+  if (reply.contains("timings_us")) phases_["identity_guest_us"] = reply["timings_us"];
   return Status::Ok();
 }
 
