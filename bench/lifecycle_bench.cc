@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "cli/client.h"
 #include "cli/transfer.h"
 #include "tests/e2e/harness.h"
@@ -26,26 +27,14 @@
 using trybox::Result;
 using trybox::Status;
 using Json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using Clock = trybox::bench::Clock;
 using Kind = trybox::channel::Stream::Message::Kind;
 
 namespace {
 
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double Pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-[[noreturn]] void Die(const std::string& what, const Status& st) {
-  std::fprintf(stderr, "bench: %s: %s\n", what.c_str(), st.ToString().c_str());
-  std::exit(1);
-}
+using trybox::bench::Die;
+using trybox::bench::Ms;
+using trybox::bench::Pct;
 
 // Runs argv in the VM; returns stdout bytes, and the outcome in *result.
 uint64_t Exec(trybox::cli::Client& c, const std::string& vm, const std::vector<std::string>& argv,

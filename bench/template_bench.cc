@@ -19,34 +19,23 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "cli/client.h"
 #include "tests/e2e/harness.h"
 #include "util/paths.h"
 
 using trybox::Status;
 using Json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using Clock = trybox::bench::Clock;
 using Kind = trybox::channel::Stream::Message::Kind;
 
 namespace {
 
 int g_memory = 256;
 
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double Pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-[[noreturn]] void Die(const std::string& what, const Status& st) {
-  std::fprintf(stderr, "bench: %s: %s\n", what.c_str(), st.ToString().c_str());
-  std::exit(1);
-}
+using trybox::bench::Die;
+using trybox::bench::Ms;
+using trybox::bench::Pct;
 
 struct Bench {
   std::unique_ptr<trybox::e2e::Harness> h;
