@@ -159,9 +159,9 @@ TEST_F(TemplateE2E, ColdFlagBootsTheKernel) {
 
 TEST_F(TemplateE2E, ImageChangeAndQemuChangeRebuildTheTemplate) {
   // A private copy of the image (hard links: image files are frozen, never written).
-  char tmpl[] = "/tmp/tbx-img-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string images = tmpl;
+  auto dir = TempDir::Make("/tmp", "tbx-img-");  // removed however the test ends
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const std::string images = dir->path();
   // QEMU may run as a uid of its own (root daemon): it must be able to run the wrapper.
   ASSERT_EQ(::chmod(images.c_str(), 0755), 0);
   const std::string shared = Paths::FromEnvironment().images + "/debian-12";
@@ -216,7 +216,6 @@ TEST_F(TemplateE2E, ImageChangeAndQemuChangeRebuildTheTemplate) {
   EXPECT_TRUE(h_->StopDaemon().ok());
   EXPECT_TRUE(h_->QemuPids().empty());
   h_.reset();
-  (void)RemoveTree(images);
 }
 
 TEST_F(TemplateE2E, CorruptStateFallsBackToColdAndIsRebuilt) {
