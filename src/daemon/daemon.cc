@@ -935,9 +935,8 @@ Json Daemon::DoDoctor(const Json&) {
       spares[dir.substr(dir.rfind('/') + 1)] = list.size();
     }
   }
-  auto qv = RunCommand({opts_.qemu, "--version"}, std::chrono::seconds(10));
-  std::string qemu_version =
-      qv.ok() ? qv->output.substr(0, qv->output.find('\n')) : qv.status().message();
+  auto qv = vmm::QemuVersion(opts_.qemu);  // the same line the template key uses
+  std::string qemu_version = qv.ok() ? *qv : qv.status().message();
   return {{"ok", true},
           {"accel", accel},
           {"qemu", qemu_version},

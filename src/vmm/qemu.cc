@@ -76,6 +76,11 @@ struct QemuSandbox {
 
 std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
+// The disk layer QEMU writes: the VM's own, or for a template the template's.
+std::string DiskLayer(const VmConfig& c) {
+  return c.mode == StartMode::kTemplate ? c.template_dir + kTemplateDisk : c.vm_dir + "/disk.qcow2";
+}
+
 Status GiveTo(const std::string& path, uid_t uid) {
   if (::chown(path.c_str(), uid, uid) != 0) {
     return ErrnoError("give " + path + " to uid " + std::to_string(uid));
@@ -120,11 +125,9 @@ Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
   RETURN_IF_ERROR(GiveTo(c.vm_dir, uid));
   q.seen.image_dir = FdPath(kImageDirFd);
   q.seen.vm_dir = FdPath(kVmDirFd);
-  // The disk layer QEMU writes: the VM's own, or for a template the template's.
-  std::string disk = c.vm_dir + "/disk.qcow2";
+  const std::string disk = DiskLayer(c);
   if (c.mode == StartMode::kTemplate) {
     q.seen.template_dir = FdPath(kTemplateDirFd);
-    disk = c.template_dir + kTemplateDisk;
     RETURN_IF_ERROR(GiveTo(c.template_dir, uid));
     RETURN_IF_ERROR(GiveTo(c.template_dir + kTemplateMemory, uid));
   }
@@ -177,8 +180,7 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
   const std::string& img = c.image_dir;
   const std::string& dir = c.vm_dir;
   const bool cold = c.mode == StartMode::kCold;
-  const std::string disk =
-      c.mode == StartMode::kTemplate ? c.template_dir + kTemplateDisk : dir + "/disk.qcow2";
+  const std::string disk = DiskLayer(c);
   // One option and its value per line, as in the QEMU manual.
   // clang-format off
   std::vector<std::string> a = {
@@ -360,8 +362,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
   const std::string& dir = config.vm_dir;
   if (::mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir);
 
-  const std::string disk = config.mode == StartMode::kTemplate ? config.template_dir + kTemplateDisk
-                                                               : dir + "/disk.qcow2";
+  const std::string disk = DiskLayer(config);
   Status st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-b",
                           config.image_dir + "/scratch.qcow2", "-F", "qcow2", disk},
                          std::chrono::seconds(30));
