@@ -13,6 +13,8 @@ PACKAGES=(
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs kmod xz-utils dpkg-dev
   # tests and benchmarks
   procps clang-format git
+  # egress tests: a local TLS upstream (openssl s_server), QEMU's namespace (nsenter, ip)
+  openssl util-linux iproute2
 )
 
 missing=()
