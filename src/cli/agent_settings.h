@@ -1,0 +1,36 @@
+// Where `trybox agent` and `trybox mcp` find the sub-agent's model: flags, then the
+// providers' own environment variables, then $config/agent.json (docs/agent.md).
+//
+// The result is the "model" object of a daemon agent request. It holds the API key, so it
+// is sent to the daemon and never printed, logged or written anywhere.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "util/paths.h"
+#include "util/status.h"
+
+namespace trybox::cli {
+
+struct ModelFlags {
+  std::string provider;  // --provider anthropic|openai; empty: from env/config
+  std::string model;     // --model; empty: from env/config
+};
+
+// Reads an environment variable; "" when unset. Tests pass their own.
+using EnvLookup = std::function<std::string(const std::string&)>;
+EnvLookup ProcessEnv();
+
+// {"provider","base_url","api_key","model"} (plus "ca_file" if configured).
+//   provider: --provider, else agent.json "provider", else anthropic if ANTHROPIC_API_KEY is
+//             set, else openai if OPENAI_API_KEY or OPENAI_BASE_URL is set.
+//   base_url, api_key, model: ANTHROPIC_* / OPENAI_* (model: --model first), else the
+//             provider's section of agent.json; base_url defaults to the provider's own.
+// NOT_FOUND naming what to set when no provider or no model can be found; INVALID_ARGUMENT
+// for an unknown provider or a malformed agent.json (whose message never quotes a key).
+Result<nlohmann::json> ResolveModel(const Paths& paths, const ModelFlags& flags,
+                                    const EnvLookup& env);
+
+}  // namespace trybox::cli
