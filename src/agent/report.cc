@@ -1,0 +1,185 @@
+#include "agent/report.h"
+
+#include <sstream>
+
+#include "agent/text.h"
+#include "agent/tools.h"
+
+namespace trybox::agent {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kTextCommands = 200;
+constexpr size_t kTextChanges = 200;
+
+std::string Str(const Json& j, const char* k) {
+  return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : "";
+}
+
+// A value tryboxd chose from a fixed vocabulary, or an id / hash it made; anything else is
+// quoted, so a malformed document still cannot put free text on a trusted line.
+std::string Word(const Json& j, const char* k) {
+  std::string s = Str(j, k);
+  for (char c : s) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.' || c == '/' || c == ':';
+    if (!ok) return InlineQuote(s, 120);
+  }
+  return s;
+}
+
+std::string Num(const Json& j, const char* k) {
+  if (!j.is_object() || !j.contains(k) || !j[k].is_number()) return "?";
+  if (j[k].is_number_float()) return std::to_string(static_cast<int64_t>(j[k].get<double>()));
+  return std::to_string(j[k].get<int64_t>());
+}
+
+std::string Argv(const Json& argv) {
+  std::string s;
+  if (!argv.is_array()) return InlineQuote(argv.dump());
+  for (const auto& a : argv) {
+    if (!s.empty()) s += " ";
+    s += InlineQuote(a.is_string() ? a.get<std::string>() : a.dump(), 300);
+  }
+  return s;
+}
+
+// How a recorded command ended, in the daemon's words.
+std::string Ending(const Json& c) {
+  std::string o = Str(c, "outcome");
+  if (o == "exited") return "exit " + Num(c, "exit_code");
+  if (o == "signaled") return "killed by signal " + Num(c, "signal");
+  if (o == "timed_out") return "timed out";
+  if (o == "running") return "still running";
+  if (o.empty()) return "no outcome recorded";
+  return Word(c, "outcome");
+}
+
+std::string Heading(const std::string& title) {
+  return title + "\n" + std::string(title.size() > 78 ? 78 : title.size(), '-') + "\n";
+}
+
+}  // namespace
+
+std::string RenderReportText(const Json& r) {
+  std::ostringstream o;
+  const std::string outcome = Word(r, "outcome");
+  o << "trybox vm_agent report, run " << Word(r, "run") << "\n";
+  o << "Outcome: " << outcome << "\n";
+  if (outcome == "DONE") o << "Verdict: " << Word(r, "verdict") << "\n";
+  if (r.contains("reason") && r["reason"].is_string()) {
+    o << "Reason: " << InlineQuote(r["reason"].get<std::string>(), 600) << "\n";
+  }
+  if (outcome == "NEEDS_INPUT") {
+    o << "Next: answer with `trybox agent answer " << Word(r, "run")
+      << " TEXT` (or vm_agent with run_id and answer)\n";
+  } else if (outcome == "IN_PROGRESS") {
+    o << "Next: continue with `trybox agent resume " << Word(r, "run")
+      << "` (or vm_agent with run_id)\n";
+  }
+  o << "\n" << Heading("Facts recorded by tryboxd");
+  o << "Task: " << InlineQuote(Str(r, "task"), 600) << "\n";
+  const Json& img = r.value("image", Json::object());
+  o << "Image: " << Word(img, "name") << " (manifest sha256 " << Word(img, "sha256") << ")\n";
+  const Json& m = r.value("model", Json::object());
+  const Json& u = r.value("usage", Json::object());
+  o << "Model: " << Word(m, "provider") << " " << InlineQuote(Str(m, "model"), 120) << ", "
+    << Num(u, "turns") << " turns, " << Num(u, "input_tokens") << " input / "
+    << Num(u, "output_tokens") << " output tokens\n";
+  const Json& vm = r.value("vm", Json::object());
+  o << "VM: " << Word(vm, "id") << " (" << Word(vm, "state") << ")\n";
+
+  const Json& cmds = r.value("commands", Json::array());
+  o << "Commands run: " << cmds.size() << "\n";
+  size_t n = 0;
+  for (const auto& c : cmds) {
+    if (++n > kTextCommands) {
+      o << "  ... " << (cmds.size() - kTextCommands) << " more in the JSON report\n";
+      break;
+    }
+    o << "  " << n << ". [" << Ending(c) << ", " << Num(c, "duration_ms") << " ms, "
+      << Num(c, "stdout_bytes") << "+" << Num(c, "stderr_bytes") << " bytes out] "
+      << Argv(c.value("argv", Json::array())) << "\n";
+    if (c.contains("error") && c["error"].is_string() && !c["error"].get<std::string>().empty()) {
+      o << "     error: " << InlineQuote(c["error"].get<std::string>(), 300) << "\n";
+    }
+  }
+
+  const Json& files = r.value("files", Json());
+  if (files.is_object()) {
+    const Json& changes = files.value("changes", Json::array());
+    const Json& counts = files.value("counts", Json::object());
+    o << "Files changed in /workspace: " << changes.size();
+    std::string sep = " (";
+    for (const char* k : {"added", "modified", "deleted", "renamed", "mode_changed"}) {
+      if (Num(counts, k) != "0" && Num(counts, k) != "?") {
+        o << sep << k << " " << Num(counts, k);
+        sep = ", ";
+      }
+    }
+    o << (sep == ", " ? ")" : "") << "\n";
+    n = 0;
+    for (const auto& ch : changes) {
+      if (++n > kTextChanges) {
+        o << "  ... " << (changes.size() - kTextChanges) << " more in the JSON report\n";
+        break;
+      }
+      o << "  " << Word(ch, "change") << " " << InlineQuote(Str(ch, "path"), 300);
+      if (ch.contains("from")) o << " from " << InlineQuote(Str(ch, "from"), 300);
+      if (ch.contains("new_size")) o << " (" << Num(ch, "new_size") << " bytes)";
+      o << "\n";
+    }
+  } else {
+    o << "Files changed in /workspace: not collected";
+    if (r.contains("files_note")) o << " (" << InlineQuote(Str(r, "files_note"), 300) << ")";
+    o << "\n";
+  }
+  const Json& commit = r.value("commit", Json());
+  if (commit.is_object()) {
+    o << "Commit: " << Word(commit, "sha") << " on branch " << Word(commit, "branch") << " of "
+      << InlineQuote(Str(commit, "repo"), 300) << "\n";
+  } else {
+    o << "Commit: none"
+      << (r.contains("commit_note") ? " (" + InlineQuote(Str(r, "commit_note"), 300) + ")" : "")
+      << "\n";
+  }
+
+  const Json& v = r.value("verification", Json());
+  if (v.is_object()) {
+    o << "Verification (tryboxd re-ran it in a fresh VM from the collected /workspace):\n";
+    o << "  Command: " << InlineQuote(Str(v, "command"), 600) << " (given by the "
+      << Word(v, "source") << ")\n";
+    o << "  VM: " << Word(v, "vm") << "\n";
+    o << "  Result: " << Ending(v) << " after " << Num(v, "duration_ms") << " ms\n";
+    if (v.contains("error") && v["error"].is_string() && !v["error"].get<std::string>().empty()) {
+      o << "  Error: " << InlineQuote(v["error"].get<std::string>(), 600) << "\n";
+    }
+    o << "  Output (the last " << Num(v, "output_tail_bytes") << " of " << Num(v, "output_bytes")
+      << " bytes, as printed):\n";
+    o << QuoteBlock(Str(v, "output_tail"), kQuotePrefix);
+  } else if (outcome == "DONE") {
+    o << "Verification: none (no verification command was given; verdict UNVERIFIED)\n";
+  }
+
+  const Json& q = r.value("question", Json());
+  if (q.is_object()) {
+    o << "\n" << Heading("The agent's question (its words, quoted)");
+    o << QuoteBlock(Str(q, "text"), kQuotePrefix);
+    if (q.value("truncated", false)) o << "(cut at " << kMaxQuestionChars << " characters)\n";
+  }
+  const Json& claim = r.value("claim", Json());
+  if (claim.is_object()) {
+    std::string status = Str(claim, "status");
+    std::string title = status == "contradicted"
+                            ? "The agent's summary: a claim CONTRADICTED by the re-run above"
+                            : "The agent's summary: an unverified claim";
+    o << "\n" << Heading(title);
+    o << QuoteBlock(Str(claim, "summary"), kQuotePrefix);
+    if (claim.value("truncated", false)) o << "(cut at " << kMaxSummaryChars << " characters)\n";
+  }
+  o << "(end of report " << Word(r, "run") << ")\n";
+  return o.str();
+}
+
+}  // namespace trybox::agent
