@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/agent_cmd.h"
 #include "cli/client.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
@@ -48,6 +49,15 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
                   "Copy this git working tree into /workspace (the default working directory)");
   cmd->add_option("--workspace-quota", vm.workspace_quota,
                   "Most the workspace may hold, each way (bytes, or K/M/G; default 1G)");
+}
+
+void AddAgentModelOptions(CLI::App* cmd, AgentOptions& a) {
+  cmd->add_option("--provider", a.provider,
+                  "anthropic or openai (default: from ANTHROPIC_*/OPENAI_* or agent.json)");
+  cmd->add_option("--model", a.model, "Model name (default: ANTHROPIC_MODEL / OPENAI_MODEL)");
+  cmd->add_option("--max-turns", a.max_turns, "Most model turns for this call");
+  cmd->add_option("--timeout", a.timeout_s, "Wall clock for this call, in seconds");
+  cmd->add_option("--max-tokens", a.max_tokens, "Most tokens (input + output) for this call");
 }
 
 void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
@@ -616,6 +626,35 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       ->capture_default_str();
   audit->add_flag("--json", inv.json, "JSON output");
 
+  auto* agent = app.add_subcommand(
+      "agent", "Hand a task to a model that works in a VM; print the daemon's report");
+  agent->add_option("--image", inv.vm.image, "Image to boot")->capture_default_str();
+  agent->add_option("--workspace", inv.vm.workspace,
+                    "Copy this git working tree into /workspace; the result is committed on "
+                    "branch trybox/RUN_ID");
+  agent->add_option("--verify", inv.agent.verify,
+                    "Shell command the supervisor re-runs in a fresh VM from the collected "
+                    "/workspace (instead of the agent's own)");
+  agent->add_option("--allow", inv.vm.allow, "Let the VM reach HOST[:PORT] (repeatable)")
+      ->allow_extra_args(false);
+  agent->add_option("--profile", inv.vm.profiles, "Add a named allow-list (repeatable)")
+      ->allow_extra_args(false);
+  AddAgentModelOptions(agent, inv.agent);
+  agent->add_flag("--json", inv.json, "Print the report as JSON");
+  agent->add_option("task", inv.agent.task, "The task, in words");
+  auto* answer = agent->add_subcommand("answer", "Answer a run's question; it continues");
+  answer->add_option("run", inv.agent.run_id, "Run id")->required();
+  answer->add_option("text", inv.agent.answer, "The answer")->required();
+  AddAgentModelOptions(answer, inv.agent);
+  answer->add_flag("--json", inv.json, "Print the report as JSON");
+  auto* resume = agent->add_subcommand("resume", "Continue a run that ran past a limit");
+  resume->add_option("run", inv.agent.run_id, "Run id")->required();
+  AddAgentModelOptions(resume, inv.agent);
+  resume->add_flag("--json", inv.json, "Print the report as JSON");
+  auto* show = agent->add_subcommand("show", "Print a run's report again");
+  show->add_option("run", inv.agent.run_id, "Run id")->required();
+  show->add_flag("--json", inv.json, "Print the report as JSON");
+
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
     app.parse(rev);
@@ -643,6 +682,19 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (ils->parsed()) inv.command = "image-ls";
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
+  if (agent->parsed()) {
+    inv.command = answer->parsed()   ? "agent-answer"
+                  : resume->parsed() ? "agent-resume"
+                  : show->parsed()   ? "agent-show"
+                                     : "agent";
+    if (inv.command == "agent" && inv.agent.task.empty()) {
+      return InvalidArgument("agent: give the task, e.g. trybox agent \"make the tests pass\"");
+    }
+    if (inv.command != "agent") RETURN_IF_ERROR(ValidateName("run id", inv.agent.run_id));
+    if (inv.agent.max_turns < 0 || inv.agent.timeout_s < 0 || inv.agent.max_tokens < 0) {
+      return InvalidArgument("agent: limits must not be negative");
+    }
+  }
   for (const auto& a : inv.vm.allow) {
     auto e = egress::ParseAllowEntry(a);
     if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
@@ -689,6 +741,7 @@ int Run(const Invocation& inv) {
     return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, std::cout);
   }
   if (inv.command == "diff") return CmdDiff(c, inv.id, inv.json);
+  if (inv.command.rfind("agent", 0) == 0) return CmdAgent(c, inv);
   if (!inv.vm.workspace.empty()) {
     Status st = CheckWorkspaceDir(inv.vm.workspace);
     if (!st.ok()) return Fail(st);

@@ -32,11 +32,24 @@ struct ExecOptions {
   bool interactive = false;  // forward our stdin
 };
 
+// trybox agent (docs/agent.md).
+struct AgentOptions {
+  std::string task;
+  std::string verify;
+  std::string provider, model;  // override the environment's
+  std::string run_id;           // answer, resume, show
+  std::string answer;
+  int max_turns = 0;  // 0: the daemon's default
+  int timeout_s = 0;  // wall clock per call; 0: the daemon's default
+  int64_t max_tokens = 0;
+};
+
 struct Invocation {
   std::string
       command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit help
   VmOptions vm;
   ExecOptions exec;
+  AgentOptions agent;             // agent, agent-answer, agent-resume, agent-show
   std::vector<std::string> argv;  // run/exec
   std::string id;                 // exec, collect, diff; audit --vm
   std::string into;               // collect --into

@@ -18,7 +18,6 @@ namespace trybox::daemon {
 namespace {
 
 using Kind = channel::Stream::Message::Kind;
-using Clock = std::chrono::steady_clock;
 
 constexpr int kMinMemoryMib = 128;
 constexpr int kMaxMemoryMib = 65536;
@@ -379,6 +378,9 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& 
     if (verb == "put") return DoPut(*s, req);
     if (verb == "get") return DoGet(*s, req);
     if (verb == "workspace_in") return DoWorkspaceIn(*s, req);
+    if (verb == "agent") return DoAgent(*s, req);
+    if (verb == "agent_answer") return DoAgentContinue(*s, req, /*answer=*/true);
+    if (verb == "agent_resume") return DoAgentContinue(*s, req, /*answer=*/false);
     Json reply;
     if (verb == "create") {
       reply = DoCreate(req);
@@ -405,13 +407,15 @@ void Daemon::Dispatch(std::shared_ptr<channel::Stream> s, Json req, Connection& 
       reply = DoCollect(req);
     } else if (verb == "diff") {
       reply = DoDiff(req);
+    } else if (verb == "agent_show") {
+      reply = DoAgentShow(req);
     } else if (verb == "ping") {
       reply = {{"ok", true}, {"pid", ::getpid()}};
     } else {
-      reply = ErrorReply(
-          InvalidArgument("unknown verb " + QuoteForMessage(verb) +
-                          " (verbs: create, exec, put, get, destroy, list, doctor, audit, ping, "
-                          "workspace_in, collect, diff)"));
+      reply = ErrorReply(InvalidArgument(
+          "unknown verb " + QuoteForMessage(verb) +
+          " (verbs: create, exec, put, get, destroy, list, doctor, audit, ping, "
+          "workspace_in, collect, diff, agent, agent_answer, agent_resume, agent_show)"));
     }
     (void)s->End(reply);
   } catch (const std::exception& e) {

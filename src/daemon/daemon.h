@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "agent/model.h"
+#include "agent/tools.h"
 #include "channel/mux.h"
 #include "egress/config.h"
 #include "egress/proxy.h"
@@ -27,10 +29,12 @@
 #include "util/socket.h"
 #include "vmm/qemu.h"
 #include "vmm/template.h"
+#include "workspace/manifest.h"
 
 namespace trybox::daemon {
 
 using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 struct Options {
   Paths paths;
@@ -112,6 +116,30 @@ class Daemon {
   void DoWorkspaceIn(channel::Stream& client, const Json& req);
   Json DoCollect(const Json& req);
   Json DoDiff(const Json& req);
+  // Sends the tree `root` (the entries of `manifest`) to /workspace in the VM.
+  Status SendTree(VmEntry& e, const std::string& root, const workspace::Manifest& manifest);
+
+  // vm_agent runs (agent_runs.cc, docs/agent.md).
+  struct AgentRun;
+  void DoAgent(channel::Stream& client, const Json& req);
+  // agent_answer (`answer` true) and agent_resume.
+  void DoAgentContinue(channel::Stream& client, const Json& req, bool answer);
+  Json DoAgentShow(const Json& req);
+  // Works on the run until it finishes, asks, or reaches a limit; returns the END body.
+  Json DriveRun(AgentRun& run, channel::Stream& client, const Json& limits);
+  // Collects the workspace, destroys the agent's VM and re-runs the verification command
+  // in a fresh VM. Fills the run's state.
+  void FinishRun(AgentRun& run, channel::Stream& client, const std::string& summary,
+                 const std::string& agent_verify);
+  // Runs one tool call in the run's VM; returns the result for the model.
+  agent::ToolResult RunTool(AgentRun& run, VmEntry& vm, const agent::ToolCall& call,
+                            const agent::ToolArgs& args, Clock::time_point deadline);
+  // The report document for a run, from the store's records.
+  Json BuildReport(const store::AgentRunRecord& rec);
+  // Saves the run's record (state and transcript) to the store.
+  void SaveRun(AgentRun& run);
+  // The start-up probe of `s`'s model, run once per provider, address and model.
+  agent::Outcome ProbeModel(agent::ModelClient& client);
 
   // Runs one exec request `greq` in the VM and records it in the store. Output goes to
   // `client` (if not null) and, capped to its tail, to `capture` (if not null).
@@ -167,6 +195,9 @@ class Daemon {
   std::deque<std::pair<std::string, std::function<void()>>> tasks_;  // GUARDED_BY(mu_)
   std::set<std::string> queued_;                                     // GUARDED_BY(mu_)
   std::set<uid_t> qemu_uids_;                                        // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<AgentRun>> runs_;            // GUARDED_BY(mu_)
+  // Probe outcomes by "provider base_url model": a pass or a truncation is kept.
+  std::map<std::string, agent::Outcome> probes_;  // GUARDED_BY(mu_)
   // Guest egress handlers still running; the destructor waits for them.
   std::atomic<int> egress_in_flight_{0};
 };

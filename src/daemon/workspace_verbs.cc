@@ -82,6 +82,29 @@ std::string JoinArgv(const Json& argv) {
 
 }  // namespace
 
+Status Daemon::SendTree(VmEntry& e, const std::string& root, const ws::Manifest& manifest) {
+  auto guest =
+      e.vm->Open({{"op", "put"}, {"path", ws::kGuestPath}, {"kind", "tar"}, {"mode", 0755}});
+  if (!guest.ok()) {
+    NoteDeath(e);
+    return guest.status();
+  }
+  Status sent = ws::WriteTar(
+      root, manifest, [&](std::string_view d) { return (*guest)->Write(channel::kChanIn, d); });
+  if (sent.ok()) sent = (*guest)->CloseWrite(channel::kChanIn);
+  if (!sent.ok()) {
+    // After a local reset no END will come: fail now, never wait for one.
+    (void)(*guest)->Reset("the host could not send the workspace");
+    if (!e.vm->alive()) NoteDeath(e);
+    std::string why = e.vm->death_reason();
+    return why.empty() ? sent : Unavailable("the guest is gone: " + why);
+  }
+  auto end = AwaitGuestEnd(**guest);
+  Status st = end.ok() ? StatusFromGuestEnd(*end) : end.status();
+  if (!st.ok() && !e.vm->alive()) NoteDeath(e);
+  return st;
+}
+
 void Daemon::DoWorkspaceIn(channel::Stream& client, const Json& req) {
   auto fail = [&](const Status& st) { (void)client.End(ErrorReply(st)); };
   auto e = Lookup(req);
@@ -105,30 +128,8 @@ void Daemon::DoWorkspaceIn(channel::Stream& client, const Json& req) {
   auto plan = ws::PlanInject(dir, static_cast<uint64_t>(quota));
   if (!plan.ok()) return fail(plan.status());
 
-  auto guest =
-      (*e)->vm->Open({{"op", "put"}, {"path", ws::kGuestPath}, {"kind", "tar"}, {"mode", 0755}});
-  if (!guest.ok()) {
-    NoteDeath(**e);
-    return fail(guest.status().Annotate("copy the workspace into VM " + id));
-  }
-  Status sent = ws::WriteTar(plan->dir, plan->manifest, [&](std::string_view d) {
-    return (*guest)->Write(channel::kChanIn, d);
-  });
-  if (sent.ok()) sent = (*guest)->CloseWrite(channel::kChanIn);
-  if (!sent.ok()) {
-    // After a local reset no END will come: fail now, never wait for one.
-    (void)(*guest)->Reset("the host could not send the workspace");
-    if (!(*e)->vm->alive()) NoteDeath(**e);
-    std::string why = (*e)->vm->death_reason();
-    Status st = why.empty() ? sent : Unavailable("the guest is gone: " + why);
-    return fail(st.Annotate("copy the workspace into VM " + id));
-  }
-  auto end = AwaitGuestEnd(**guest);
-  Status st = end.ok() ? StatusFromGuestEnd(*end) : end.status();
-  if (!st.ok()) {
-    if (!(*e)->vm->alive()) NoteDeath(**e);
-    return fail(st.Annotate("copy the workspace into VM " + id));
-  }
+  Status st = SendTree(**e, plan->dir, plan->manifest);
+  if (!st.ok()) return fail(st.Annotate("copy the workspace into VM " + id));
 
   store::WorkspaceRecord rec;
   rec.vm_id = id;
@@ -304,6 +305,12 @@ Json Daemon::DoCollect(const Json& req) {
   rec.bytes = static_cast<int64_t>(ws::TotalBytes(*after));
   rec.skipped = SkippedJson(report.skipped);
   rec.branch = "trybox/" + id;
+  if (req.contains("branch_id")) {  // a vm_agent run commits on trybox/<run-id>
+    std::string b = req.value("branch_id", "");
+    st = ValidateName("branch id", b);
+    if (!st.ok()) return failed(st);
+    rec.branch = "trybox/" + b;
+  }
 
   ws::CommitOutcome commit;
   if (req.value("commit", true)) {

@@ -166,6 +166,15 @@ CREATE TABLE IF NOT EXISTS file_changes (
   new_mode INTEGER
 );
 CREATE INDEX IF NOT EXISTS file_changes_collect ON file_changes(collect_id);
+CREATE TABLE IF NOT EXISTS agent_runs (
+  id TEXT PRIMARY KEY,
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  outcome TEXT NOT NULL,
+  vm_id TEXT NOT NULL DEFAULT '',
+  state TEXT NOT NULL,
+  transcript TEXT NOT NULL
+);
 )sql";
 
 VmRecord ReadVm(Stmt& s) {
@@ -450,6 +459,39 @@ Result<std::optional<WorkspaceRecord>> Store::GetWorkspace(const std::string& vm
   w.setup_exec_id = s.OptInt(10);
   w.setup_output = s.Text(11);
   return std::optional<WorkspaceRecord>(std::move(w));
+}
+
+Status Store::PutAgentRun(const AgentRunRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT OR REPLACE INTO agent_runs (id, created_at, updated_at, outcome, vm_id, state, "
+         "transcript) VALUES (?,?,?,?,?,?,?)");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, r.id).Bind(2, r.created_at).Bind(3, r.updated_at).Bind(4, r.outcome);
+  s.Bind(5, r.vm_id).Bind(6, r.state.dump()).Bind(7, r.transcript.dump());
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return Status::Ok();
+}
+
+Result<std::optional<AgentRunRecord>> Store::GetAgentRun(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "SELECT id, created_at, updated_at, outcome, vm_id, state, transcript FROM agent_runs "
+         "WHERE id = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<AgentRunRecord>();
+  AgentRunRecord r;
+  r.id = s.Text(0);
+  r.created_at = s.Double(1);
+  r.updated_at = s.Double(2);
+  r.outcome = s.Text(3);
+  r.vm_id = s.Text(4);
+  r.state = s.JsonCol(5);
+  r.transcript = s.JsonCol(6);
+  return std::optional<AgentRunRecord>(std::move(r));
 }
 
 Result<int64_t> Store::InsertCollect(const CollectRecord& c) {

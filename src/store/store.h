@@ -103,6 +103,19 @@ struct CollectRecord {
   Json changes = Json::array();
 };
 
+// One vm_agent run (docs/agent.md). `state` holds what the daemon knows of the run as JSON
+// (task, image, VM ids, the outcome, the verification, the agent's words), `transcript` the
+// provider-neutral conversation. Neither ever holds the model's API key.
+struct AgentRunRecord {
+  std::string id;
+  double created_at = 0;
+  double updated_at = 0;
+  std::string outcome;  // RUNNING, DONE, NEEDS_INPUT, IN_PROGRESS, ERROR
+  std::string vm_id;    // the VM the agent works in
+  Json state = Json::object();
+  Json transcript = Json::array();
+};
+
 class Store {
  public:
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
@@ -133,6 +146,10 @@ class Store {
   Result<int64_t> InsertCollect(const CollectRecord& c);
   // The newest collect of a VM, with its changes.
   Result<std::optional<CollectRecord>> LatestCollect(const std::string& vm_id);
+  // Inserts or replaces the run.
+  Status PutAgentRun(const AgentRunRecord& r);
+  Result<std::optional<AgentRunRecord>> GetAgentRun(const std::string& id);
+
   // The id of the VM's newest exec, if any.
   Result<std::optional<int>> LastExecId(const std::string& vm_id);
 

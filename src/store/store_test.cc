@@ -177,5 +177,29 @@ TEST_F(StoreTest, WorkspaceAndCollectsAreRecordedWithTheirChanges) {
   EXPECT_EQ((*latest)->changes[1]["new_size"], 5);
 }
 
+TEST_F(StoreTest, AgentRunIsReplacedWholeAndReadBack) {
+  AgentRunRecord r;
+  r.id = "run1";
+  r.created_at = NowSeconds();
+  r.updated_at = r.created_at;
+  r.outcome = "RUNNING";
+  r.vm_id = "vm1";
+  r.state = {{"task", "t"}};
+  r.transcript = Json::array({{{"kind", "user"}, {"text", "t"}}});
+  ASSERT_TRUE(store_->PutAgentRun(r).ok());
+  r.outcome = "NEEDS_INPUT";
+  r.state["question"] = "which?";
+  ASSERT_TRUE(store_->PutAgentRun(r).ok());
+  auto got = store_->GetAgentRun("run1");
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->outcome, "NEEDS_INPUT");
+  EXPECT_EQ((*got)->state["question"], "which?");
+  EXPECT_EQ((*got)->transcript.size(), 1u);
+  auto none = store_->GetAgentRun("nope");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
 }  // namespace
 }  // namespace trybox::store

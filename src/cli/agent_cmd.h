@@ -1,0 +1,30 @@
+// `trybox agent`: hands a task to the daemon's vm_agent loop and prints its report.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "cli/client.h"
+
+namespace trybox::cli {
+
+// Exit codes of `trybox agent` (docs/agent.md).
+constexpr int kAgentVerified = 0;
+constexpr int kAgentFailedVerification = 1;
+constexpr int kAgentUnverified = 2;
+constexpr int kAgentNeedsInput = 3;
+constexpr int kAgentInProgress = 4;
+constexpr int kAgentError = 5;
+
+// Runs an agent verb (`request` names it) and returns its END body, passing each EVENT to
+// `on_event` as it arrives. An error END is returned as a Status.
+Result<nlohmann::json> CallAgentVerb(Client& client, const nlohmann::json& request,
+                                     const std::function<void(const nlohmann::json&)>& on_event);
+
+// The exit code for a report.
+int AgentExitCode(const nlohmann::json& report);
+
+int CmdAgent(Client& client, const Invocation& inv);
+
+}  // namespace trybox::cli
