@@ -29,7 +29,7 @@ struct ModelSettings {
   std::string base_url;  // https://api.anthropic.com, or https://api.openai.com/v1
   std::string api_key;   // may be empty for a local server (no Authorization header then)
   std::string model;
-  std::string ca_file;   // extra CA bundle for a self-hosted endpoint; empty: the system's
+  std::string ca_file;  // extra CA bundle for a self-hosted endpoint; empty: the system's
   int max_output_tokens = 4096;
   std::chrono::milliseconds request_timeout{300000};
   int max_attempts = 5;  // per Send, counting retries of 429 / 5xx / transport failures
@@ -49,9 +49,9 @@ struct ToolSpec {
 };
 
 struct ToolCall {
-  std::string id;    // the provider's id, echoed back in the result
+  std::string id;  // the provider's id, echoed back in the result
   std::string name;
-  Json input;        // the parsed arguments (an object) when they parsed
+  Json input;  // the parsed arguments (an object) when they parsed
   // Non-empty when the arguments were not a JSON object (OpenAI sends them as a string that
   // may not parse): the loop answers the model with an error instead of running the tool.
   std::string input_error;
@@ -77,7 +77,7 @@ Json EntryToJson(const Entry& e);
 Result<Entry> EntryFromJson(const Json& j);
 
 struct Usage {
-  int64_t input_tokens = 0;   // all prompt tokens the provider counted, cached ones included
+  int64_t input_tokens = 0;  // all prompt tokens the provider counted, cached ones included
   int64_t output_tokens = 0;
 };
 
