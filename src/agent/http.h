@@ -1,0 +1,56 @@
+// HttpClient: one libcurl easy handle that POSTs JSON to a model endpoint (model.h).
+//
+// The handle is reused between requests, so consecutive requests to one host share a
+// keep-alive connection. Proxy environment variables (http_proxy, https_proxy, all_proxy)
+// are ignored on purpose: model traffic carries the API key and must never be routed
+// through a proxy that a user's shell happened to export (docs/protocol/model.md).
+// Thread-compatible: one Post at a time per client.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trybox::agent {
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+  std::map<std::string, std::string> headers;  // names lower-cased; the last value wins
+};
+
+struct HttpPost {
+  std::string url;
+  std::vector<std::string> headers;  // "Name: value"; may carry a secret, never logged
+  std::string body;
+  std::chrono::milliseconds timeout{0};  // the whole exchange, connect included
+  std::string ca_file;                   // empty: the system's CA bundle
+};
+
+class HttpClient {
+ public:
+  static Result<std::unique_ptr<HttpClient>> Make();
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // Any HTTP status is a response. A transport failure is kUnavailable with curl's own
+  // text (connect, TLS, reset); running past `timeout` is kDeadlineExceeded.
+  Result<HttpResponse> Post(const HttpPost& post);
+
+ private:
+  explicit HttpClient(void* curl) : curl_(curl) {}
+  void* curl_;  // CURL*, owned
+};
+
+// The delay a 429 or 5xx response asks for: retry-after-ms (milliseconds), else Retry-After
+// (delta-seconds or an HTTP-date). nullopt when neither is present or parses.
+std::optional<std::chrono::milliseconds> RetryAfter(
+    const std::map<std::string, std::string>& headers);
+
+}  // namespace trybox::agent
