@@ -1,0 +1,376 @@
+// End to end: vm_agent runs against real guests, driven through the real CLI and a private
+// tryboxd, with a scripted model server speaking the providers' real HTTP wire formats on
+// loopback. The model is the only fake; the VMs, the store, git and the re-run are real.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "tests/e2e/harness.h"
+#include "tests/fake_model/fake_model.h"
+#include "util/fd.h"
+#include "util/process.h"
+#include "workspace/testing.h"
+
+namespace trybox::e2e {
+namespace {
+
+using Json = nlohmann::json;
+using trybox::testing::FakeModelServer;
+namespace wt = trybox::workspace::testing;
+
+constexpr const char* kKey = "sk-test-7f3a9c-NEVER-WRITTEN";
+
+Json Call(const std::string& name, Json input) {
+  return {{"name", name}, {"input", std::move(input)}};
+}
+Json Turn(std::vector<Json> calls) { return {{"tool_calls", calls}}; }
+
+class AgentE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = FakeModelServer::Start();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(*m).release();
+    auto h = Harness::Start({"OPENAI_BASE_URL=" + model_->openai_base_url(),
+                             std::string("OPENAI_API_KEY=") + kKey,
+                             "ANTHROPIC_BASE_URL=" + model_->anthropic_base_url(),
+                             std::string("ANTHROPIC_API_KEY=") + kKey,
+                             "OPENAI_MODEL=unused", "ANTHROPIC_MODEL=unused"});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    h_ = std::move(*h).release();
+    // Both providers are configured; the config file picks the default, flags the rest.
+    ASSERT_TRUE(MakeDirs(h_->home() + "/config").ok());
+    ASSERT_TRUE(
+        WriteFileAtomic(h_->home() + "/config/agent.json", R"({"provider": "openai"})", 0600)
+            .ok());
+  }
+  static void TearDownTestSuite() {
+    delete h_;
+    h_ = nullptr;
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(h_, nullptr);
+    ASSERT_EQ(model_->steps_left(), 0u) << "an earlier test left script steps unplayed";
+    first_request_ = model_->requests().size();
+    auto t = TempDir::Make("/tmp", "tbx-agent-e2e-");
+    ASSERT_TRUE(t.ok());
+    tmp_.emplace(std::move(*t));
+  }
+  void TearDown() override {
+    // Whatever a test left, the next starts with an empty script.
+    while (model_->steps_left() > 0) {
+      ADD_FAILURE() << "script steps left unplayed";
+      break;
+    }
+  }
+
+  // Each test names its own model, so the daemon's once-per-model probe is its first
+  // request whatever order the tests run in.
+  static std::string ModelName() {
+    return std::string("fake-") +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+  static void PushProbeReply() { model_->Push({{"text", "ok"}}); }
+
+  // trybox agent ... --json; returns the report and the exit code.
+  Json Agent(std::vector<std::string> args, int* code, std::string* err = nullptr) {
+    args.insert(args.begin(), "agent");
+    args.push_back("--json");
+    CliResult r = h_->Cli(args);
+    *code = r.code;
+    if (err) *err = r.err;
+    Json j = Json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "stdout: " << r.out << "\nstderr: " << r.err;
+    return j;
+  }
+  std::vector<FakeModelServer::Recorded> MyRequests() const {
+    auto all = model_->requests();
+    return {all.begin() + static_cast<long>(first_request_), all.end()};
+  }
+  // The tool results the model was sent in an OpenAI request, by tool call id order.
+  static std::vector<std::string> ToolMessages(const Json& body) {
+    std::vector<std::string> out;
+    for (const auto& m : body["messages"]) {
+      if (m.value("role", "") == "tool") out.push_back(m.value("content", ""));
+    }
+    return out;
+  }
+  std::string Sh(const std::string& script) {
+    auto r = wt::Sh(tmp_->path(), script);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : "";
+  }
+  static const Json* FindCommand(const Json& report, const std::string& shell) {
+    for (const auto& c : report["commands"]) {
+      if (c["argv"] == Json::array({"/bin/sh", "-c", shell})) return &c;
+    }
+    return nullptr;
+  }
+
+  static Harness* h_;
+  static FakeModelServer* model_;
+  size_t first_request_ = 0;
+  std::optional<TempDir> tmp_;
+};
+Harness* AgentE2E::h_ = nullptr;
+FakeModelServer* AgentE2E::model_ = nullptr;
+
+TEST_F(AgentE2E, TaskThatSucceedsIsVerifiedByTheSupervisorAndCommittedOnTheRunBranch) {
+  std::string repo = tmp_->path() + "/repo";
+  Sh("git init -q -b main '" + repo + "' && cd '" + repo +
+     "' && echo base > README && git add -A && git -c user.name=t -c user.email=t@t commit -qm "
+     "init");
+  std::string head_before = Sh("git -C '" + repo + "' rev-parse HEAD");
+  PushProbeReply();
+  model_->Push(Turn({Call("write_file", {{"path", "hello.sh"},
+                                         {"content", "#!/bin/sh\necho hello from the vm\n"},
+                                         {"mode", 0755}})}));
+  model_->Push(Turn({Call("run", {{"command", "./hello.sh"}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "hello.sh prints a greeting"},
+                                     {"verify_command", "./hello.sh | grep -q 'hello from'"}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "--workspace", repo, "write hello.sh"}, &code, &err);
+  ASSERT_EQ(code, 0) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "DONE");
+  EXPECT_EQ(r["verdict"], "VERIFIED");
+  EXPECT_EQ(r["image"]["name"], "debian-12");
+  EXPECT_EQ(r["image"]["sha256"].get<std::string>().size(), 64u);
+  // The facts are the daemon's: the command the agent ran, with its real exit code.
+  const Json* ran = FindCommand(r, "./hello.sh");
+  ASSERT_NE(ran, nullptr) << r["commands"].dump(2);
+  EXPECT_EQ((*ran)["outcome"], "exited");
+  EXPECT_EQ((*ran)["exit_code"], 0);
+  EXPECT_EQ((*ran)["stdout_bytes"], 18);
+  ASSERT_EQ(r["files"]["changes"].size(), 1u) << r["files"].dump(2);
+  EXPECT_EQ(r["files"]["changes"][0]["change"], "added");
+  EXPECT_EQ(r["files"]["changes"][0]["path"], "hello.sh");
+  // The supervisor's own re-run, in another VM.
+  EXPECT_EQ(r["verification"]["exit_code"], 0);
+  EXPECT_EQ(r["verification"]["source"], "agent");
+  EXPECT_NE(r["verification"]["vm"], r["vm"]["id"]);
+  EXPECT_EQ(r["claim"]["status"], "unverified");
+  EXPECT_EQ(r["claim"]["summary"], "hello.sh prints a greeting");
+  // The commit is on trybox/<run-id>; the user's HEAD is untouched.
+  std::string branch = "trybox/" + r["run"].get<std::string>();
+  EXPECT_EQ(r["commit"]["branch"], branch);
+  EXPECT_EQ(Sh("git -C '" + repo + "' rev-parse '" + branch + "'"),
+            r["commit"]["sha"].get<std::string>() + "\n");
+  EXPECT_EQ(Sh("git -C '" + repo + "' show '" + branch + ":hello.sh'"),
+            "#!/bin/sh\necho hello from the vm\n");
+  EXPECT_EQ(Sh("git -C '" + repo + "' rev-parse HEAD"), head_before);
+  // Both VMs are gone.
+  EXPECT_EQ(r["vm"]["state"], "destroyed");
+  EXPECT_TRUE(h_->QemuPids().size() <= 1u) << "only a spare may remain";
+  // The model saw the real results of its calls.
+  auto reqs = MyRequests();
+  ASSERT_EQ(reqs.size(), 4u);
+  auto third = ToolMessages(reqs[3].body);
+  ASSERT_EQ(third.size(), 2u);
+  EXPECT_NE(third[0].find("wrote 33 bytes to /workspace/hello.sh"), std::string::npos);
+  EXPECT_NE(third[1].find("exit code 0"), std::string::npos);
+  EXPECT_NE(third[1].find("hello from the vm"), std::string::npos);
+  EXPECT_EQ(reqs[1].headers["authorization"], std::string("Bearer ") + kKey);
+  // agent show gives the same report again, from the store.
+  CliResult show = h_->Cli({"agent", "show", r["run"], "--json"});
+  ASSERT_EQ(show.code, 0) << show.err;
+  Json again = Json::parse(show.out);
+  EXPECT_EQ(again["verdict"], "VERIFIED");
+  EXPECT_EQ(again["commands"], r["commands"]);
+  CliResult text = h_->Cli({"agent", "show", r["run"]});
+  EXPECT_NE(text.out.find("Verdict: VERIFIED\n"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("an unverified claim"), std::string::npos) << text.out;
+}
+
+TEST_F(AgentE2E, ClaimContradictedByTheReRunIsSaidSo) {
+  PushProbeReply();
+  // The agent makes its file outside /workspace, so it is not there for the re-run.
+  model_->Push(Turn({Call("run", {{"command", "echo built > /tmp/artifact"}})}));
+  model_->Push(Turn({Call("run", {{"command", "test -f /tmp/artifact"}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "The artifact is built and checked."},
+                                     {"verify_command", "test -f /tmp/artifact"}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "build the artifact"}, &code, &err);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_EQ(r["outcome"], "DONE");
+  EXPECT_EQ(r["verdict"], "FAILED_VERIFICATION");
+  EXPECT_EQ(r["verification"]["exit_code"], 1);
+  EXPECT_EQ(r["claim"]["status"], "contradicted");
+  // Inside the agent's VM the same check passed: the report keeps both facts.
+  const Json* inside = FindCommand(r, "test -f /tmp/artifact");
+  ASSERT_NE(inside, nullptr);
+  EXPECT_EQ((*inside)["exit_code"], 0);
+  // No workspace given: the run's own repository, no files changed, no commit.
+  EXPECT_TRUE(r["files"]["changes"].empty());
+  EXPECT_TRUE(r["commit"].is_null());
+  CliResult text = h_->Cli({"agent", "show", r["run"]});
+  EXPECT_NE(text.out.find("CONTRADICTED"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("Verdict: FAILED_VERIFICATION\n"), std::string::npos);
+}
+
+TEST_F(AgentE2E, QuestionReturnsNeedsInputAndTheAnswerContinuesInTheSameVm) {
+  PushProbeReply();
+  model_->Push(Turn({Call("run", {{"command", "echo draft > draft.txt"}}),
+                     Call("ask", {{"question", "Which greeting should I use?"}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "write a greeting"}, &code, &err);
+  ASSERT_EQ(code, 3) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "NEEDS_INPUT");
+  EXPECT_EQ(r["question"]["text"], "Which greeting should I use?");
+  EXPECT_EQ(r["vm"]["state"], "running");
+  std::string run = r["run"];
+  std::string vm = r["vm"]["id"];
+
+  model_->Push(Turn({Call("run", {{"command", "test -f draft.txt && echo bonjour > greeting.txt"}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "greeting.txt says bonjour"},
+                                     {"verify_command", "grep -qx bonjour greeting.txt"}})}));
+  CliResult a = h_->Cli({"agent", "answer", run, "Use bonjour", "--model", ModelName(), "--json"});
+  ASSERT_EQ(a.code, 0) << a.err << a.out;
+  Json done = Json::parse(a.out);
+  EXPECT_EQ(done["run"], run);
+  EXPECT_EQ(done["vm"]["id"], vm);  // the same VM: draft.txt was still there
+  EXPECT_EQ(done["verdict"], "VERIFIED");
+  const Json* second = FindCommand(done, "test -f draft.txt && echo bonjour > greeting.txt");
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ((*second)["exit_code"], 0);
+  // The answer reached the model as the result of its ask call, after the run's result.
+  auto reqs = MyRequests();
+  ASSERT_EQ(reqs.size(), 4u);
+  auto tools = ToolMessages(reqs[2].body);
+  ASSERT_EQ(tools.size(), 2u);
+  EXPECT_NE(tools[0].find("exit code 0"), std::string::npos);
+  EXPECT_NE(tools[1].find("Use bonjour"), std::string::npos);
+  // A finished run takes no more answers.
+  CliResult again = h_->Cli({"agent", "answer", run, "more", "--model", ModelName()});
+  EXPECT_EQ(again.code, 125);
+  EXPECT_NE(again.err.find("is DONE, not NEEDS_INPUT"), std::string::npos) << again.err;
+}
+
+TEST_F(AgentE2E, WallClockAndTurnLimitsReturnInProgressAndResumeContinues) {
+  PushProbeReply();
+  model_->Push(Turn({Call("run", {{"command", "echo one > one.txt; sleep 20"}, {"timeout_s", 60}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "--timeout", "3", "slow task"}, &code, &err);
+  ASSERT_EQ(code, 4) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "IN_PROGRESS");
+  EXPECT_NE(r["reason"].get<std::string>().find("wall clock of 3 s"), std::string::npos);
+  // The command was cut at the wall clock, and says so.
+  const Json* slow = FindCommand(r, "echo one > one.txt; sleep 20");
+  ASSERT_NE(slow, nullptr);
+  EXPECT_EQ((*slow)["outcome"], "timed_out");
+  std::string run = r["run"];
+
+  model_->Push(Turn({Call("run", {{"command", "echo two > two.txt"}})}));
+  CliResult a = h_->Cli({"agent", "resume", run, "--model", ModelName(), "--max-turns", "1", "--json"});
+  ASSERT_EQ(a.code, 4) << a.err;
+  Json mid = Json::parse(a.out);
+  EXPECT_NE(mid["reason"].get<std::string>().find("limit of 1 model turns"), std::string::npos);
+
+  model_->Push(Turn({Call("finish", {{"summary", "both files"},
+                                     {"verify_command", "test -f one.txt && test -f two.txt"}})}));
+  CliResult b = h_->Cli({"agent", "resume", run, "--model", ModelName(), "--json"});
+  ASSERT_EQ(b.code, 0) << b.err << b.out;
+  Json done = Json::parse(b.out);
+  EXPECT_EQ(done["verdict"], "VERIFIED");
+  EXPECT_EQ(done["usage"]["turns"], 3);
+}
+
+TEST_F(AgentE2E, MalformedToolCallsGetAnErrorBackAndTheRunGoesOn) {
+  PushProbeReply();
+  model_->Push({{"tool_calls", {{{"name", "run"}, {"raw_arguments", "{\"command\": \"echo hi"}}}}});
+  model_->Push(Turn({Call("format_disk", {{"device", "/dev/vda"}})}));
+  model_->Push(Turn({Call("run", {{"command", 42}})}));
+  model_->Push(Turn({Call("read_file", {{"path", "/etc/hostname"}, {"max_bytes", 4}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "nothing to verify"}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "be difficult"}, &code, &err);
+  EXPECT_EQ(code, 2) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "DONE");
+  EXPECT_EQ(r["verdict"], "UNVERIFIED");
+  EXPECT_TRUE(r["commands"].empty()) << "no malformed call may run anything";
+  auto reqs = MyRequests();
+  ASSERT_EQ(reqs.size(), 6u);
+  auto t1 = ToolMessages(reqs[2].body);
+  ASSERT_FALSE(t1.empty());
+  EXPECT_NE(t1.back().find("not a JSON object"), std::string::npos) << t1.back();
+  auto t2 = ToolMessages(reqs[3].body);
+  EXPECT_NE(t2.back().find("no tool named \"format_disk\""), std::string::npos) << t2.back();
+  auto t3 = ToolMessages(reqs[4].body);
+  EXPECT_NE(t3.back().find("'command' must be a string"), std::string::npos) << t3.back();
+  auto t4 = ToolMessages(reqs[5].body);
+  EXPECT_NE(t4.back().find("cut at 4 bytes"), std::string::npos) << t4.back();
+}
+
+TEST_F(AgentE2E, TruncatedContextStopsTheRunWithAnError) {
+  PushProbeReply();
+  model_->Push(Turn({Call("run", {{"command", "seq 1 20000"}})}));
+  // The provider counts a fraction of what it was sent: its window cut the prompt.
+  model_->Push({{"text", "all good"}, {"input_tokens", 300}});
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "count"}, &code, &err);
+  EXPECT_EQ(code, 5) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "ERROR");
+  EXPECT_EQ(r["error"]["kind"], "context_truncated");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("300"), std::string::npos);
+}
+
+TEST_F(AgentE2E, ModelThatFailsTheStartUpProbeStartsNoVm) {
+  model_->Push({{"text", "ok"}, {"input_tokens", 2050}});
+  CliResult r = h_->Cli({"agent", "--model", ModelName(), "anything"});
+  EXPECT_EQ(r.code, 125);
+  EXPECT_NE(r.err.find("start-up probe"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2050"), std::string::npos) << r.err;
+  CliResult ls = h_->Cli({"ls", "--json"});
+  EXPECT_TRUE(Json::parse(ls.out)["vms"].empty()) << ls.out;
+}
+
+TEST_F(AgentE2E, AnthropicProviderWorksOverItsOwnWireFormat) {
+  PushProbeReply();
+  model_->Push(Turn({Call("run", {{"command", "uname -s"}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "it is Linux"}, {"verify_command", "uname -s | grep -qx Linux"}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--provider", "anthropic", "--model", ModelName(), "which kernel?"}, &code, &err);
+  ASSERT_EQ(code, 0) << err << r.dump(2);
+  EXPECT_EQ(r["model"]["provider"], "anthropic");
+  auto reqs = MyRequests();
+  ASSERT_EQ(reqs.size(), 3u);
+  EXPECT_EQ(reqs[1].path, "/v1/messages");
+  EXPECT_EQ(reqs[1].headers["x-api-key"], kKey);
+  // The run's result went back as a tool_result block.
+  const Json& last = reqs[2].body["messages"].back();
+  EXPECT_EQ(last["role"], "user");
+  EXPECT_EQ(last["content"][0]["type"], "tool_result");
+}
+
+TEST_F(AgentE2E, TheKeyIsNeverWrittenAnywhereNorSeenByTheGuest) {
+  PushProbeReply();
+  model_->Push(Turn({Call("run", {{"command", "env; cat /proc/cmdline; grep -r sk-test / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -c 300; true"}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "looked"}})}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "look for secrets"}, &code, &err);
+  ASSERT_EQ(code, 2) << err;
+  auto reqs = MyRequests();
+  ASSERT_EQ(reqs.size(), 3u);
+  auto tools = ToolMessages(reqs[2].body);
+  ASSERT_EQ(tools.size(), 1u);
+  EXPECT_EQ(tools[0].find(kKey), std::string::npos) << "the guest saw the key";
+  EXPECT_EQ(r.dump().find(kKey), std::string::npos);
+  EXPECT_EQ(err.find(kKey), std::string::npos);
+  // Nothing under the daemon's home (store, WAL, log, run directories) holds it.
+  auto grep = RunCommand({"grep", "-rlF", "--", kKey, h_->home()});
+  ASSERT_TRUE(grep.ok());
+  EXPECT_EQ(grep->output, "") << "files holding the key: " << grep->output;
+}
+
+}  // namespace
+}  // namespace trybox::e2e
