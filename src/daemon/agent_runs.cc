@@ -27,6 +27,8 @@ struct Daemon::AgentRun {
   std::vector<Entry> transcript;
   store::AgentRunRecord rec;  // state and transcript as stored (no key)
   bool busy = false;          // GUARDED_BY(Daemon::mu_): a call is working on the run
+  // Set by RunTool when a command was killed because the call's wall clock ran out.
+  bool hit_wall_clock = false;
 };
 
 namespace {
@@ -413,7 +415,8 @@ void Daemon::DoAgentContinue(channel::Stream& client, const Json& req, bool answ
     if (parsed.ok()) results = *parsed;
     for (auto& r : results.results) {
       if (r.call_id == pending.value("ask_call_id", "")) {
-        r.content = "The caller answered:\n" + agent::SanitizeUtf8(req["answer"].get<std::string>());
+        r.content =
+            "The caller answered:\n" + agent::SanitizeUtf8(req["answer"].get<std::string>());
         r.is_error = false;
       }
     }
@@ -449,6 +452,7 @@ Json Daemon::DoAgentShow(const Json& req) {
 Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits_json) {
   Limits limits = *ParseLimits(limits_json);  // validated by the caller
   run.rec.state["limits"] = LimitsJson(limits);
+  run.hit_wall_clock = false;
   const auto started = Clock::now();
   const auto deadline = started + std::chrono::seconds(limits.wall_clock_s);
   Json& usage = run.rec.state["usage"];
@@ -491,7 +495,8 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
       return stop("IN_PROGRESS", "used " + std::to_string(tokens) + " tokens, the limit for " +
                                      "this call is " + std::to_string(limits.max_tokens));
     }
-    if (Clock::now() >= deadline) {
+    if (Clock::now() >= deadline || run.hit_wall_clock) {
+      run.hit_wall_clock = false;
       return stop("IN_PROGRESS", "ran past the wall clock of " +
                                      std::to_string(limits.wall_clock_s) + " s for this call");
     }
@@ -597,20 +602,23 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
 ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
                            const agent::ToolArgs& args, Clock::time_point deadline) {
   ToolResult r{call.id, call.name, "", false};
-  auto remaining_s = [&] {
-    auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now()).count();
-    return std::max<int64_t>(1, left);
-  };
   auto exec = [&](const Json& argv, int timeout_s, const std::string& tool, std::string* out) {
+    // A command never runs past the call's wall clock; one cut there ends the call.
+    int64_t left_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    int64_t timeout_ms = int64_t{timeout_s} * 1000;
+    bool capped = left_ms < timeout_ms;
+    if (capped) timeout_ms = std::max<int64_t>(left_ms, 100);
     Json greq = {{"op", "exec"},
                  {"argv", argv},
                  {"env", Json::object()},
                  {"cwd", ws::kGuestPath},
-                 {"timeout_ms", std::min<int64_t>(timeout_s, remaining_s()) * 1000},
+                 {"timeout_ms", timeout_ms},
                  {"stdin", false}};
     int64_t exec_id = 0;
     Json result = RunGuestExec(vm, greq, nullptr, false, out, &exec_id);
     run.rec.state["exec_tools"][std::to_string(exec_id)] = tool;
+    if (capped && result.value("outcome", "") == "timed_out") run.hit_wall_clock = true;
     return result;
   };
   if (auto* a = std::get_if<agent::RunArgs>(&args)) {
@@ -810,7 +818,8 @@ void Daemon::FinishRun(AgentRun& run, channel::Stream& client, const std::string
         for (const char* k : {"outcome", "exit_code", "signal", "duration_ms", "timeout_ms"}) {
           if (result.contains(k)) v[k] = result[k];
         }
-        if (result.contains("message")) v["error"] = agent::SanitizeUtf8(result.value("message", std::string()));
+        if (result.contains("message"))
+          v["error"] = agent::SanitizeUtf8(result.value("message", std::string()));
         if (result.contains("error") && result["error"].is_string()) {
           v["error"] = agent::SanitizeUtf8(result["error"].get<std::string>() + ": " +
                                            result.value("message", std::string()));

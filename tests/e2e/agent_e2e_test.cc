@@ -35,15 +35,14 @@ class AgentE2E : public ::testing::Test {
     auto h = Harness::Start({"OPENAI_BASE_URL=" + model_->openai_base_url(),
                              std::string("OPENAI_API_KEY=") + kKey,
                              "ANTHROPIC_BASE_URL=" + model_->anthropic_base_url(),
-                             std::string("ANTHROPIC_API_KEY=") + kKey,
-                             "OPENAI_MODEL=unused", "ANTHROPIC_MODEL=unused"});
+                             std::string("ANTHROPIC_API_KEY=") + kKey, "OPENAI_MODEL=unused",
+                             "ANTHROPIC_MODEL=unused"});
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     h_ = std::move(*h).release();
     // Both providers are configured; the config file picks the default, flags the rest.
     ASSERT_TRUE(MakeDirs(h_->home() + "/config").ok());
     ASSERT_TRUE(
-        WriteFileAtomic(h_->home() + "/config/agent.json", R"({"provider": "openai"})", 0600)
-            .ok());
+        WriteFileAtomic(h_->home() + "/config/agent.json", R"({"provider": "openai"})", 0600).ok());
   }
   static void TearDownTestSuite() {
     delete h_;
@@ -70,8 +69,7 @@ class AgentE2E : public ::testing::Test {
   // Each test names its own model, so the daemon's once-per-model probe is its first
   // request whatever order the tests run in.
   static std::string ModelName() {
-    return std::string("fake-") +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    return std::string("fake-") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
   }
   static void PushProbeReply() { model_->Push({{"text", "ok"}}); }
 
@@ -226,7 +224,8 @@ TEST_F(AgentE2E, QuestionReturnsNeedsInputAndTheAnswerContinuesInTheSameVm) {
   std::string run = r["run"];
   std::string vm = r["vm"]["id"];
 
-  model_->Push(Turn({Call("run", {{"command", "test -f draft.txt && echo bonjour > greeting.txt"}})}));
+  model_->Push(
+      Turn({Call("run", {{"command", "test -f draft.txt && echo bonjour > greeting.txt"}})}));
   model_->Push(Turn({Call("finish", {{"summary", "greeting.txt says bonjour"},
                                      {"verify_command", "grep -qx bonjour greeting.txt"}})}));
   CliResult a = h_->Cli({"agent", "answer", run, "Use bonjour", "--model", ModelName(), "--json"});
@@ -253,7 +252,8 @@ TEST_F(AgentE2E, QuestionReturnsNeedsInputAndTheAnswerContinuesInTheSameVm) {
 
 TEST_F(AgentE2E, WallClockAndTurnLimitsReturnInProgressAndResumeContinues) {
   PushProbeReply();
-  model_->Push(Turn({Call("run", {{"command", "echo one > one.txt; sleep 20"}, {"timeout_s", 60}})}));
+  model_->Push(
+      Turn({Call("run", {{"command", "echo one > one.txt; sleep 20"}, {"timeout_s", 60}})}));
   int code = -1;
   std::string err;
   Json r = Agent({"--model", ModelName(), "--timeout", "3", "slow task"}, &code, &err);
@@ -267,7 +267,8 @@ TEST_F(AgentE2E, WallClockAndTurnLimitsReturnInProgressAndResumeContinues) {
   std::string run = r["run"];
 
   model_->Push(Turn({Call("run", {{"command", "echo two > two.txt"}})}));
-  CliResult a = h_->Cli({"agent", "resume", run, "--model", ModelName(), "--max-turns", "1", "--json"});
+  CliResult a =
+      h_->Cli({"agent", "resume", run, "--model", ModelName(), "--max-turns", "1", "--json"});
   ASSERT_EQ(a.code, 4) << a.err;
   Json mid = Json::parse(a.out);
   EXPECT_NE(mid["reason"].get<std::string>().find("limit of 1 model turns"), std::string::npos);
@@ -323,19 +324,21 @@ TEST_F(AgentE2E, TruncatedContextStopsTheRunWithAnError) {
 }
 
 TEST_F(AgentE2E, ModelThatFailsTheStartUpProbeStartsNoVm) {
+  size_t vms_before = Json::parse(h_->Cli({"ls", "--json"}).out).size();
   model_->Push({{"text", "ok"}, {"input_tokens", 2050}});
   CliResult r = h_->Cli({"agent", "--model", ModelName(), "anything"});
   EXPECT_EQ(r.code, 125);
   EXPECT_NE(r.err.find("start-up probe"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("2050"), std::string::npos) << r.err;
   CliResult ls = h_->Cli({"ls", "--json"});
-  EXPECT_TRUE(Json::parse(ls.out)["vms"].empty()) << ls.out;
+  EXPECT_EQ(Json::parse(ls.out).size(), vms_before) << ls.out;
 }
 
 TEST_F(AgentE2E, AnthropicProviderWorksOverItsOwnWireFormat) {
   PushProbeReply();
   model_->Push(Turn({Call("run", {{"command", "uname -s"}})}));
-  model_->Push(Turn({Call("finish", {{"summary", "it is Linux"}, {"verify_command", "uname -s | grep -qx Linux"}})}));
+  model_->Push(Turn({Call(
+      "finish", {{"summary", "it is Linux"}, {"verify_command", "uname -s | grep -qx Linux"}})}));
   int code = -1;
   std::string err;
   Json r = Agent({"--provider", "anthropic", "--model", ModelName(), "which kernel?"}, &code, &err);
@@ -353,7 +356,9 @@ TEST_F(AgentE2E, AnthropicProviderWorksOverItsOwnWireFormat) {
 
 TEST_F(AgentE2E, TheKeyIsNeverWrittenAnywhereNorSeenByTheGuest) {
   PushProbeReply();
-  model_->Push(Turn({Call("run", {{"command", "env; cat /proc/cmdline; grep -r sk-test / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -c 300; true"}})}));
+  model_->Push(Turn({Call("run", {{"command",
+                                   "env; cat /proc/cmdline; grep -r sk-test / --exclude-dir=proc "
+                                   "--exclude-dir=sys 2>/dev/null | head -c 300; true"}})}));
   model_->Push(Turn({Call("finish", {{"summary", "looked"}})}));
   int code = -1;
   std::string err;
