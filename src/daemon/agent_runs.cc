@@ -29,6 +29,8 @@ struct Daemon::AgentRun {
   bool busy = false;          // GUARDED_BY(Daemon::mu_): a call is working on the run
   // Set by RunTool when a command was killed because the call's wall clock ran out.
   bool hit_wall_clock = false;
+  // The guest-reported run time of the commands of the current turn (docs/performance.md).
+  double command_ms = 0;
 };
 
 namespace {
@@ -469,7 +471,26 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
       LogInfo("agent", "run " + run.id + ": the caller is gone");
     }
   };
+  // Each turn's time, split: the model request, the commands' own run time (as the guest
+  // measured it), and the rest, which is the daemon's overhead (tools' plumbing, the store,
+  // the transcript). A turn ends where the next begins, so the saves between are counted.
+  std::optional<Clock::time_point> turn_start;
+  double turn_model_ms = 0;
+  auto close_turn = [&] {
+    if (!turn_start) return;
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - *turn_start).count();
+    Json& log = run.rec.state["turn_times"];
+    if (!log.is_array()) log = Json::array();
+    log.push_back({{"turn", usage["turns"]},
+                   {"ms", ms},
+                   {"model_ms", turn_model_ms},
+                   {"command_ms", run.command_ms},
+                   {"overhead_ms", ms - turn_model_ms - run.command_ms}});
+    if (log.size() > 200) log.erase(log.begin());
+    turn_start.reset();
+  };
   auto stop = [&](const std::string& outcome, const std::string& reason) {
+    close_turn();
     run.rec.outcome = outcome;
     run.rec.state["reason"] = reason;
     SaveRun(run);
@@ -477,6 +498,7 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
   };
 
   for (;;) {
+    close_turn();
     auto vm = Lookup({{"vm", run.rec.vm_id}});
     if (!vm.ok() || !(*vm)->vm->alive()) {
       run.rec.state["error"] = {{"kind", "vm_lost"},
@@ -502,12 +524,14 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
     }
 
     ++turns;
+    turn_start = Clock::now();
+    run.command_ms = 0;
     progress("turn " + std::to_string(turns) + ": asking the model");
     auto t0 = Clock::now();
     agent::Outcome o =
         run.client->Send(agent::SystemPrompt(), run.transcript, agent::AgentTools(), deadline);
-    int64_t model_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    turn_model_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    int64_t model_ms = static_cast<int64_t>(turn_model_ms);
     usage["turns"] = usage["turns"].get<int64_t>() + 1;
     usage["model_ms"] = usage["model_ms"].get<int64_t>() + model_ms;
     if (!o.ok()) {
@@ -589,6 +613,7 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
     }
     run.transcript.push_back(results);
     if (finished) {
+      close_turn();
       progress("finished: collecting /workspace and re-running the verification");
       FinishRun(run, client, summary, agent_verify);
       run.rec.state.erase("reason");
@@ -619,6 +644,9 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
     Json result = RunGuestExec(vm, greq, nullptr, false, out, &exec_id);
     run.rec.state["exec_tools"][std::to_string(exec_id)] = tool;
     if (capped && result.value("outcome", "") == "timed_out") run.hit_wall_clock = true;
+    if (result.contains("duration_ms") && result["duration_ms"].is_number()) {
+      run.command_ms += result["duration_ms"].get<double>();
+    }
     return result;
   };
   if (auto* a = std::get_if<agent::RunArgs>(&args)) {
@@ -904,6 +932,7 @@ Json Daemon::BuildReport(const store::AgentRunRecord& rec) {
   if (s.contains("question")) r["question"] = s["question"];
   if (s.contains("claim")) r["claim"] = s["claim"];
   if (s.contains("answers")) r["answers"] = s["answers"];
+  if (s.contains("turn_times")) r["turn_times"] = s["turn_times"];
   return r;
 }
 
