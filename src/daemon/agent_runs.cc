@@ -25,8 +25,9 @@ struct Daemon::AgentRun {
   agent::ModelSettings settings;  // holds the key: never serialised
   std::unique_ptr<agent::ModelClient> client;
   std::vector<Entry> transcript;
-  store::AgentRunRecord rec;  // state and transcript as stored (no key)
-  bool busy = false;          // GUARDED_BY(Daemon::mu_): a call is working on the run
+  store::AgentRunRecord rec;        // state and transcript as stored (no key)
+  bool busy = false;                // GUARDED_BY(Daemon::mu_): a call is working on the run
+  Clock::time_point last_call_end;  // GUARDED_BY(Daemon::mu_)
   // Set by RunTool when a command was killed because the call's wall clock ran out.
   bool hit_wall_clock = false;
   // The guest-reported run time of the commands of the current turn (docs/performance.md).
@@ -147,6 +148,36 @@ Status InitRunRepo(const std::string& dir) {
 bool CallerGone(channel::Stream& client) { return client.finished(); }
 
 }  // namespace
+
+void Daemon::ExpireIdleRuns() {
+  for (;;) {
+    std::vector<std::shared_ptr<AgentRun>> expired;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto tick = std::min<Clock::duration>(opts_.agent_idle, std::chrono::seconds(10));
+      tasks_cv_.wait_for(lock, tick, [&] { return stopping_; });
+      if (stopping_) return;
+      auto now = Clock::now();
+      for (auto it = runs_.begin(); it != runs_.end();) {
+        AgentRun& r = *it->second;
+        if (!r.busy && now - r.last_call_end >= opts_.agent_idle) {
+          expired.push_back(it->second);
+          it = runs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& r : expired) {
+      std::string why =
+          "no call for " + std::to_string(opts_.agent_idle.count()) + " s: its VM was destroyed";
+      LogInfo("agent", "run " + r->id + ": " + why);
+      if (r->rec.outcome != "DONE") (void)DoDestroy({{"vm", r->rec.vm_id}});
+      r->rec.state["expired"] = why;
+      SaveRun(*r);
+    }
+  }
+}
 
 agent::Outcome Daemon::ProbeModel(agent::ModelClient& client) {
   const auto& s = client.settings();
@@ -332,6 +363,11 @@ void Daemon::DoAgent(channel::Stream& client, const Json& req) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     run->busy = false;
+    run->last_call_end = Clock::now();
+    // A finished run, or one that never started, is only a record now.
+    const Json& error = run->rec.state.contains("error") ? run->rec.state["error"] : Json();
+    bool never_started = error.is_object() && error.value("kind", "") == "setup_failed";
+    if (run->rec.outcome == "DONE" || never_started) runs_.erase(run->id);
   }
   end["text"] = agent::RenderReportText(end["report"]);
   (void)client.End(end);
@@ -369,13 +405,24 @@ void Daemon::DoAgentContinue(channel::Stream& client, const Json& req, bool answ
     auto rec = store_->GetAgentRun(id);
     if (!rec.ok()) return fail(rec.status());
     if (!rec->has_value()) return fail(NotFound("no vm_agent run with id " + QuoteForMessage(id)));
-    return fail(
-        FailedPrecondition("run " + id + " is " + (*rec)->outcome +
-                           " and its VM did not outlive the daemon that ran it; start a new run"));
+    const store::AgentRunRecord& r = **rec;
+    std::string want = answer ? "NEEDS_INPUT" : "IN_PROGRESS";
+    if (r.outcome == "DONE") {
+      return fail(FailedPrecondition("run " + id + " is DONE, not " + want));
+    }
+    if (r.state.contains("expired")) {
+      return fail(FailedPrecondition("run " + id + " is " + r.outcome + " and expired (" +
+                                     r.state["expired"].get<std::string>() +
+                                     "); start a new run"));
+    }
+    return fail(FailedPrecondition("run " + id + " is " + r.outcome +
+                                   " and its VM did not outlive the daemon that ran it; start a "
+                                   "new run"));
   }
   auto release = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     run->busy = false;
+    run->last_call_end = Clock::now();
   };
   const std::string& outcome = run->rec.outcome;
   std::string want = answer ? "NEEDS_INPUT" : "IN_PROGRESS";
@@ -433,6 +480,10 @@ void Daemon::DoAgentContinue(channel::Stream& client, const Json& req, bool answ
   (void)client.SendEvent({{"run", run->id}});
   Json end = DriveRun(*run, client, req.value("limits", Json()));
   release();
+  if (run->rec.outcome == "DONE") {
+    std::lock_guard<std::mutex> lock(mu_);
+    runs_.erase(run->id);
+  }
   end["text"] = agent::RenderReportText(end["report"]);
   (void)client.End(end);
 }
@@ -933,6 +984,7 @@ Json Daemon::BuildReport(const store::AgentRunRecord& rec) {
   if (s.contains("claim")) r["claim"] = s["claim"];
   if (s.contains("answers")) r["answers"] = s["answers"];
   if (s.contains("turn_times")) r["turn_times"] = s["turn_times"];
+  if (s.contains("expired")) r["expired"] = s["expired"];
   return r;
 }
 

@@ -227,6 +227,7 @@ Daemon::~Daemon() {
     tasks_cv_.notify_all();
   }
   if (background_.joinable()) background_.join();
+  if (run_reaper_.joinable()) run_reaper_.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
     spares.swap(spares_);
@@ -273,6 +274,7 @@ Status Daemon::Init() {
   audit_ = std::make_unique<StoreAudit>(*store_);
   ReapLeftovers();
   background_ = std::thread([this] { RunBackground(); });
+  run_reaper_ = std::thread([this] { ExpireIdleRuns(); });
   ASSIGN_OR_RETURN(UnixListener l, UnixListener::Listen(p.socket()));
   listener_.emplace(std::move(l));
   LogInfo("daemon", "listening on " + p.socket());
@@ -335,6 +337,7 @@ void Daemon::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    tasks_cv_.notify_all();
   }
   if (listener_) listener_->Shutdown();
 }

@@ -44,6 +44,9 @@ struct Options {
   std::chrono::milliseconds boot_timeout{120000};
   // Restored, warmed clones kept ready per machine shape in use (docs/templates.md).
   int spares = 1;
+  // A vm_agent run left waiting (NEEDS_INPUT, IN_PROGRESS, ERROR) keeps its VM this long
+  // after its last call; then the VM is destroyed and the run can no longer continue.
+  std::chrono::seconds agent_idle{3600};
 };
 
 class Daemon {
@@ -138,6 +141,8 @@ class Daemon {
   Json BuildReport(const store::AgentRunRecord& rec);
   // Saves the run's record (state and transcript) to the store.
   void SaveRun(AgentRun& run);
+  // Destroys the VMs of runs left waiting longer than Options::agent_idle.
+  void ExpireIdleRuns();
   // The start-up probe of `s`'s model, run once per provider, address and model.
   agent::Outcome ProbeModel(agent::ModelClient& client);
 
@@ -191,6 +196,7 @@ class Daemon {
   };
   std::map<std::string, std::vector<Spare>> spares_;  // by template dir; GUARDED_BY(mu_)
   std::thread background_;
+  std::thread run_reaper_;  // ExpireIdleRuns, woken by tasks_cv_ at stop
   std::condition_variable tasks_cv_;
   std::deque<std::pair<std::string, std::function<void()>>> tasks_;  // GUARDED_BY(mu_)
   std::set<std::string> queued_;                                     // GUARDED_BY(mu_)

@@ -28,10 +28,17 @@ int main(int argc, char** argv) {
                  "Restored, warmed clones kept ready per machine shape in use; 0 restores on "
                  "demand (env TRYBOX_SPARES)")
       ->check(CLI::Range(0, 16));
+  int64_t agent_idle_s = 3600;
+  if (const char* n = std::getenv("TRYBOX_AGENT_IDLE_S"); n && *n) agent_idle_s = std::atoll(n);
+  app.add_option("--agent-idle", agent_idle_s,
+                 "Seconds a vm_agent run waiting for an answer or a resume keeps its VM (env "
+                 "TRYBOX_AGENT_IDLE_S)")
+      ->check(CLI::PositiveNumber);
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
+  opts.agent_idle = std::chrono::seconds(agent_idle_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
 

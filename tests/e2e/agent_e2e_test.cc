@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
 #include "tests/e2e/harness.h"
 #include "tests/fake_model/fake_model.h"
@@ -354,6 +355,25 @@ TEST_F(AgentE2E, AnthropicProviderWorksOverItsOwnWireFormat) {
   EXPECT_EQ(last["content"][0]["type"], "tool_result");
 }
 
+TEST_F(AgentE2E, FailingSetupHookStopsTheRunBeforeTheModelIsAsked) {
+  std::string repo = tmp_->path() + "/repo";
+  Sh("git init -q -b main '" + repo + "' && cd '" + repo +
+     "' && mkdir .trybox && printf 'echo setting up; exit 7\\n' > .trybox/setup.sh");
+  PushProbeReply();
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "--workspace", repo, "anything"}, &code, &err);
+  EXPECT_EQ(code, 5) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "ERROR");
+  EXPECT_EQ(r["error"]["kind"], "setup_failed");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("exit code 7"), std::string::npos);
+  ASSERT_EQ(r["commands"].size(), 1u);
+  EXPECT_EQ(r["commands"][0]["tool"], "setup");
+  EXPECT_EQ(r["commands"][0]["exit_code"], 7);
+  EXPECT_EQ(r["vm"]["state"], "destroyed");
+  EXPECT_EQ(MyRequests().size(), 1u) << "only the probe: the model was never asked";
+}
+
 TEST_F(AgentE2E, TheKeyIsNeverWrittenAnywhereNorSeenByTheGuest) {
   PushProbeReply();
   model_->Push(Turn({Call("run", {{"command",
@@ -375,6 +395,45 @@ TEST_F(AgentE2E, TheKeyIsNeverWrittenAnywhereNorSeenByTheGuest) {
   auto grep = RunCommand({"grep", "-rlF", "--", kKey, h_->home()});
   ASSERT_TRUE(grep.ok());
   EXPECT_EQ(grep->output, "") << "files holding the key: " << grep->output;
+}
+
+}  // namespace
+}  // namespace trybox::e2e
+
+namespace trybox::e2e {
+namespace {
+
+// A run left waiting gives its VM back after TRYBOX_AGENT_IDLE_S; it cannot continue then,
+// and says why.
+TEST(AgentIdleE2E, WaitingRunsVmIsDestroyedAfterTheIdleTimeAndItSaysSo) {
+  auto m = FakeModelServer::Start();
+  ASSERT_TRUE(m.ok());
+  auto h = Harness::Start(
+      {"OPENAI_BASE_URL=" + (*m)->openai_base_url(), "OPENAI_MODEL=idle", "TRYBOX_AGENT_IDLE_S=2"});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  (*m)->Push({{"text", "ok"}});
+  (*m)->Push(Turn({Call("ask", {{"question", "Shall I?"}})}));
+  CliResult r = (*h)->Cli({"agent", "--json", "wait for me"});
+  ASSERT_EQ(r.code, 3) << r.err;
+  Json report = Json::parse(r.out);
+  std::string run = report["run"], vm = report["vm"]["id"];
+  // Poll the daemon's own view until the VM is gone (the reaper wakes every 2 s here).
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string state;
+  while (std::chrono::steady_clock::now() < until) {
+    Json shown = Json::parse((*h)->Cli({"agent", "show", run, "--json"}).out);
+    state = shown["vm"]["state"];
+    if (state == "destroyed" && shown.contains("expired")) {
+      EXPECT_NE(shown["expired"].get<std::string>().find("no call for 2 s"), std::string::npos);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_EQ(state, "destroyed");
+  CliResult a = (*h)->Cli({"agent", "answer", run, "yes"});
+  EXPECT_EQ(a.code, 125);
+  EXPECT_NE(a.err.find("expired"), std::string::npos) << a.err;
+  EXPECT_EQ((*m)->steps_left(), 0u);
 }
 
 }  // namespace
