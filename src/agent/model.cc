@@ -239,7 +239,7 @@ class Client : public ModelClient {
         return Finish(std::move(out));
       }
       LogWarn("agent",
-              Scrub(a.message + "; retrying in " + Seconds(wait) + " (attempt " +
+              Scrub(a.message + "; retrying in " + std::to_string(wait.count()) + " ms (attempt " +
                         std::to_string(attempt) + " of " + std::to_string(s_.max_attempts) + ")",
                     s_.api_key));
       std::this_thread::sleep_for(wait);
