@@ -591,6 +591,17 @@ TEST(ModelSettingsJson, DefaultsAndRefusals) {
     EXPECT_NE(r.status().message().find(names), std::string::npos) << r.status().ToString();
     EXPECT_EQ(r.status().message().find("\r"), std::string::npos);
   };
+  ModelSettings direct;
+  direct.provider = "openai";
+  direct.model = "m";
+  EXPECT_FALSE(ModelClient::Make(direct).ok());  // no base_url
+  direct.base_url = "http://127.0.0.1:1/v1/";
+  auto made = ModelClient::Make(direct);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_EQ((*made)->settings().base_url, "http://127.0.0.1:1/v1");
+  direct.provider = "gemini";
+  EXPECT_FALSE(ModelClient::Make(direct).ok());
+
   refused({{"provider", "gemini"}, {"model", "m"}}, "provider");
   refused({{"provider", "openai"}}, "model");
   refused({{"provider", "openai"}, {"model", "m"}, {"base_url", "ftp://x"}}, "base_url");
