@@ -412,8 +412,7 @@ void Daemon::DoAgentContinue(channel::Stream& client, const Json& req, bool answ
     }
     if (r.state.contains("expired")) {
       return fail(FailedPrecondition("run " + id + " is " + r.outcome + " and expired (" +
-                                     r.state["expired"].get<std::string>() +
-                                     "); start a new run"));
+                                     r.state["expired"].get<std::string>() + "); start a new run"));
     }
     return fail(FailedPrecondition("run " + id + " is " + r.outcome +
                                    " and its VM did not outlive the daemon that ran it; start a "
