@@ -1,5 +1,6 @@
 #include "agent/text.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -59,6 +60,29 @@ bool Dangerous(uint32_t cp) {
     return true;
   }
   return false;
+}
+
+// `clean` (valid UTF-8) with each Dangerous character written with `fmt`; a newline is kept
+// and followed by `*line_prefix` when that is given, else escaped like the rest.
+std::string EscapeUnsafe(const std::string& clean, const char* fmt,
+                         const std::string_view* line_prefix) {
+  std::string out;
+  for (size_t i = 0; i < clean.size();) {
+    uint32_t cp = 0;
+    size_t n = std::max<size_t>(SeqLen(clean, i, &cp), 1);
+    if (cp == '\n' && line_prefix) {
+      out += '\n';
+      out += *line_prefix;
+    } else if (Dangerous(cp)) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, fmt, cp);
+      out += buf;
+    } else {
+      out.append(clean, i, n);
+    }
+    i += n;
+  }
+  return out;
 }
 
 }  // namespace
@@ -125,43 +149,15 @@ std::string InlineQuote(std::string_view s, size_t max) {
   bool cut = false;
   std::string v = CapHead(s, max, &cut);
   // JSON escapes controls; the rest of the dangerous set is escaped here.
-  std::string out = nlohmann::json(v).dump(-1, ' ', /*ensure_ascii=*/false);
-  std::string safe;
-  for (size_t i = 0; i < out.size();) {
-    uint32_t cp;
-    size_t n = SeqLen(out, i, &cp);
-    if (n == 0) n = 1;
-    if (Dangerous(cp)) {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "\\u%04X", cp);
-      safe += buf;
-    } else {
-      safe.append(out, i, n);
-    }
-    i += n;
-  }
+  std::string safe =
+      EscapeUnsafe(nlohmann::json(v).dump(-1, ' ', /*ensure_ascii=*/false), "\\u%04X", nullptr);
   if (cut) safe += " [cut at " + std::to_string(max) + " bytes]";
   return safe;
 }
 
 std::string QuoteBlock(std::string_view s, std::string_view prefix) {
-  std::string clean = SanitizeUtf8(s);
   std::string out(prefix);
-  for (size_t i = 0; i < clean.size();) {
-    uint32_t cp;
-    size_t n = SeqLen(clean, i, &cp);
-    if (cp == '\n') {
-      out += '\n';
-      out += prefix;
-    } else if (Dangerous(cp)) {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "\\u{%04X}", cp);
-      out += buf;
-    } else {
-      out.append(clean, i, n);
-    }
-    i += n;
-  }
+  out += EscapeUnsafe(SanitizeUtf8(s), "\\u{%04X}", &prefix);
   out += '\n';
   return out;
 }

@@ -293,29 +293,14 @@ void Daemon::DoAgent(channel::Stream& client, const Json& req) {
   auto e = Lookup({{"vm", vm_id}});
   if (!e.ok()) return fail(e.status());
   auto plan = ws::PlanInject(repo, ws::kDefaultQuotaBytes);
-  if (plan.ok()) st = SendTree(**e, plan->dir, plan->manifest);
-  if (!plan.ok() || !st.ok()) {
+  auto recorded = plan.ok() ? InjectPlanned(**e, *plan, ws::kDefaultQuotaBytes)
+                            : Result<store::WorkspaceRecord>(plan.status());
+  if (!recorded.ok()) {
     (void)DoDestroy({{"vm", vm_id}});
-    return fail((plan.ok() ? st : plan.status()).Annotate("copy the workspace into the VM"));
-  }
-  store::WorkspaceRecord wrec;
-  wrec.vm_id = vm_id;
-  wrec.dir = plan->dir;
-  wrec.base = plan->base.value_or("");
-  wrec.excludes = plan->excludes.project_lines();
-  wrec.manifest = ws::ManifestToJson(plan->manifest);
-  wrec.quota_bytes = static_cast<int64_t>(ws::kDefaultQuotaBytes);
-  wrec.files = static_cast<int64_t>(plan->manifest.size());
-  wrec.bytes = static_cast<int64_t>(ws::TotalBytes(plan->manifest));
-  wrec.injected_at = store::NowSeconds();
-  st = store_->InsertWorkspace(wrec);
-  if (!st.ok()) {
-    (void)DoDestroy({{"vm", vm_id}});
-    return fail(st.Annotate("record the workspace"));
+    return fail(recorded.status());
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    (*e)->has_workspace = true;
     run->busy = true;
     runs_[run->id] = run;
   }

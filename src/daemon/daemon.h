@@ -30,6 +30,7 @@
 #include "vmm/qemu.h"
 #include "vmm/template.h"
 #include "workspace/manifest.h"
+#include "workspace/workspace.h"
 
 namespace trybox::daemon {
 
@@ -119,6 +120,9 @@ class Daemon {
   void DoWorkspaceIn(channel::Stream& client, const Json& req);
   Json DoCollect(const Json& req);
   Json DoDiff(const Json& req);
+  // Sends a planned workspace to /workspace, records it and marks the VM as having one.
+  Result<store::WorkspaceRecord> InjectPlanned(VmEntry& e, const workspace::InjectPlan& plan,
+                                               int64_t quota);
   // Sends the tree `root` (the entries of `manifest`) to /workspace in the VM.
   Status SendTree(VmEntry& e, const std::string& root, const workspace::Manifest& manifest);
 

@@ -105,6 +105,29 @@ Status Daemon::SendTree(VmEntry& e, const std::string& root, const ws::Manifest&
   return st;
 }
 
+Result<store::WorkspaceRecord> Daemon::InjectPlanned(VmEntry& e, const ws::InjectPlan& plan,
+                                                     int64_t quota) {
+  const std::string& id = e.record.id;
+  Status st = SendTree(e, plan.dir, plan.manifest);
+  if (!st.ok()) return st.Annotate("copy the workspace into VM " + id);
+  store::WorkspaceRecord rec;
+  rec.vm_id = id;
+  rec.dir = plan.dir;
+  rec.base = plan.base.value_or("");
+  rec.excludes = plan.excludes.project_lines();
+  rec.manifest = ws::ManifestToJson(plan.manifest);
+  rec.quota_bytes = quota;
+  rec.files = static_cast<int64_t>(plan.manifest.size());
+  rec.bytes = static_cast<int64_t>(ws::TotalBytes(plan.manifest));
+  rec.skipped = SkippedJson(plan.skipped);
+  rec.injected_at = store::NowSeconds();
+  st = store_->InsertWorkspace(rec);
+  if (!st.ok()) return st.Annotate("record the workspace");
+  std::lock_guard<std::mutex> lock(mu_);
+  e.has_workspace = true;
+  return rec;
+}
+
 void Daemon::DoWorkspaceIn(channel::Stream& client, const Json& req) {
   auto fail = [&](const Status& st) { (void)client.End(ErrorReply(st)); };
   auto e = Lookup(req);
@@ -128,26 +151,9 @@ void Daemon::DoWorkspaceIn(channel::Stream& client, const Json& req) {
   auto plan = ws::PlanInject(dir, static_cast<uint64_t>(quota));
   if (!plan.ok()) return fail(plan.status());
 
-  Status st = SendTree(**e, plan->dir, plan->manifest);
-  if (!st.ok()) return fail(st.Annotate("copy the workspace into VM " + id));
-
-  store::WorkspaceRecord rec;
-  rec.vm_id = id;
-  rec.dir = plan->dir;
-  rec.base = plan->base.value_or("");
-  rec.excludes = plan->excludes.project_lines();
-  rec.manifest = ws::ManifestToJson(plan->manifest);
-  rec.quota_bytes = quota;
-  rec.files = static_cast<int64_t>(plan->manifest.size());
-  rec.bytes = static_cast<int64_t>(ws::TotalBytes(plan->manifest));
-  rec.skipped = SkippedJson(plan->skipped);
-  rec.injected_at = store::NowSeconds();
-  st = store_->InsertWorkspace(rec);
-  if (!st.ok()) return fail(st.Annotate("record the workspace"));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    (*e)->has_workspace = true;
-  }
+  auto recorded = InjectPlanned(**e, *plan, quota);
+  if (!recorded.ok()) return fail(recorded.status());
+  const store::WorkspaceRecord& rec = *recorded;
   Json reply = {{"ok", true},
                 {"workspace",
                  {{"vm", id},
