@@ -255,7 +255,6 @@ void Daemon::DoAgent(channel::Stream& client, const Json& req) {
       {"model", run->settings.Describe()},
       {"usage", {{"turns", 0}, {"input_tokens", 0}, {"output_tokens", 0}, {"model_ms", 0}}},
       {"exec_tools", Json::object()}};
-  (void)client.SendEvent({{"run", run->id}});
   auto progress = [&](const std::string& msg) {
     (void)client.SendEvent(
         {{"progress",
@@ -304,6 +303,7 @@ void Daemon::DoAgent(channel::Stream& client, const Json& req) {
     run->busy = true;
     runs_[run->id] = run;
   }
+  (void)client.SendEvent({{"run", run->id}});
   auto setup = plan->manifest.find(ws::kSetupScript);
   if (setup != plan->manifest.end() && !setup->second.symlink) {
     progress("running " + std::string(ws::kSetupScript));
