@@ -620,7 +620,7 @@ Json Daemon::DriveRun(AgentRun& run, channel::Stream& client, const Json& limits
       if (!args.ok()) {
         progress("turn " + std::to_string(turns) + ": malformed " + QuoteForMessage(call.name) +
                  " call, told the model");
-        r.content = "error: " + args.status().message();
+        r.content = args.status().message();
         r.is_error = true;
       } else if (auto* ask = std::get_if<agent::AskArgs>(&*args)) {
         paused = true;
@@ -693,8 +693,7 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
   }
   if (auto* a = std::get_if<agent::ListArgs>(&args)) {
     auto path = agent::GuestPath(a->path);
-    if (!path.ok())
-      return {call.id, call.name, "error: list_dir: " + path.status().message(), true};
+    if (!path.ok()) return {call.id, call.name, "list_dir: " + path.status().message(), true};
     std::string out;
     Json result = exec({"ls", "-la", "--", *path}, 30, "list_dir", &out);
     // `ls` output of a huge directory is capped like any other result.
@@ -704,8 +703,7 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
   }
   if (auto* a = std::get_if<agent::WriteArgs>(&args)) {
     auto path = agent::GuestPath(a->path);
-    if (!path.ok())
-      return {call.id, call.name, "error: write_file: " + path.status().message(), true};
+    if (!path.ok()) return {call.id, call.name, "write_file: " + path.status().message(), true};
     auto guest = vm.vm->Open(
         {{"op", "put"}, {"path", *path}, {"kind", "file"}, {"mode", a->mode}, {"mkdirs", true}});
     Status st = guest.ok() ? Status::Ok() : guest.status();
@@ -723,10 +721,10 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
         st = Unavailable("the guest aborted the write");
       }
     }
-    if (!st.ok()) return {call.id, call.name, "error: write_file: " + st.message(), true};
+    if (!st.ok()) return {call.id, call.name, "write_file: " + st.message(), true};
     if (!end.value("ok", false)) {
       return {call.id, call.name,
-              "error: write_file " + *path + ": " +
+              "write_file " + *path + ": " +
                   agent::SanitizeUtf8(end["error"].value("message", std::string("failed"))),
               true};
     }
@@ -735,25 +733,23 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
   }
   if (auto* a = std::get_if<agent::ReadArgs>(&args)) {
     auto path = agent::GuestPath(a->path);
-    if (!path.ok())
-      return {call.id, call.name, "error: read_file: " + path.status().message(), true};
+    if (!path.ok()) return {call.id, call.name, "read_file: " + path.status().message(), true};
     auto guest = vm.vm->Open({{"op", "get"}, {"path", *path}});
-    if (!guest.ok())
-      return {call.id, call.name, "error: read_file: " + guest.status().message(), true};
+    if (!guest.ok()) return {call.id, call.name, "read_file: " + guest.status().message(), true};
     std::string data;
     int64_t size = -1;
     std::string kind;
     bool cut = false;
     for (;;) {
       auto m = (*guest)->Next();
-      if (!m.ok()) return {call.id, call.name, "error: read_file: " + m.status().message(), true};
+      if (!m.ok()) return {call.id, call.name, "read_file: " + m.status().message(), true};
       if (m->kind == Kind::kEvent && m->body.contains("meta")) {
         size = m->body["meta"].value("size", int64_t{-1});
         kind = m->body["meta"].value("kind", "");
         if (kind != "file") {
           (void)(*guest)->Reset("not a file");
           return {call.id, call.name,
-                  "error: read_file: " + *path + " is a " + (kind.empty() ? "non-file" : kind) +
+                  "read_file: " + *path + " is a " + (kind.empty() ? "non-file" : kind) +
                       ", not a regular file (use list_dir for a directory)",
                   true};
         }
@@ -769,13 +765,13 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
         Json end = NormalizeGuestEnd(m->body);
         if (!end.value("ok", false)) {
           return {call.id, call.name,
-                  "error: read_file " + *path + ": " +
+                  "read_file " + *path + ": " +
                       agent::SanitizeUtf8(end["error"].value("message", std::string("failed"))),
                   true};
         }
         break;
       } else if (m->kind == Kind::kReset) {
-        return {call.id, call.name, "error: read_file: the guest aborted the read", true};
+        return {call.id, call.name, "read_file: the guest aborted the read", true};
       }
     }
     r.content = agent::SanitizeUtf8(data);
@@ -785,7 +781,7 @@ ToolResult Daemon::RunTool(AgentRun& run, VmEntry& vm, const ToolCall& call,
     }
     return r;
   }
-  return {call.id, call.name, "error: this tool is not run here", true};
+  return {call.id, call.name, "this tool is not run here", true};
 }
 
 void Daemon::FinishRun(AgentRun& run, channel::Stream& client, const std::string& summary,

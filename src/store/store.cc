@@ -468,7 +468,11 @@ Status Store::PutAgentRun(const AgentRunRecord& r) {
          "transcript) VALUES (?,?,?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, r.id).Bind(2, r.created_at).Bind(3, r.updated_at).Bind(4, r.outcome);
-  s.Bind(5, r.vm_id).Bind(6, r.state.dump()).Bind(7, r.transcript.dump());
+  // Guest output is repaired before it gets here; a byte that slipped through is replaced
+  // rather than losing the record.
+  const auto replace = Json::error_handler_t::replace;
+  s.Bind(5, r.vm_id).Bind(6, r.state.dump(-1, ' ', false, replace));
+  s.Bind(7, r.transcript.dump(-1, ' ', false, replace));
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
   return Status::Ok();
