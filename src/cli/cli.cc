@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli/client.h"
+#include "cli/mcp.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
 #include "image/image.h"
@@ -616,6 +617,11 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       ->capture_default_str();
   audit->add_flag("--json", inv.json, "JSON output");
 
+  auto* mcp = app.add_subcommand(
+      "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
+  mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
+  mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
+
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
     app.parse(rev);
@@ -643,6 +649,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (ils->parsed()) inv.command = "image-ls";
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
+  if (mcp->parsed()) inv.command = "mcp";
   for (const auto& a : inv.vm.allow) {
     auto e = egress::ParseAllowEntry(a);
     if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
@@ -675,6 +682,7 @@ int Run(const Invocation& inv) {
   }
   if (inv.command == "image-build") return CmdImageBuild(inv);
   if (inv.command == "image-ls") return CmdImageLs(inv.json);
+  if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
   ::signal(SIGPIPE, SIG_IGN);
   auto client = Client::Connect(Paths::FromEnvironment());
   if (!client.ok()) return Fail(client.status());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/agent_settings.h"
 #include "util/status.h"
 
 namespace trybox::cli {
@@ -34,7 +35,7 @@ struct ExecOptions {
 
 struct Invocation {
   std::string
-      command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit help
+      command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit mcp help
   VmOptions vm;
   ExecOptions exec;
   std::vector<std::string> argv;  // run/exec
@@ -48,6 +49,7 @@ struct Invocation {
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
   std::string help;  // command == "help": the text to print
+  ModelFlags model;  // mcp: --provider, --model
 };
 
 // Parses argv (including argv[0]). Errors carry CLI11's message.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "channel/mux.h"
+#include "cli/cli.h"
 #include "util/fd.h"
 #include "util/socket.h"
 
@@ -614,6 +615,15 @@ TEST(McpTest, DaemonGoneMidRunNamesTheRunToResume) {
   Json r = s.ReadResponse(1);
   EXPECT_EQ(r["result"]["isError"], true) << r.dump();
   EXPECT_NE(ResultText(r).find("run_id r42"), std::string::npos) << ResultText(r);
+}
+
+TEST(McpTest, CliParsesMcpWithItsModelFlags) {
+  auto inv = Parse({"trybox", "mcp", "--provider", "openai", "--model", "qwen3"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->command, "mcp");
+  EXPECT_EQ(inv->model.provider, "openai");
+  EXPECT_EQ(inv->model.model, "qwen3");
+  EXPECT_EQ(Parse({"trybox", "mcp"})->command, "mcp");
 }
 
 }  // namespace
