@@ -481,8 +481,10 @@ class Server {
     ProgressCounter counter;
     for (;;) {
       auto m = (*stream)->Next();
-      if (call.ending() != Call::Ending::kRunning) return Stopped(call, run);
       if (!m.ok()) {
+        // A stop resets the stream, which ends Next(); an END that won the race still counts
+        // (and the caller drops it if the client cancelled).
+        if (call.ending() != Call::Ending::kRunning) return Stopped(call, run);
         std::string text = "lost tryboxd";
         if (!run.empty()) text += " during run " + run;
         text += ": " + m.status().message();
@@ -492,7 +494,8 @@ class Server {
       if (m->kind == Kind::kEvent) {
         const Json& ev = m->body;
         if (ev.contains("run") && ev["run"].is_string()) run = ev["run"].get<std::string>();
-        if (!token.is_null() && ev.contains("progress") && ev["progress"].is_object()) {
+        if (!token.is_null() && ev.contains("progress") && ev["progress"].is_object() &&
+            call.ending() == Call::Ending::kRunning) {
           const Json& p = ev["progress"];
           bool has_turn = p.contains("turn") && p["turn"].is_number_integer();
           auto v = counter.Next(has_turn ? p["turn"].get<int64_t>() : 0);
