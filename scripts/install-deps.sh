@@ -23,6 +23,11 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+# The MCP end-to-end test runs the official SDK client (tests/mcp) under node; any node
+# already installed will do.
+if ! command -v node >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
   exit 0

@@ -17,6 +17,8 @@ fi
 
 scripts/build.sh
 build/bin/trybox image build debian-12
+# The MCP SDK client the MCP e2e test drives `trybox mcp` with (versions pinned by the lock).
+npm ci --prefix tests/mcp --no-audit --no-fund --loglevel=error >/dev/null
 
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 1500 "$@")

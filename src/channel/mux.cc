@@ -346,6 +346,7 @@ Status Stream::Reset(const std::string& reason) {
     if (local_done_ && remote_done_) return Status::Ok();
     local_done_ = true;
     remote_done_ = true;
+    reset_here_ = true;
     cv_.notify_all();
   }
   Status st = core_->SendFrame(id_, FrameType::kReset, 0, Json{{"reason", reason}}.dump());
@@ -363,7 +364,9 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
   Message m;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    auto ready = [&] { return !inbox_.empty() || !conn_error_.empty() || end_delivered_; };
+    auto ready = [&] {
+      return !inbox_.empty() || !conn_error_.empty() || end_delivered_ || reset_here_;
+    };
     if (deadline) {
       if (!cv_.wait_until(lock, *deadline, ready)) return DeadlineExceeded("no message in time");
     } else {
@@ -371,6 +374,7 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
     }
     if (inbox_.empty()) {
       if (end_delivered_) return FailedPrecondition("stream already ended");
+      if (reset_here_) return FailedPrecondition("stream was reset by this side");
       return Unavailable("channel lost: " + conn_error_);
     }
     m = std::move(inbox_.front());

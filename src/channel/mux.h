@@ -70,7 +70,8 @@ class Stream {
   Status Reset(const std::string& reason);
 
   // Next message from the peer. kUnavailable once the connection is gone; kFailedPrecondition
-  // after the stream has ended; kDeadlineExceeded if `deadline` passes first.
+  // after the stream has ended, or once this side reset it (which wakes a Next() blocked on
+  // another thread); kDeadlineExceeded if `deadline` passes first.
   Result<Message> Next(Deadline deadline = std::nullopt);
 
   // True once an END or RESET was received or sent.
@@ -92,7 +93,8 @@ class Stream {
   bool remote_done_ GUARDED_BY(mu_) = false;  // END/RESET received
   bool local_done_ GUARDED_BY(mu_) = false;   // END/RESET sent
   bool end_delivered_ GUARDED_BY(mu_) = false;
-  std::string conn_error_ GUARDED_BY(mu_);  // non-empty once the connection died
+  bool reset_here_ GUARDED_BY(mu_) = false;  // this side sent RESET
+  std::string conn_error_ GUARDED_BY(mu_);   // non-empty once the connection died
 };
 
 enum class Role { kHost, kGuest };  // host opens odd stream ids, guest even ones

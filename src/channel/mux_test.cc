@@ -262,5 +262,22 @@ TEST(MuxTest, RequesterDroppingAnUnfinishedStreamResetsIt) {
   EXPECT_EQ(frames[1].type, FrameType::kReset);
 }
 
+// A requester cancelling from another thread (the MCP server's notifications/cancelled) must
+// not leave the thread reading the stream blocked forever.
+TEST(MuxTest, ResetWakesNextBlockedOnAnotherThread) {
+  std::promise<std::string> peer_saw;
+  auto p = MakePair([&](std::shared_ptr<Stream> s, Json) {
+    auto m = s->Next();  // no END from here: the requester resets first
+    peer_saw.set_value(m.ok() && m->kind == Kind::kReset ? m->body.value("reason", "") : "?");
+  });
+  auto s = p.host->Open({{"op", "long"}});
+  ASSERT_TRUE(s.ok());
+  auto next = std::async(std::launch::async, [st = *s] { return st->Next().status(); });
+  ASSERT_TRUE((*s)->Reset("cancelled").ok());
+  Status st = next.get();
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.ToString();
+  EXPECT_EQ(peer_saw.get_future().get(), "cancelled");
+}
+
 }  // namespace
 }  // namespace trybox::channel

@@ -71,8 +71,7 @@ int CmdAgent(Client& client, const Invocation& inv) {
   if (inv.command == "agent-show") {
     req = {{"verb", "agent_show"}, {"run", a.run_id}};
   } else {
-    auto model =
-        ResolveModel(Paths::FromEnvironment(), ModelFlags{a.provider, a.model}, ProcessEnv());
+    auto model = ResolveModel(Paths::FromEnvironment(), inv.model, ProcessEnv());
     if (!model.ok()) return Fail(model.status());
     if (inv.command == "agent") {
       req = {{"verb", "agent"},

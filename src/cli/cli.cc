@@ -16,6 +16,7 @@
 
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
+#include "cli/mcp.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
 #include "image/image.h"
@@ -51,10 +52,10 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
                   "Most the workspace may hold, each way (bytes, or K/M/G; default 1G)");
 }
 
-void AddAgentModelOptions(CLI::App* cmd, AgentOptions& a) {
-  cmd->add_option("--provider", a.provider,
+void AddAgentModelOptions(CLI::App* cmd, ModelFlags& m, AgentOptions& a) {
+  cmd->add_option("--provider", m.provider,
                   "anthropic or openai (default: from ANTHROPIC_*/OPENAI_* or agent.json)");
-  cmd->add_option("--model", a.model, "Model name (default: ANTHROPIC_MODEL / OPENAI_MODEL)");
+  cmd->add_option("--model", m.model, "Model name (default: ANTHROPIC_MODEL / OPENAI_MODEL)");
   cmd->add_option("--max-turns", a.max_turns, "Most model turns for this call");
   cmd->add_option("--timeout", a.timeout_s, "Wall clock for this call, in seconds");
   cmd->add_option("--max-tokens", a.max_tokens, "Most tokens (input + output) for this call");
@@ -639,21 +640,25 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       ->allow_extra_args(false);
   agent->add_option("--profile", inv.vm.profiles, "Add a named allow-list (repeatable)")
       ->allow_extra_args(false);
-  AddAgentModelOptions(agent, inv.agent);
+  AddAgentModelOptions(agent, inv.model, inv.agent);
   agent->add_flag("--json", inv.json, "Print the report as JSON");
   agent->add_option("task", inv.agent.task, "The task, in words");
   auto* answer = agent->add_subcommand("answer", "Answer a run's question; it continues");
   answer->add_option("run", inv.agent.run_id, "Run id")->required();
   answer->add_option("text", inv.agent.answer, "The answer")->required();
-  AddAgentModelOptions(answer, inv.agent);
+  AddAgentModelOptions(answer, inv.model, inv.agent);
   answer->add_flag("--json", inv.json, "Print the report as JSON");
   auto* resume = agent->add_subcommand("resume", "Continue a run that ran past a limit");
   resume->add_option("run", inv.agent.run_id, "Run id")->required();
-  AddAgentModelOptions(resume, inv.agent);
+  AddAgentModelOptions(resume, inv.model, inv.agent);
   resume->add_flag("--json", inv.json, "Print the report as JSON");
   auto* show = agent->add_subcommand("show", "Print a run's report again");
   show->add_option("run", inv.agent.run_id, "Run id")->required();
   show->add_flag("--json", inv.json, "Print the report as JSON");
+  auto* mcp = app.add_subcommand(
+      "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
+  mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
+  mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
 
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
@@ -695,6 +700,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       return InvalidArgument("agent: limits must not be negative");
     }
   }
+  if (mcp->parsed()) inv.command = "mcp";
   for (const auto& a : inv.vm.allow) {
     auto e = egress::ParseAllowEntry(a);
     if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
@@ -727,6 +733,7 @@ int Run(const Invocation& inv) {
   }
   if (inv.command == "image-build") return CmdImageBuild(inv);
   if (inv.command == "image-ls") return CmdImageLs(inv.json);
+  if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
   ::signal(SIGPIPE, SIG_IGN);
   auto client = Client::Connect(Paths::FromEnvironment());
   if (!client.ok()) return Fail(client.status());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/agent_settings.h"
 #include "util/status.h"
 
 namespace trybox::cli {
@@ -36,8 +37,7 @@ struct ExecOptions {
 struct AgentOptions {
   std::string task;
   std::string verify;
-  std::string provider, model;  // override the environment's
-  std::string run_id;           // answer, resume, show
+  std::string run_id;  // answer, resume, show
   std::string answer;
   int max_turns = 0;  // 0: the daemon's default
   int timeout_s = 0;  // wall clock per call; 0: the daemon's default
@@ -46,7 +46,7 @@ struct AgentOptions {
 
 struct Invocation {
   std::string
-      command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit help
+      command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit mcp help
   VmOptions vm;
   ExecOptions exec;
   AgentOptions agent;             // agent, agent-answer, agent-resume, agent-show
@@ -61,6 +61,7 @@ struct Invocation {
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
   std::string help;  // command == "help": the text to print
+  ModelFlags model;  // agent, mcp: --provider, --model
 };
 
 // Parses argv (including argv[0]). Errors carry CLI11's message.

@@ -1023,7 +1023,8 @@ Json Daemon::RunGuestExec(VmEntry& e, const Json& greq, channel::Stream* client,
     rec.stderr_bytes = r.bytes[channel::kChanErr];
     if (!r.end.is_null()) {
       result = r.end;
-    } else if (r.client_gone) {
+    } else if (r.client_gone || (client && client->finished())) {
+      // Gone, or reset by the client (the stdin pump then reset the guest stream).
       result = {{"outcome", "cancelled"}, {"message", "the client disconnected"}};
     } else {
       // The channel closed before an exit event: report that, never an exit code.

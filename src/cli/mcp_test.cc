@@ -1,0 +1,632 @@
+#include "cli/mcp.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "channel/mux.h"
+#include "cli/cli.h"
+#include "util/fd.h"
+#include "util/socket.h"
+
+namespace trybox::cli {
+namespace {
+
+using Json = nlohmann::json;
+using Kind = channel::Stream::Message::Kind;
+
+constexpr const char* kSecret = "sk-test-never-print-me-4711";
+
+// A private TRYBOX_HOME-like layout in a temp dir; nothing listens on its socket.
+struct Home {
+  Home() : dir(TempDir::Make("/tmp", "mcp-").value()) {
+    paths.images = dir.path() + "/images";
+    paths.state = dir.path() + "/state";
+    paths.cache = dir.path() + "/cache";
+    paths.runtime = dir.path() + "/run";
+    paths.config = dir.path() + "/config";
+  }
+  TempDir dir;
+  Paths paths;
+};
+
+EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) {
+    auto it = vars.find(name);
+    return it == vars.end() ? std::string() : it->second;
+  };
+}
+
+EnvLookup ModelEnv() {
+  return FakeEnv({{"ANTHROPIC_API_KEY", kSecret}, {"ANTHROPIC_MODEL", "claude-test"}});
+}
+
+// RunMcpServer on one end of a real socketpair, on its own thread; the test is the client.
+class Session {
+ public:
+  explicit Session(McpOptions options) : options_(std::move(options)) {
+    int sv[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    client_.Reset(sv[0]);
+    server_end_.Reset(sv[1]);
+    server_ = std::async(std::launch::async, [this] {
+      return RunMcpServer(options_, server_end_.get(), server_end_.get());
+    });
+  }
+  ~Session() { CloseInput(); }  // server_'s destructor waits for the server to stop
+
+  void SendRaw(std::string_view bytes) { ASSERT_TRUE(WriteFull(client_.get(), bytes).ok()); }
+  void Send(const Json& message) { SendRaw(message.dump() + "\n"); }
+  void Request(int id, const std::string& method, Json params = Json::object()) {
+    Send({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", std::move(params)}});
+  }
+
+  // The next line from the server, parsed; null at EOF. Fails the test rather than hang.
+  Json Read() {
+    for (;;) {
+      size_t nl = buffer_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        Json j = Json::parse(line, nullptr, false);
+        EXPECT_FALSE(j.is_discarded()) << "server wrote a line that is not JSON: " << line;
+        all_output_ += line + "\n";
+        return j;
+      }
+      pollfd p{client_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 30000) != 1) {
+        ADD_FAILURE() << "no answer from the server within 30 s";
+        return nullptr;
+      }
+      char buf[65536];
+      auto n = ReadSome(client_.get(), buf, sizeof buf);
+      if (!n.ok() || *n == 0) return nullptr;
+      buffer_.append(buf, *n);
+    }
+  }
+  // Reads lines until the response with `id`, keeping the notifications read on the way.
+  Json ReadResponse(const Json& id, std::vector<Json>* notifications = nullptr) {
+    for (;;) {
+      Json j = Read();
+      if (j.is_null() || (j.contains("id") && j["id"] == id)) return j;
+      if (notifications && j.contains("method")) notifications->push_back(j);
+    }
+  }
+  Json Call(int id, const std::string& method, Json params = Json::object()) {
+    Request(id, method, std::move(params));
+    return ReadResponse(id);
+  }
+  Json Initialize(const std::string& version = "2025-11-25") {
+    Json r = Call(0, "initialize",
+                  {{"protocolVersion", version},
+                   {"capabilities", Json::object()},
+                   {"clientInfo", {{"name", "mcp_test"}, {"version", "1"}}}});
+    Send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
+    return r;
+  }
+
+  void CloseInput() { ::shutdown(client_.get(), SHUT_WR); }
+  // The server's return code, once it has stopped. Then closes the server's end, so that
+  // Read() returns what is left and then null.
+  int Wait() {
+    EXPECT_EQ(server_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    int code = server_.get();
+    server_end_.Reset();
+    return code;
+  }
+  // Everything read so far, for checks that something never appeared.
+  const std::string& all_output() const { return all_output_; }
+
+ private:
+  McpOptions options_;
+  UniqueFd client_, server_end_;
+  std::future<int> server_;
+  std::string buffer_;
+  std::string all_output_;
+};
+
+McpOptions Options(const Home& home, EnvLookup env) {
+  McpOptions o;
+  o.paths = home.paths;
+  o.env = std::move(env);
+  o.autostart = false;
+  return o;
+}
+
+Json ToolCall(Json arguments, Json progress_token = nullptr) {
+  Json p = {{"name", "vm_agent"}, {"arguments", std::move(arguments)}};
+  if (!progress_token.is_null()) p["_meta"] = {{"progressToken", progress_token}};
+  return p;
+}
+
+std::string ResultText(const Json& response) {
+  return response["result"]["content"][0]["text"].get<std::string>();
+}
+
+// A scripted tryboxd: the daemon's side of the channel protocol on a real unix socket at
+// paths.socket(). Each verb stream is handed to `script`. The real daemon's agent verbs
+// drive a model API, which cannot run here.
+class ScriptedDaemon {
+ public:
+  using Script = std::function<void(std::shared_ptr<channel::Stream>, const Json& request)>;
+
+  ScriptedDaemon(const Paths& paths, Script script) : script_(std::move(script)) {
+    EXPECT_TRUE(MakeDirs(paths.runtime, 0700).ok());
+    auto l = UnixListener::Listen(paths.socket());
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    listener_.emplace(std::move(*l));
+    acceptor_ = std::thread([this] {
+      for (;;) {
+        auto fd = listener_->Accept();
+        if (!fd.ok()) return;
+        auto mux = std::make_unique<channel::Mux>(std::move(*fd), channel::Role::kGuest);
+        // The Mux runs each handler on a detached thread; the destructor waits for them.
+        mux->OnOpen([this](std::shared_ptr<channel::Stream> s, Json request) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            requests_.push_back(request);
+            ++handlers_;
+          }
+          script_(std::move(s), request);
+          std::lock_guard<std::mutex> lock(mu_);
+          --handlers_;
+          done_.notify_all();
+        });
+        mux->Start();
+        std::lock_guard<std::mutex> lock(mu_);
+        muxes_.push_back(std::move(mux));
+      }
+    });
+  }
+  ~ScriptedDaemon() {
+    listener_->Shutdown();
+    acceptor_.join();
+    std::unique_lock<std::mutex> lock(mu_);
+    for (auto& m : muxes_) m->Shutdown();
+    done_.wait(lock, [this] { return handlers_ == 0; });
+  }
+
+  std::vector<Json> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+
+ private:
+  Script script_;
+  std::optional<UnixListener> listener_;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::condition_variable done_;
+  int handlers_ = 0;
+  std::vector<Json> requests_;
+  std::vector<std::unique_ptr<channel::Mux>> muxes_;
+};
+
+Json Progress(int turn, int max_turns, const std::string& message) {
+  return {{"progress",
+           {{"run", "r1"}, {"turn", turn}, {"max_turns", max_turns}, {"message", message}}}};
+}
+
+Json DoneReport() {
+  return {{"run", "r1"},
+          {"outcome", "DONE"},
+          {"verdict", "VERIFIED"},
+          {"summary", "made the tests pass"}};
+}
+
+TEST(McpTest, InitializeAnswersTheRequestedVersionItSupports) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  Json r = s.Initialize("2025-06-18");
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  EXPECT_EQ(r["result"]["protocolVersion"], "2025-06-18");
+  EXPECT_EQ(r["result"]["serverInfo"]["name"], "trybox");
+  EXPECT_TRUE(r["result"]["serverInfo"]["version"].is_string());
+  EXPECT_TRUE(r["result"]["capabilities"]["tools"].is_object());
+}
+
+TEST(McpTest, InitializeAnswersItsLatestVersionForAnUnknownOne) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  Json r = s.Initialize("2099-01-01");
+  EXPECT_EQ(r["result"]["protocolVersion"], "2025-11-25");
+}
+
+TEST(McpTest, InitializeWithoutProtocolVersionIsInvalidParams) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  Json r = s.Call(1, "initialize", {{"capabilities", Json::object()}});
+  EXPECT_EQ(r["error"]["code"], -32602);
+}
+
+TEST(McpTest, ToolsListDescribesVmAgent) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json r = s.Call(1, "tools/list");
+  ASSERT_EQ(r["result"]["tools"].size(), 1u) << r.dump();
+  const Json& tool = r["result"]["tools"][0];
+  EXPECT_EQ(tool["name"], "vm_agent");
+  const Json& in = tool["inputSchema"];
+  EXPECT_EQ(in["type"], "object");
+  for (const char* p : {"task", "image", "workspace", "verify", "allow", "run_id", "answer"}) {
+    EXPECT_TRUE(in["properties"].contains(p)) << p;
+    EXPECT_FALSE(in["properties"][p].value("description", "").empty()) << p;
+  }
+  EXPECT_EQ(in["properties"]["allow"]["type"], "array");
+  EXPECT_EQ(in["additionalProperties"], false);
+  std::string d = tool["description"];
+  for (const char* word : {"DONE", "NEEDS_INPUT", "IN_PROGRESS", "ERROR", "VERIFIED", "summary"}) {
+    EXPECT_NE(d.find(word), std::string::npos) << word;
+  }
+  EXPECT_EQ(tool["outputSchema"]["type"], "object");
+}
+
+TEST(McpTest, ClientsBefore20250618GetNoOutputSchema) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize("2025-03-26");
+  Json r = s.Call(1, "tools/list");
+  EXPECT_FALSE(r["result"]["tools"][0].contains("outputSchema"));
+}
+
+TEST(McpTest, PingAnswersAnEmptyResult) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  Json r = s.Call(5, "ping");
+  EXPECT_EQ(r, Json({{"jsonrpc", "2.0"}, {"id", 5}, {"result", Json::object()}}));
+}
+
+TEST(McpTest, UnknownMethodIsMethodNotFound) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  s.Send({{"jsonrpc", "2.0"}, {"id", "a"}, {"method", "resources/list"}});
+  Json r = s.ReadResponse("a");
+  EXPECT_EQ(r["error"]["code"], -32601);
+}
+
+TEST(McpTest, MalformedLinesGetErrorsAndTheServerGoesOn) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.SendRaw("{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\n");  // cut short
+  Json r = s.Read();
+  EXPECT_EQ(r["error"]["code"], -32700);
+  EXPECT_TRUE(r["id"].is_null());
+  s.SendRaw("\xff\xfe not utf-8\n");
+  EXPECT_EQ(s.Read()["error"]["code"], -32700);
+  s.SendRaw("42\n");
+  EXPECT_EQ(s.Read()["error"]["code"], -32600);
+  s.Send({{"jsonrpc", "2.0"}, {"id", {{"x", 1}}}, {"method", "ping"}});  // id not string/int
+  EXPECT_EQ(s.Read()["error"]["code"], -32600);
+  s.Send({{"id", 3}, {"method", "ping"}});  // no jsonrpc
+  r = s.Read();
+  EXPECT_EQ(r["error"]["code"], -32600);
+  EXPECT_EQ(r["id"], 3);
+  s.Send({{"jsonrpc", "2.0"}, {"id", 4}, {"method", "ping"}, {"params", {1, 2}}});
+  EXPECT_EQ(s.Read()["error"]["code"], -32602);
+  EXPECT_EQ(s.Call(9, "ping")["result"], Json::object());
+}
+
+TEST(McpTest, BatchesAreRefusedWithOneError) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.SendRaw(R"([{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}])"
+            "\n");
+  Json r = s.Read();
+  EXPECT_EQ(r["error"]["code"], -32600);
+  EXPECT_TRUE(r["id"].is_null());
+  EXPECT_EQ(s.Call(3, "ping")["id"], 3);  // nothing else was queued before this answer
+}
+
+TEST(McpTest, NotificationsAndResponsesGetNoAnswer) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Send({{"jsonrpc", "2.0"}, {"method", "notifications/whatever"}});
+  s.Send(
+      {{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", 77}}}});
+  s.Send({{"jsonrpc", "2.0"}, {"id", 12}, {"result", Json::object()}});
+  s.SendRaw("\n   \n");
+  s.Request(1, "ping");
+  EXPECT_EQ(s.Read()["id"], 1);  // the first line written answers the ping
+}
+
+TEST(McpTest, OversizedLineIsRefusedAndTheNextOneServed) {
+  Home home;
+  McpOptions o = Options(home, FakeEnv({}));
+  o.max_line_bytes = 1000;
+  Session s(std::move(o));
+  std::string huge = R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":")" +
+                     std::string(200000, 'x') + "\"}}\n";
+  s.SendRaw(huge);
+  Json r = s.Read();
+  EXPECT_EQ(r["error"]["code"], -32600);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("1000 bytes"), std::string::npos);
+  EXPECT_EQ(s.Call(2, "ping")["id"], 2);
+}
+
+TEST(McpTest, DeeplyNestedJsonDoesNotCrashTheServer) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  const size_t depth = 200000;
+  s.SendRaw(std::string(depth, '[') + std::string(depth, ']') + "\n");
+  EXPECT_EQ(s.Read()["error"]["code"], -32600);
+  s.SendRaw(std::string(depth, '[') + "\n");
+  EXPECT_EQ(s.Read()["error"]["code"], -32700);
+  EXPECT_EQ(s.Call(2, "ping")["id"], 2);
+}
+
+TEST(McpTest, ToolCallProtocolErrorsAreJsonRpcErrors) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  EXPECT_EQ(s.Call(1, "tools/call", {{"name", "rm_rf"}})["error"]["code"], -32602);
+  EXPECT_EQ(s.Call(2, "tools/call", {{"arguments", Json::object()}})["error"]["code"], -32602);
+  EXPECT_EQ(s.Call(3, "tools/call", {{"name", "vm_agent"}, {"arguments", "task"}})["error"]["code"],
+            -32602);
+}
+
+// MCP 2025-11-25: invalid tool arguments are tool execution errors the model can correct,
+// not protocol errors.
+TEST(McpTest, ArgumentMistakesAreToolErrorsNamingThem) {
+  Home home;
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  struct Case {
+    Json args;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {Json::object(), "task"},
+      {{{"task", "x"}, {"run_id", "r1"}}, "not both"},
+      {{{"task", "x"}, {"answer", "yes"}}, "answer needs run_id"},
+      {{{"run_id", "r1"}, {"workspace", "/tmp"}}, "workspace goes with task"},
+      {{{"task", "x"}, {"workspace", "relative/dir"}}, "absolute"},
+      {{{"task", "x"}, {"allow", {"10.0.0.1"}}}, "allow"},
+      {{{"task", "x"}, {"allow", "pypi.org"}}, "array"},
+      {{{"task", "x"}, {"image", "../etc"}}, "image name"},
+      {{{"task", "x"}, {"colour", "blue"}}, "unknown argument 'colour'"},
+      {{{"task", 5}}, "task must be a string"},
+  };
+  int id = 10;
+  for (const auto& c : cases) {
+    Json r = s.Call(id++, "tools/call", ToolCall(c.args));
+    ASSERT_TRUE(r.contains("result")) << c.args.dump() << " -> " << r.dump();
+    EXPECT_EQ(r["result"]["isError"], true) << c.args.dump();
+    EXPECT_NE(ResultText(r).find(c.says), std::string::npos) << ResultText(r);
+  }
+}
+
+TEST(McpTest, CallWithoutAModelIsAToolErrorNamingTheVariables) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json r = s.Call(1, "tools/call", ToolCall({{"task", "say hi"}}));
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  EXPECT_EQ(r["result"]["isError"], true);
+  EXPECT_NE(ResultText(r).find("ANTHROPIC_API_KEY"), std::string::npos) << ResultText(r);
+  EXPECT_NE(ResultText(r).find("OPENAI_BASE_URL"), std::string::npos) << ResultText(r);
+}
+
+// Decision: the server never starts a daemon when options.autostart is off (the unit tests
+// must not spawn tryboxd); `trybox mcp` starts one like every other command. Either way an
+// unreachable daemon is a tool error naming the socket, and the key is never echoed.
+TEST(McpTest, CallWithNoDaemonIsAToolErrorNamingTheSocket) {
+  Home home;
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  Json r = s.Call(1, "tools/call", ToolCall({{"task", "say hi"}}));
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  EXPECT_EQ(r["result"]["isError"], true);
+  EXPECT_NE(ResultText(r).find("cannot reach tryboxd"), std::string::npos) << ResultText(r);
+  EXPECT_NE(ResultText(r).find(home.paths.socket()), std::string::npos) << ResultText(r);
+  EXPECT_EQ(s.all_output().find(kSecret), std::string::npos);
+}
+
+TEST(McpTest, DoneRunBecomesTextAndStructuredContentWithProgress) {
+  Home home;
+  ScriptedDaemon daemon(home.paths, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    (void)st->SendEvent({{"run", "r1"}});
+    (void)st->SendEvent(Progress(1, 3, "reading the code"));
+    (void)st->SendEvent(Progress(1, 3, "running make"));
+    (void)st->SendEvent(Progress(2, 3, "fixing the test"));
+    (void)st->End({{"ok", true}, {"report", DoneReport()}, {"text", "DONE (VERIFIED)\nrun r1"}});
+  });
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  s.Request(1, "tools/call",
+            ToolCall({{"task", "make the tests pass"},
+                      {"workspace", "/srv/proj"},
+                      {"verify", "make test"},
+                      {"allow", {"pypi.org", "*.pythonhosted.org"}},
+                      {"image", "debian-12"}},
+                     "tok"));
+  std::vector<Json> notes;
+  Json r = s.ReadResponse(1, &notes);
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  EXPECT_EQ(r["result"]["isError"], false);
+  EXPECT_EQ(ResultText(r), "DONE (VERIFIED)\nrun r1");
+  EXPECT_EQ(r["result"]["structuredContent"], DoneReport());
+
+  ASSERT_EQ(notes.size(), 3u);
+  std::vector<double> values;
+  for (const auto& n : notes) {
+    EXPECT_EQ(n["method"], "notifications/progress");
+    EXPECT_EQ(n["params"]["progressToken"], "tok");
+    EXPECT_EQ(n["params"]["total"], 3);
+    values.push_back(n["params"]["progress"].get<double>());
+  }
+  EXPECT_EQ(values[0], 1);
+  EXPECT_GT(values[1], values[0]);  // strictly increasing although the turn repeated
+  EXPECT_LT(values[1], 2);
+  EXPECT_EQ(values[2], 2);
+  EXPECT_EQ(notes[1]["params"]["message"], "running make");
+
+  auto reqs = daemon.requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0]["verb"], "agent");
+  EXPECT_EQ(reqs[0]["task"], "make the tests pass");
+  EXPECT_EQ(reqs[0]["workspace"], "/srv/proj");
+  EXPECT_EQ(reqs[0]["verify"], "make test");
+  EXPECT_EQ(reqs[0]["allow"], Json({"pypi.org", "*.pythonhosted.org"}));
+  EXPECT_EQ(reqs[0]["image"], "debian-12");
+  EXPECT_EQ(reqs[0]["model"]["provider"], "anthropic");
+  EXPECT_EQ(reqs[0]["model"]["api_key"], kSecret);  // to the daemon, and nowhere else
+  EXPECT_EQ(s.all_output().find(kSecret), std::string::npos);
+}
+
+TEST(McpTest, AnswerAndResumeContinueARun) {
+  Home home;
+  ScriptedDaemon daemon(home.paths, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    Json report = {{"run", "r1"},
+                   {"outcome", "NEEDS_INPUT"},
+                   {"question", {{"text", "which branch?"}, {"truncated", false}}}};
+    (void)st->End({{"ok", true}, {"report", report}, {"text", "NEEDS_INPUT: which branch?"}});
+  });
+  Session s(Options(home, FakeEnv({})));  // no model configured: the run keeps its own
+  s.Initialize();
+  Json r = s.Call(1, "tools/call", ToolCall({{"run_id", "r1"}, {"answer", "main"}}));
+  EXPECT_EQ(r["result"]["isError"], false) << r.dump();
+  EXPECT_EQ(r["result"]["structuredContent"]["question"]["text"], "which branch?");
+  r = s.Call(2, "tools/call", ToolCall({{"run_id", "r1"}}));
+  EXPECT_EQ(r["result"]["isError"], false) << r.dump();
+  auto reqs = daemon.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0], Json({{"verb", "agent_answer"}, {"run", "r1"}, {"answer", "main"}}));
+  EXPECT_EQ(reqs[1], Json({{"verb", "agent_resume"}, {"run", "r1"}}));
+}
+
+TEST(McpTest, ErrorOutcomeAndDaemonRefusalAreToolErrors) {
+  Home home;
+  ScriptedDaemon daemon(home.paths, [](std::shared_ptr<channel::Stream> st, const Json& req) {
+    if (req["verb"] == "agent_resume") {
+      (void)st->End({{"ok", false}, {"error", {{"code", "NOT_FOUND"}, {"message", "no run r9"}}}});
+      return;
+    }
+    Json report = {{"run", "r1"}, {"outcome", "ERROR"}, {"error", "model API refused"}};
+    (void)st->End({{"ok", true}, {"report", report}, {"text", "ERROR: model API refused"}});
+  });
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  Json r = s.Call(1, "tools/call", ToolCall({{"task", "x"}}));
+  EXPECT_EQ(r["result"]["isError"], true) << r.dump();
+  EXPECT_EQ(ResultText(r), "ERROR: model API refused");
+  EXPECT_EQ(r["result"]["structuredContent"]["outcome"], "ERROR");
+  r = s.Call(2, "tools/call", ToolCall({{"run_id", "r9"}}));
+  EXPECT_EQ(r["result"]["isError"], true) << r.dump();
+  EXPECT_EQ(ResultText(r), "no run r9");
+  EXPECT_FALSE(r["result"].contains("structuredContent"));
+}
+
+// A script that announces its run and then waits for the client to reset the stream,
+// reporting the reason it was given.
+struct WaitForReset {
+  std::shared_ptr<std::promise<std::string>> reset = std::make_shared<std::promise<std::string>>();
+  void operator()(std::shared_ptr<channel::Stream> st, const Json&) const {
+    (void)st->SendEvent({{"run", "r1"}});
+    (void)st->SendEvent(Progress(1, 5, "working"));
+    auto m = st->Next();
+    reset->set_value(m.ok() && m->kind == Kind::kReset ? m->body.value("reason", "") : "no reset");
+  }
+};
+
+TEST(McpTest, CancelledCallResetsItsDaemonStreamAndGetsNoResponse) {
+  Home home;
+  WaitForReset script;
+  auto reset = script.reset->get_future();
+  ScriptedDaemon daemon(home.paths, script);
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  s.Request(7, "tools/call", ToolCall({{"task", "long"}}, 70));
+  Json note = s.Read();  // the call is running once its progress arrives
+  EXPECT_EQ(note["method"], "notifications/progress");
+  s.Send({{"jsonrpc", "2.0"},
+          {"method", "notifications/cancelled"},
+          {"params", {{"requestId", 7}, {"reason", "user pressed stop"}}}});
+  ASSERT_EQ(reset.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_NE(reset.get().find("user pressed stop"), std::string::npos);
+  EXPECT_EQ(s.Call(8, "ping")["id"], 8);
+  s.CloseInput();
+  EXPECT_EQ(s.Wait(), 0);
+  for (Json j = s.Read(); !j.is_null(); j = s.Read()) {
+    EXPECT_NE(j.value("id", Json()), 7) << "a cancelled call was answered: " << j.dump();
+  }
+}
+
+// End of input is the client shutting down: runs stop, but unlike a cancellation each call
+// is still answered, for whoever reads the rest of the output.
+TEST(McpTest, EofWithACallInFlightResetsItAndAnswersIt) {
+  Home home;
+  WaitForReset script;
+  auto reset = script.reset->get_future();
+  ScriptedDaemon daemon(home.paths, script);
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  s.Request(1, "tools/call", ToolCall({{"task", "long"}}, "p"));
+  EXPECT_EQ(s.Read()["method"], "notifications/progress");
+  s.CloseInput();
+  EXPECT_EQ(s.Wait(), 0);
+  ASSERT_EQ(reset.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_NE(reset.get().find("closed stdin"), std::string::npos);
+  Json r = s.ReadResponse(1);
+  EXPECT_EQ(r["result"]["isError"], true) << r.dump();
+  EXPECT_NE(ResultText(r).find("run_id r1"), std::string::npos) << ResultText(r);
+}
+
+TEST(McpTest, EofRightAfterACallStillAnswersIt) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.Request(1, "tools/call", ToolCall({{"task", "x"}}));
+  s.CloseInput();
+  EXPECT_EQ(s.Wait(), 0);
+  Json r = s.ReadResponse(1);
+  EXPECT_EQ(r["result"]["isError"], true) << r.dump();
+}
+
+TEST(McpTest, EofAfterAPartialLineStillEndsTheServer) {
+  Home home;
+  Session s(Options(home, FakeEnv({})));
+  s.SendRaw(R"({"jsonrpc":"2.0","id":1,"method":"pi)");
+  s.CloseInput();
+  EXPECT_EQ(s.Wait(), 0);
+  EXPECT_EQ(s.Read()["error"]["code"], -32700);
+  EXPECT_TRUE(s.Read().is_null());
+}
+
+TEST(McpTest, DaemonGoneMidRunNamesTheRunToResume) {
+  Home home;
+  auto daemon = std::make_unique<ScriptedDaemon>(
+      home.paths, [](std::shared_ptr<channel::Stream> st, const Json&) {
+        (void)st->SendEvent({{"run", "r42"}});
+        (void)st->SendEvent(Progress(1, 5, "working"));
+        (void)st->Next();  // until the connection is shut down
+      });
+  Session s(Options(home, ModelEnv()));
+  s.Initialize();
+  s.Request(1, "tools/call", ToolCall({{"task", "long"}}, 1));
+  EXPECT_EQ(s.Read()["method"], "notifications/progress");
+  daemon.reset();
+  Json r = s.ReadResponse(1);
+  EXPECT_EQ(r["result"]["isError"], true) << r.dump();
+  EXPECT_NE(ResultText(r).find("run_id r42"), std::string::npos) << ResultText(r);
+}
+
+TEST(McpTest, CliParsesMcpWithItsModelFlags) {
+  auto inv = Parse({"trybox", "mcp", "--provider", "openai", "--model", "qwen3"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->command, "mcp");
+  EXPECT_EQ(inv->model.provider, "openai");
+  EXPECT_EQ(inv->model.model, "qwen3");
+  EXPECT_EQ(Parse({"trybox", "mcp"})->command, "mcp");
+}
+
+}  // namespace
+}  // namespace trybox::cli
