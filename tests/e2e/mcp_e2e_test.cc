@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "tests/e2e/harness.h"
+#include "tests/fake_model/fake_model.h"
 #include "util/fd.h"
 #include "util/process.h"
 
@@ -137,8 +138,8 @@ TEST_F(McpE2E, CallWithNoModelConfiguredIsAToolErrorNamingTheVariables) {
   EXPECT_TRUE(r["progress"].empty());
 }
 
-// Through the real daemon: whatever it answers for a model it cannot reach (today: no agent
-// verb; later: an ERROR report), the SDK sees a well-formed tool error and no key.
+// Through the real daemon: a model it cannot reach fails the start-up probe; the SDK sees a
+// well-formed tool error that says so, and no key.
 TEST_F(McpE2E, CallTheDaemonRefusesIsAToolErrorWithoutTheKey) {
   const std::string key = "sk-e2e-must-not-appear-0042";
   Json r = RunSdkClient(R"({"task": "print the kernel version"})",
@@ -147,7 +148,7 @@ TEST_F(McpE2E, CallTheDaemonRefusesIsAToolErrorWithoutTheKey) {
   ASSERT_TRUE(r.is_object());
   ASSERT_TRUE(r["result"].is_object()) << r.dump();
   EXPECT_EQ(r["result"]["isError"], true) << r.dump();
-  EXPECT_FALSE(Text(r["result"]).empty());
+  EXPECT_NE(Text(r["result"]).find("start-up probe"), std::string::npos) << r.dump();
   EXPECT_EQ(r.dump().find(key), std::string::npos);
 }
 
@@ -156,6 +157,52 @@ TEST_F(McpE2E, ArgumentMistakeIsAToolErrorTheSdkAccepts) {
   ASSERT_TRUE(r.is_object());
   EXPECT_EQ(r["result"]["isError"], true) << r.dump();
   EXPECT_NE(Text(r["result"]).find("verify goes with task"), std::string::npos) << r.dump();
+}
+
+// The whole path: the SDK calls vm_agent, a scripted model works in a real VM, the daemon's
+// report comes back as text and structured content, with progress on the way.
+TEST_F(McpE2E, VmAgentRunsInAVmAndTheReportComesBackWithProgress) {
+  auto model = trybox::testing::FakeModelServer::Start();
+  ASSERT_TRUE(model.ok());
+  auto& m = **model;
+  std::vector<std::string> env = {"OPENAI_BASE_URL=" + m.openai_base_url(),
+                                  "OPENAI_MODEL=mcp-happy"};
+  m.Push({{"text", "ok"}});  // the start-up probe
+  m.Push({{"tool_calls", {{{"name", "run"}, {"input", {{"command", "echo 42 > answer.txt"}}}}}}});
+  m.Push(
+      {{"tool_calls", {{{"name", "ask"}, {"input", {{"question", "Is 42 the right answer?"}}}}}}});
+  Json r = RunSdkClient(R"({"task": "write the answer to answer.txt"})", env);
+  ASSERT_TRUE(r.is_object());
+  const Json& res = r["result"];
+  EXPECT_EQ(res["isError"], false) << r.dump();
+  EXPECT_EQ(res["structuredContent"]["outcome"], "NEEDS_INPUT");
+  EXPECT_EQ(res["structuredContent"]["question"]["text"], "Is 42 the right answer?");
+  EXPECT_NE(Text(res).find("Outcome: NEEDS_INPUT"), std::string::npos) << Text(res);
+  EXPECT_FALSE(r["progress"].empty());
+  double last = -1;
+  for (const auto& p : r["progress"]) {
+    EXPECT_GT(p["progress"].get<double>(), last);
+    last = p["progress"].get<double>();
+  }
+
+  // The answer continues the same run in the same VM.
+  std::string run = res["structuredContent"]["run"];
+  m.Push(
+      {{"tool_calls",
+        {{{"name", "finish"},
+          {"input",
+           {{"summary", "answer.txt holds 42"}, {"verify_command", "grep -qx 42 answer.txt"}}}}}}});
+  Json args = {{"run_id", run}, {"answer", "yes"}};
+  Json done = RunSdkClient(args.dump(), env);
+  ASSERT_TRUE(done.is_object());
+  const Json& report = done["result"]["structuredContent"];
+  EXPECT_EQ(done["result"]["isError"], false) << done.dump();
+  EXPECT_EQ(report["run"], run);
+  EXPECT_EQ(report["outcome"], "DONE");
+  EXPECT_EQ(report["verdict"], "VERIFIED");
+  EXPECT_EQ(report["claim"]["summary"], "answer.txt holds 42");
+  EXPECT_NE(Text(done["result"]).find("Verdict: VERIFIED\n"), std::string::npos);
+  EXPECT_EQ(m.steps_left(), 0u);
 }
 
 }  // namespace
