@@ -92,6 +92,33 @@ RelayResult RelayFromGuest(channel::Stream& guest, channel::Stream* client,
 
 // Copies the client's input channel to the guest until EOF. After a guest-side failure it
 // keeps draining so the client is never left blocked on credit.
+// Watches an exec's client stream until `done`: forwards its input to the guest when
+// `forward` (stdin), and resets the guest stream, which kills the command's process tree,
+// when the client resets the request or its connection dies. Sets `*cancelled` then.
+// Polls `done` every 100 ms: nothing else wakes a Next() on the client's stream when the
+// command ends first and the client has not closed its input.
+void WatchExecClient(channel::Stream& client, channel::Stream& guest, bool forward,
+                     const std::atomic<bool>& done, std::atomic<bool>* cancelled) {
+  bool forwarding = forward;
+  while (!done) {
+    auto m = client.Next(Clock::now() + std::chrono::milliseconds(100));
+    if (!m.ok() && m.status().code() == Code::kDeadlineExceeded) continue;
+    if (!m.ok() || m->kind == Kind::kReset || m->kind == Kind::kEnd) {
+      if (!done) {
+        *cancelled = true;
+        (void)guest.Reset("the client cancelled the request");
+      }
+      return;
+    }
+    if (m->kind == Kind::kData && forwarding) {
+      if (!guest.Write(channel::kChanIn, m->data).ok()) forwarding = false;
+    } else if (m->kind == Kind::kEof && forwarding) {
+      (void)guest.CloseWrite(channel::kChanIn);
+      forwarding = false;
+    }
+  }
+}
+
 void PumpToGuest(channel::Stream& client, channel::Stream& guest) {
   bool forwarding = true;
   for (;;) {
@@ -1012,19 +1039,24 @@ Json Daemon::RunGuestExec(VmEntry& e, const Json& greq, channel::Stream* client,
     NoteDeath(e);
     result = {{"outcome", "channel_lost"}, {"message", guest.status().message()}};
   } else {
-    std::thread pump;
-    if (want_stdin && client) pump = std::thread([&] { PumpToGuest(*client, **guest); });
-    RelayResult r = RelayFromGuest(**guest, client, capture);
-    if (pump.joinable()) {
-      if (!r.end.is_null() || !r.failure.ok()) (void)(*guest)->Reset("exec finished");
-      pump.join();
+    std::atomic<bool> done{false}, cancelled{false};
+    std::thread watch;
+    if (client) {
+      watch = std::thread([&] { WatchExecClient(*client, **guest, want_stdin, done, &cancelled); });
     }
+    RelayResult r = RelayFromGuest(**guest, client, capture);
+    done = true;
+    if (watch.joinable()) {
+      // A watcher blocked writing input to a guest stream that has ended is released.
+      if (!r.end.is_null() || !r.failure.ok()) (void)(*guest)->Reset("exec finished");
+      watch.join();
+    }
+    if (cancelled) r.client_gone = true;
     rec.stdout_bytes = r.bytes[channel::kChanOut];
     rec.stderr_bytes = r.bytes[channel::kChanErr];
     if (!r.end.is_null()) {
       result = r.end;
-    } else if (r.client_gone || (client && client->finished())) {
-      // Gone, or reset by the client (the stdin pump then reset the guest stream).
+    } else if (r.client_gone) {
       result = {{"outcome", "cancelled"}, {"message", "the client disconnected"}};
     } else {
       // The channel closed before an exit event: report that, never an exit code.

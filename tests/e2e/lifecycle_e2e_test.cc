@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "store/store.h"
 #include "tests/e2e/harness.h"
 #include "util/paths.h"
 #include "util/socket.h"
@@ -430,6 +431,73 @@ TEST_F(LifecycleE2E, KilledRunLeavesNoVmBehind) {
   auto left = RunCommand({"pgrep", "-f", "trybox-vm-" + id});
   ASSERT_TRUE(left.ok());
   EXPECT_NE(left->exit.code, 0) << left->output;
+}
+
+// A client killed mid-exec cancels the command: its process tree in the guest is killed and
+// the exec is recorded as cancelled, with stdin forwarded or not.
+TEST_F(LifecycleE2E, KilledExecClientCancelsTheCommandAndRecordsIt) {
+  std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  for (bool interactive : {false, true}) {
+    std::string marker = interactive ? "4242" : "4343";
+    SpawnOptions o;
+    o.argv = {BinDir() + "/trybox", "exec", id, "--", "sleep", marker};
+    if (interactive) o.argv.insert(o.argv.begin() + 2, "-i");
+    o.env = h_->Env();
+    int in[2];
+    ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
+    UniqueFd in_r(in[0]), in_w(in[1]);  // stdin left open: the command never sees EOF
+    o.stdin_fd = in_r.get();
+    auto exec = ChildProcess::Spawn(o);
+    ASSERT_TRUE(exec.ok());
+    bool up = false;
+    for (int i = 0; i < 600 && !up; ++i) {
+      up = h_->Cli({"exec", id, "--", "pgrep", "-f", "sleep " + marker}).code == 0;
+      if (!up) ::usleep(100000);
+    }
+    ASSERT_TRUE(up) << "the command never started";
+    (void)exec->Signal(SIGKILL);
+    (void)exec->Wait();
+    bool gone = false;
+    for (int i = 0; i < 300 && !gone; ++i) {
+      gone = h_->Cli({"exec", id, "--", "pgrep", "-f", "sleep " + marker}).code == 1;
+      if (!gone) ::usleep(100000);
+    }
+    EXPECT_TRUE(gone) << "the command outlived its client (interactive=" << interactive << ")";
+    auto store = store::Store::Open(h_->home() + "/state/trybox.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    auto execs = (*store)->ListExecs(id);
+    ASSERT_TRUE(execs.ok());
+    const store::ExecRecord* rec = nullptr;
+    for (const auto& e : *execs) {
+      if (e.argv == Json::array({"sleep", marker})) rec = &e;
+    }
+    ASSERT_NE(rec, nullptr);
+    EXPECT_EQ(rec->outcome, "cancelled") << "interactive=" << interactive << ": " << rec->error;
+    EXPECT_FALSE(rec->exit_code.has_value());
+  }
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
+// `exec -i` whose input stays open ends when the command ends: the daemon does not wait for
+// the client's EOF before it answers.
+TEST_F(LifecycleE2E, InteractiveExecEndsWithItsCommandWhileInputStaysOpen) {
+  std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  SpawnOptions o;
+  o.argv = {BinDir() + "/trybox", "exec", "-i", id, "--", "sh", "-c", "exit 3"};
+  o.env = h_->Env();
+  int in[2];
+  ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
+  UniqueFd in_r(in[0]), in_w(in[1]);
+  o.stdin_fd = in_r.get();
+  auto exec = ChildProcess::Spawn(o);
+  ASSERT_TRUE(exec.ok());
+  auto done = exec->WaitFor(std::chrono::seconds(120));
+  ASSERT_TRUE(done.ok()) << "trybox exec -i did not end with its command: "
+                         << done.status().ToString();
+  EXPECT_EQ(done->code, 3);
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
 }
 
 TEST_F(LifecycleE2E, DoctorExplainsTheAccelerationChoice) {
