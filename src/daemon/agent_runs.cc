@@ -155,7 +155,7 @@ void Daemon::ExpireIdleRuns() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto tick = std::min<Clock::duration>(opts_.agent_idle, std::chrono::seconds(10));
-      tasks_cv_.wait_for(lock, tick, [&] { return stopping_; });
+      reaper_cv_.wait_for(lock, tick, [&] { return stopping_; });
       if (stopping_) return;
       auto now = Clock::now();
       for (auto it = runs_.begin(); it != runs_.end();) {

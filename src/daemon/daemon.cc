@@ -252,6 +252,7 @@ Daemon::~Daemon() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     tasks_cv_.notify_all();
+    reaper_cv_.notify_all();
   }
   if (background_.joinable()) background_.join();
   if (run_reaper_.joinable()) run_reaper_.join();
@@ -365,6 +366,7 @@ void Daemon::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     tasks_cv_.notify_all();
+    reaper_cv_.notify_all();
   }
   if (listener_) listener_->Shutdown();
 }

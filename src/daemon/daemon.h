@@ -200,7 +200,9 @@ class Daemon {
   };
   std::map<std::string, std::vector<Spare>> spares_;  // by template dir; GUARDED_BY(mu_)
   std::thread background_;
-  std::thread run_reaper_;  // ExpireIdleRuns, woken by tasks_cv_ at stop
+  std::thread run_reaper_;             // ExpireIdleRuns
+  std::condition_variable reaper_cv_;  // wakes the reaper at stop; its own, so that it never
+                                       // takes a notify_one meant for the background worker
   std::condition_variable tasks_cv_;
   std::deque<std::pair<std::string, std::function<void()>>> tasks_;  // GUARDED_BY(mu_)
   std::set<std::string> queued_;                                     // GUARDED_BY(mu_)
