@@ -91,15 +91,15 @@ Harness::~Harness() {
   (void)RemoveTree(home_);
 }
 
-CliResult Harness::Cli(const std::vector<std::string>& args, const std::string& stdin_data) const {
+CliResult RunProgram(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                     const std::string& stdin_data) {
   CliResult r;
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) return r;
   UniqueFd in_r(in[0]), in_w(in[1]), out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]);
   SpawnOptions o;
-  o.argv = {BinDir() + "/trybox"};
-  o.argv.insert(o.argv.end(), args.begin(), args.end());
-  o.env = Env();
+  o.argv = argv;
+  o.env = env;
   o.stdin_fd = in_r.get();
   o.stdout_fd = out_w.get();
   o.stderr_fd = err_w.get();
@@ -130,6 +130,12 @@ CliResult Harness::Cli(const std::vector<std::string>& args, const std::string& 
   auto info = child->Wait();
   if (info.ok()) r.code = info->exited ? info->code : 128 + info->signal;
   return r;
+}
+
+CliResult Harness::Cli(const std::vector<std::string>& args, const std::string& stdin_data) const {
+  std::vector<std::string> argv = {BinDir() + "/trybox"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunProgram(argv, Env(), stdin_data);
 }
 
 std::vector<pid_t> Harness::QemuPids() const {

@@ -55,6 +55,11 @@ class Harness {
   ChildProcess daemon_;
 };
 
+// Runs `argv` with exactly `env`, feeding it `stdin_data`; collects its output and exit
+// code (128 + N if signal N killed it; -1 if it could not be started, the reason in `err`).
+CliResult RunProgram(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                     const std::string& stdin_data = "");
+
 std::string BinDir();
 std::string Sha256OfFile(const std::string& path);
 

@@ -50,46 +50,18 @@ class McpE2E : public ::testing::Test {
       chosen[key] = kv;
     }
     for (const auto& kv : env) chosen[kv.substr(0, kv.find('='))] = kv;
-    SpawnOptions o;
-    o.argv = {FindInPath("node").value_or("node"),
-              std::string(TRYBOX_SOURCE_DIR) + "/tests/mcp/client.mjs", BinDir() + "/trybox"};
-    if (!args_json.empty()) o.argv.push_back(args_json);
-    o.env.emplace();
-    for (auto& [k, kv] : chosen) o.env->push_back(kv);
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) {
-      ADD_FAILURE() << "pipe2 failed";
+    std::vector<std::string> argv = {FindInPath("node").value_or("node"),
+                                     std::string(TRYBOX_SOURCE_DIR) + "/tests/mcp/client.mjs",
+                                     BinDir() + "/trybox"};
+    if (!args_json.empty()) argv.push_back(args_json);
+    std::vector<std::string> child_env;
+    for (auto& [k, kv] : chosen) child_env.push_back(kv);
+    CliResult r = RunProgram(argv, child_env);
+    if (r.code != 0) {
+      ADD_FAILURE() << "client.mjs failed (exit " << r.code << "); stderr:\n" << r.err;
       return nullptr;
     }
-    UniqueFd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]);
-    o.stdout_fd = out_w.get();
-    o.stderr_fd = err_w.get();
-    auto child = ChildProcess::Spawn(o);
-    if (!child.ok()) {
-      ADD_FAILURE() << child.status().ToString();
-      return nullptr;
-    }
-    out_w.Reset();
-    err_w.Reset();
-    std::string stdout_text, stderr_text;
-    auto drain = [](int fd, std::string* s) {
-      char buf[65536];
-      for (;;) {
-        auto n = ReadSome(fd, buf, sizeof buf);
-        if (!n.ok() || *n == 0) return;
-        s->append(buf, *n);
-      }
-    };
-    std::thread e([&] { drain(err_r.get(), &stderr_text); });
-    drain(out_r.get(), &stdout_text);
-    e.join();
-    auto info = child->Wait();
-    if (!info.ok() || !info->exited || info->code != 0) {
-      ADD_FAILURE() << "client.mjs failed (" << (info.ok() ? info->Describe() : "?")
-                    << "); stderr:\n"
-                    << stderr_text;
-      return nullptr;
-    }
+    const std::string& stdout_text = r.out;
     Json j = Json::parse(stdout_text, nullptr, false);
     if (j.is_discarded()) ADD_FAILURE() << "client.mjs printed no JSON: " << stdout_text;
     return j;
