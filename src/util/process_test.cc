@@ -50,12 +50,13 @@ TEST(FindProcessesTest, FindsByCommandLineAndOnlyThose) {
   opts.argv = {"/bin/sh", "-c", "sleep 30; true", marker};  // no exec of the last command
   auto child = ChildProcess::Spawn(opts);
   ASSERT_TRUE(child.ok());
-  // Spawn returns after fork; until the child's exec its command line is ours.
+  // Spawn returns after fork: until the child's exec its command line is ours, and while
+  // the shell forks for `sleep` that child briefly carries the marker too. Both settle.
   std::vector<pid_t> found;
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (found.empty() && std::chrono::steady_clock::now() < until) {
+  while (found.size() != 1 && std::chrono::steady_clock::now() < until) {
     found = FindProcesses(marker);
-    if (found.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (found.size() != 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0], child->pid());
