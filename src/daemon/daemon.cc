@@ -1049,8 +1049,11 @@ Json Daemon::RunGuestExec(VmEntry& e, const Json& greq, channel::Stream* client,
     RelayResult r = RelayFromGuest(**guest, client, capture);
     done = true;
     if (watch.joinable()) {
-      // A watcher blocked writing input to a guest stream that has ended is released.
-      if (!r.end.is_null() || !r.failure.ok()) (void)(*guest)->Reset("exec finished");
+      // A watcher blocked writing input to a guest stream that has ended is released. Only
+      // then: a reset kills what the command left running in the background.
+      if (want_stdin && (!r.end.is_null() || !r.failure.ok())) {
+        (void)(*guest)->Reset("exec finished");
+      }
       watch.join();
     }
     if (cancelled) r.client_gone = true;
