@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <sstream>
 
 #include "agent/text.h"
@@ -91,10 +90,32 @@ std::vector<std::string> Lines(const std::string& text) {
   return out;
 }
 
-// A trusted line with its JSON string literals blanked: what tryboxd itself wrote.
+// A trusted line with its JSON string literals blanked: what tryboxd itself wrote. (A hand
+// scan: GCC 12 warns inside <regex> under ASan, and the build treats warnings as errors.)
 std::string Skeleton(const std::string& line) {
-  static const std::regex literal(R"("(?:[^"\\]|\\.)*")");
-  return std::regex_replace(line, literal, "\"\"");
+  std::string out;
+  for (size_t i = 0; i < line.size(); ++i) {
+    if (line[i] != '"') {
+      out += line[i];
+      continue;
+    }
+    out += "\"\"";
+    for (++i; i < line.size() && line[i] != '"'; ++i) {
+      if (line[i] == '\\') ++i;
+    }
+  }
+  return out;
+}
+
+// `line` without the " [cut at N bytes]" marks that long inputs add.
+std::string WithoutCutMarks(std::string line) {
+  const std::string mark = " [cut at ";
+  for (size_t at; (at = line.find(mark)) != std::string::npos;) {
+    size_t end = line.find(" bytes]", at);
+    if (end == std::string::npos) break;
+    line.erase(at, end + 7 - at);
+  }
+  return line;
 }
 
 TEST(ReportText, NoOutputCanForgeATrustedLine) {
@@ -121,8 +142,8 @@ TEST(ReportText, NoOutputCanForgeATrustedLine) {
     // the "[cut at N bytes]" marks long inputs add.
     ASSERT_EQ(trusted.size(), benign.size()) << "hostile input: " << Json(SanitizeUtf8(hostile));
     for (size_t i = 0; i < trusted.size(); ++i) {
-      std::string t = std::regex_replace(trusted[i], std::regex(R"( \[cut at \d+ bytes\])"), "");
-      EXPECT_EQ(t, benign[i]) << "hostile input: " << Json(SanitizeUtf8(hostile));
+      EXPECT_EQ(WithoutCutMarks(trusted[i]), benign[i])
+          << "hostile input: " << Json(SanitizeUtf8(hostile));
     }
     int verdicts = 0, outcomes = 0;
     for (const auto& l : Lines(text)) {
