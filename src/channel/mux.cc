@@ -9,6 +9,35 @@
 
 namespace trybox::channel {
 
+Result<std::string> EncodeJsonPayload(const Json& body) {
+  std::string text;
+  try {
+    text = body.dump();
+  } catch (const std::exception& e) {
+    // nlohmann refuses strings that are not UTF-8; such a body cannot be sent as JSON.
+    return InvalidArgument(std::string("the message cannot be encoded as JSON (") + e.what() + ")");
+  }
+  if (text.size() > kMaxPayload) {
+    return ResourceExhausted("the message is " + std::to_string(text.size()) +
+                             " bytes of JSON, over the frame limit of " +
+                             std::to_string(kMaxPayload));
+  }
+  return text;
+}
+
+namespace {
+
+// A RESET's reason as the protocol defines it: {"reason": string}. Anything else from the
+// peer is replaced, so that no reader ever meets a reason of another type.
+Json ResetBody(const Json& body) {
+  if (body.is_object() && body.contains("reason") && body["reason"].is_string()) {
+    return {{"reason", body["reason"]}};
+  }
+  return {{"reason", "the peer reset the stream (with a malformed reason)"}};
+}
+
+}  // namespace
+
 class MuxCore : public std::enable_shared_from_this<MuxCore> {
  public:
   MuxCore(UniqueFd fd, Role role) : fd_(std::move(fd)), role_(role) {}
@@ -69,7 +98,12 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
       s.reset(new Stream(shared_from_this(), id));
       streams_[id] = s;
     }
-    Status st = SendFrame(s->id(), FrameType::kOpen, 0, request.dump());
+    auto payload = EncodeJsonPayload(request);
+    if (!payload.ok()) {
+      Forget(s->id());
+      return payload.status().Annotate("open a stream");
+    }
+    Status st = SendFrame(s->id(), FrameType::kOpen, 0, *payload);
     if (!st.ok()) {
       Forget(s->id());
       return st;
@@ -107,6 +141,10 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
           break;
         }
         Dispatch(std::move(f).value());
+        if (!control_error_.empty()) {
+          bad = InvalidArgument(control_error_);
+          break;
+        }
       }
       if (!bad.ok()) {
         reason = bad.message();
@@ -141,14 +179,27 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
         s->cv_.notify_all();
       }
     }
-    if (on_death) on_death(death_reason_);
+    if (on_death) {
+      try {
+        on_death(death_reason_);
+      } catch (...) {
+      }
+    }
   }
 
   void Dispatch(Frame f) {
     if (f.stream == 0) {
       if (f.type == FrameType::kEvent && on_control_) {
         Json body = Json::parse(f.payload, nullptr, /*allow_exceptions=*/false);
-        if (!body.is_discarded()) on_control_(body);
+        if (body.is_discarded() || !body.is_object()) {
+          control_error_ = "malformed control event from the peer (not a JSON object)";
+          return;
+        }
+        try {
+          on_control_(body);
+        } catch (const std::exception& e) {
+          control_error_ = std::string("control event from the peer not understood: ") + e.what();
+        }
       }
       return;
     }
@@ -207,7 +258,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
         m.kind = f.type == FrameType::kEvent ? Stream::Message::Kind::kEvent
                  : f.type == FrameType::kEnd ? Stream::Message::Kind::kEnd
                                              : Stream::Message::Kind::kReset;
-        m.body = std::move(body);
+        m.body = f.type == FrameType::kReset ? ResetBody(body) : std::move(body);
         finish = f.type != FrameType::kEvent;
         break;
       }
@@ -255,7 +306,14 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
       return;
     }
     std::thread([handler = on_open_, s, req = std::move(req)]() mutable {
-      handler(s, std::move(req));
+      // A handler that throws costs its own stream, never the process or the connection.
+      try {
+        handler(s, std::move(req));
+      } catch (const std::exception& e) {
+        (void)s->Reset(std::string("the request handler failed: ") + e.what());
+      } catch (...) {
+        (void)s->Reset("the request handler failed");
+      }
     }).detach();
   }
 
@@ -263,7 +321,8 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
 
   UniqueFd fd_;
   const Role role_;
-  FrameDecoder decoder_;  // reader thread only
+  FrameDecoder decoder_;       // reader thread only
+  std::string control_error_;  // reader thread only: a bad stream-0 event ends the connection
   std::mutex write_mu_;
   bool write_failed_ GUARDED_BY(write_mu_) = false;
   mutable std::mutex state_mu_;
@@ -323,10 +382,17 @@ Status Stream::CloseWrite(uint8_t channel) {
 }
 
 Status Stream::SendEvent(const Json& body) {
-  return core_->SendFrame(id_, FrameType::kEvent, 0, body.dump());
+  ASSIGN_OR_RETURN(std::string payload, EncodeJsonPayload(body));
+  return core_->SendFrame(id_, FrameType::kEvent, 0, payload);
 }
 
 Status Stream::End(const Json& body) {
+  auto payload = EncodeJsonPayload(body);
+  if (!payload.ok()) {
+    // The peer still learns why its request has no answer; nothing waits forever.
+    (void)Reset("the result could not be sent: " + payload.status().message());
+    return payload.status();
+  }
   bool forget;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -335,7 +401,7 @@ Status Stream::End(const Json& body) {
     forget = remote_done_;
     cv_.notify_all();
   }
-  Status st = core_->SendFrame(id_, FrameType::kEnd, 0, body.dump());
+  Status st = core_->SendFrame(id_, FrameType::kEnd, 0, *payload);
   if (forget) core_->Forget(id_);
   return st;
 }
@@ -349,9 +415,18 @@ Status Stream::Reset(const std::string& reason) {
     reset_here_ = true;
     cv_.notify_all();
   }
-  Status st = core_->SendFrame(id_, FrameType::kReset, 0, Json{{"reason", reason}}.dump());
+  auto payload = EncodeJsonPayload(Json{{"reason", reason}});
+  Status st = core_->SendFrame(
+      id_, FrameType::kReset, 0,
+      payload.ok() ? *payload : std::string(R"x({"reason":"(a reason that is not UTF-8)"})x"));
   core_->Forget(id_);
   return st;
+}
+
+void Stream::Interrupt() {
+  std::lock_guard<std::mutex> lock(mu_);
+  interrupted_ = true;
+  cv_.notify_all();
 }
 
 bool Stream::finished() const {
@@ -365,7 +440,8 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto ready = [&] {
-      return !inbox_.empty() || !conn_error_.empty() || end_delivered_ || reset_here_;
+      return !inbox_.empty() || !conn_error_.empty() || end_delivered_ || reset_here_ ||
+             interrupted_;
     };
     if (deadline) {
       if (!cv_.wait_until(lock, *deadline, ready)) return DeadlineExceeded("no message in time");
@@ -375,6 +451,7 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
     if (inbox_.empty()) {
       if (end_delivered_) return FailedPrecondition("stream already ended");
       if (reset_here_) return FailedPrecondition("stream was reset by this side");
+      if (interrupted_) return Cancelled("interrupted by this side");
       return Unavailable("channel lost: " + conn_error_);
     }
     m = std::move(inbox_.front());
@@ -418,7 +495,8 @@ void Mux::Start() {
 Result<std::shared_ptr<Stream>> Mux::Open(const Json& request) { return core_->Open(request); }
 
 Status Mux::SendControl(const Json& event) {
-  return core_->SendFrame(0, FrameType::kEvent, 0, event.dump());
+  ASSIGN_OR_RETURN(std::string payload, EncodeJsonPayload(event));
+  return core_->SendFrame(0, FrameType::kEvent, 0, payload);
 }
 
 bool Mux::alive() const { return core_->Alive(); }

@@ -60,6 +60,10 @@ class Stream {
 
   uint32_t id() const { return id_; }
 
+  // JSON senders (Open, SendEvent, End, Mux::SendControl) refuse a body that cannot be encoded
+  // (a string that is not UTF-8) or that encodes to more than kMaxPayload bytes; End then
+  // resets the stream with the reason, so that the peer is never left waiting.
+
   // Sends bytes on `channel`, blocking while the peer's window is full.
   Status Write(uint8_t channel, std::string_view data);
   Status CloseWrite(uint8_t channel);
@@ -71,8 +75,14 @@ class Stream {
 
   // Next message from the peer. kUnavailable once the connection is gone; kFailedPrecondition
   // after the stream has ended, or once this side reset it (which wakes a Next() blocked on
-  // another thread); kDeadlineExceeded if `deadline` passes first.
+  // another thread); kCancelled once Interrupt() was called and nothing is queued;
+  // kDeadlineExceeded if `deadline` passes first.
   Result<Message> Next(Deadline deadline = std::nullopt);
+
+  // Wakes a Next() blocked on another thread, and every later one, with kCancelled (after
+  // what is already queued). The stream itself is untouched: it can still be written, ended
+  // or reset. For a reader that must stop when other work finishes, without a polling tick.
+  void Interrupt();
 
   // True once an END or RESET was received or sent.
   bool finished() const;
@@ -94,17 +104,23 @@ class Stream {
   bool local_done_ GUARDED_BY(mu_) = false;   // END/RESET sent
   bool end_delivered_ GUARDED_BY(mu_) = false;
   bool reset_here_ GUARDED_BY(mu_) = false;  // this side sent RESET
-  std::string conn_error_ GUARDED_BY(mu_);   // non-empty once the connection died
+  bool interrupted_ GUARDED_BY(mu_) = false;
+  std::string conn_error_ GUARDED_BY(mu_);  // non-empty once the connection died
 };
+
+// `body` as a frame payload, or why it cannot be one (not UTF-8, over kMaxPayload).
+Result<std::string> EncodeJsonPayload(const Json& body);
 
 enum class Role { kHost, kGuest };  // host opens odd stream ids, guest even ones
 
 class Mux {
  public:
   // Called on a fresh thread for each OPEN from the peer. The handler owns the stream and
-  // must End or Reset it.
+  // must End or Reset it. If it throws, the stream is reset with the exception's text.
   using OpenHandler = std::function<void(std::shared_ptr<Stream>, Json request)>;
-  // Called on the reader thread for each EVENT on stream 0 (connection-level messages).
+  // Called on the reader thread for each EVENT on stream 0 (connection-level messages). A
+  // stream-0 event that is not a JSON object, or one the handler throws on, ends the
+  // connection with a reason naming it (stream 0 has no stream of its own to reset).
   using ControlHandler = std::function<void(const Json& event)>;
   // Called once, on the reader thread, when the connection dies.
   using DeathHandler = std::function<void(const std::string& reason)>;

@@ -374,17 +374,20 @@ Status Store::FinishEgress(const EgressRecord& e) {
   return Status::Ok();
 }
 
-Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, int64_t limit) {
+Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, int64_t limit,
+                                                    int64_t before_id) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string sql =
       "SELECT id, vm_id, started_at, ended_at, method, host, port, address, verdict, reason, "
-      "override, status, bytes_up, bytes_down, duration_ms FROM egress";
-  if (!vm_id.empty()) sql += " WHERE vm_id = ?";
+      "override, status, bytes_up, bytes_down, duration_ms FROM egress WHERE 1";
+  if (!vm_id.empty()) sql += " AND vm_id = ?";
+  if (before_id > 0) sql += " AND id < ?";
   sql = "SELECT * FROM (" + sql + " ORDER BY id DESC LIMIT ?) ORDER BY id";
   Stmt s(db_, sql.c_str());
   RETURN_IF_ERROR(s.prepared());
   int i = 1;
   if (!vm_id.empty()) s.Bind(i++, vm_id);
+  if (before_id > 0) s.Bind(i++, before_id);
   s.Bind(i, limit);
   std::vector<EgressRecord> out;
   for (;;) {

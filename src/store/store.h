@@ -136,8 +136,10 @@ class Store {
   Result<int64_t> InsertEgress(const EgressRecord& e);
   // Records the end of a connection: byte counts, duration, and the final verdict/reason.
   Status FinishEgress(const EgressRecord& e);
-  // Oldest first; all VMs if `vm_id` is empty; at most `limit` rows (the newest ones).
-  Result<std::vector<EgressRecord>> ListEgress(const std::string& vm_id, int64_t limit = 1000);
+  // Oldest first; all VMs if `vm_id` is empty; at most `limit` rows (the newest ones), of
+  // those with an id below `before_id` when it is positive (paging backwards).
+  Result<std::vector<EgressRecord>> ListEgress(const std::string& vm_id, int64_t limit = 1000,
+                                               int64_t before_id = 0);
   Status InsertWorkspace(const WorkspaceRecord& w);
   Status SetWorkspaceSetup(const std::string& vm_id, std::optional<int> exec_id,
                            const std::string& output);

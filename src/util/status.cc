@@ -26,6 +26,8 @@ const char* CodeName(Code code) {
       return "PERMISSION_DENIED";
     case Code::kInternal:
       return "INTERNAL";
+    case Code::kCancelled:
+      return "CANCELLED";
   }
   return "UNKNOWN";
 }

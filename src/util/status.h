@@ -22,7 +22,8 @@ enum class Code {
   kDeadlineExceeded,
   kResourceExhausted,  // disk full, too many VMs, over a quota
   kPermissionDenied,
-  kInternal,  // a broken invariant or an unexpected OS error
+  kInternal,   // a broken invariant or an unexpected OS error
+  kCancelled,  // the caller (or another thread on its behalf) stopped the operation
 };
 
 const char* CodeName(Code code);
@@ -64,6 +65,7 @@ inline Status DeadlineExceeded(std::string m) {
 inline Status ResourceExhausted(std::string m) {
   return Status(Code::kResourceExhausted, std::move(m));
 }
+inline Status Cancelled(std::string m) { return Status(Code::kCancelled, std::move(m)); }
 inline Status PermissionDenied(std::string m) {
   return Status(Code::kPermissionDenied, std::move(m));
 }

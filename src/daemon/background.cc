@@ -1,0 +1,55 @@
+#include "daemon/background.h"
+
+namespace trybox::daemon {
+
+BackgroundQueue::BackgroundQueue() {
+  worker_ = std::thread([this] { Run(); });
+}
+
+BackgroundQueue::~BackgroundQueue() {
+  Stop();
+  if (worker_.joinable()) worker_.join();
+}
+
+void BackgroundQueue::Enqueue(const std::string& key, std::function<void()> fn) {
+  MutexLock lock(mu_);
+  if (stopping_ || !queued_.insert(key).second) return;
+  tasks_.emplace_back(key, std::move(fn));
+  cv_.SignalAll();
+}
+
+bool BackgroundQueue::SleepUntil(std::chrono::steady_clock::time_point t) {
+  MutexLock lock(mu_);
+  while (!stopping_ && cv_.WaitUntil(mu_, t)) {
+  }
+  return !stopping_;
+}
+
+bool BackgroundQueue::stopping() const {
+  MutexLock lock(mu_);
+  return stopping_;
+}
+
+void BackgroundQueue::Stop() {
+  MutexLock lock(mu_);
+  stopping_ = true;
+  cv_.SignalAll();
+}
+
+void BackgroundQueue::Run() {
+  for (;;) {
+    std::pair<std::string, std::function<void()>> task;
+    {
+      MutexLock lock(mu_);
+      while (!stopping_ && tasks_.empty()) cv_.Wait(mu_);
+      if (stopping_) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task.second();
+    MutexLock lock(mu_);
+    queued_.erase(task.first);
+  }
+}
+
+}  // namespace trybox::daemon

@@ -1,0 +1,42 @@
+// BackgroundQueue: one worker thread that runs tasks in order, each key queued at most once
+// (a rebuild or refill asked for twice while pending runs once). Tasks may wait, but only
+// through SleepUntil, which Stop() cuts short. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "util/mutex.h"
+
+namespace trybox::daemon {
+
+class BackgroundQueue {
+ public:
+  BackgroundQueue();
+  // Stop()s and joins the worker; tasks not started are dropped.
+  ~BackgroundQueue();
+
+  // Queues `fn` unless a task with `key` is already queued (or the queue is stopping).
+  void Enqueue(const std::string& key, std::function<void()> fn) EXCLUDES(mu_);
+  // For a running task: waits until `t`; false if the queue stopped meanwhile.
+  bool SleepUntil(std::chrono::steady_clock::time_point t) EXCLUDES(mu_);
+  bool stopping() const EXCLUDES(mu_);
+  void Stop() EXCLUDES(mu_);
+
+ private:
+  void Run() EXCLUDES(mu_);
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::deque<std::pair<std::string, std::function<void()>>> tasks_ GUARDED_BY(mu_);
+  std::set<std::string> queued_ GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+}  // namespace trybox::daemon

@@ -1,0 +1,194 @@
+#include "daemon/egress_gateway.h"
+
+#include <thread>
+
+#include "agent/text.h"
+#include "util/log.h"
+#include "util/names.h"
+
+namespace trybox::daemon {
+namespace {
+
+// The audit record of egress decisions is the store's egress table.
+class StoreAudit : public egress::AuditSink {
+ public:
+  explicit StoreAudit(store::Store& store) : store_(store) {}
+
+  int64_t Decided(const egress::Decision& d) override {
+    LogInfo("egress", "vm " + d.vm_id + " " + d.method + " " + d.host + ":" +
+                          std::to_string(d.port) + " -> " + d.verdict + ": " + d.reason);
+    auto id = store_.InsertEgress(Record(d));
+    if (!id.ok()) LogError("egress", "audit insert failed: " + id.status().message());
+    return id.ok() ? *id : -1;
+  }
+
+  void Closed(int64_t id, const egress::Decision& d) override {
+    if (id < 0) return;
+    store::EgressRecord r = Record(d);
+    r.id = id;
+    r.ended_at = store::NowSeconds();
+    Status st = store_.FinishEgress(r);
+    if (!st.ok()) LogError("egress", "audit update failed: " + st.message());
+  }
+
+ private:
+  static store::EgressRecord Record(const egress::Decision& d) {
+    store::EgressRecord r;
+    r.vm_id = d.vm_id;
+    r.started_at = d.started_at;
+    r.method = d.method;
+    r.host = d.host;
+    r.port = d.port;
+    r.address = d.address;
+    r.verdict = d.verdict;
+    r.reason = d.reason;
+    r.override_used = d.override_used;
+    r.status = d.status;
+    r.bytes_up = d.bytes_up;
+    r.bytes_down = d.bytes_down;
+    r.duration_ms = d.duration_ms;
+    return r;
+  }
+
+  store::Store& store_;
+};
+
+}  // namespace
+
+Json EgressJson(const store::EgressRecord& e) {
+  // Method, host and reason may quote what a guest sent: whatever its bytes, the row is JSON.
+  return {{"id", e.id},
+          {"vm", e.vm_id},
+          {"started_at", e.started_at},
+          {"ended_at", e.ended_at},
+          {"method", agent::SanitizeUtf8(e.method)},
+          {"host", agent::SanitizeUtf8(e.host)},
+          {"port", e.port},
+          {"address", e.address},
+          {"verdict", e.verdict},
+          {"reason", agent::SanitizeUtf8(e.reason)},
+          {"override", e.override_used},
+          {"status", e.status},
+          {"bytes_up", e.bytes_up},
+          {"bytes_down", e.bytes_down},
+          {"duration_ms", e.duration_ms}};
+}
+
+Result<std::unique_ptr<EgressGateway>> EgressGateway::Make(const std::string& config_path,
+                                                           store::Store& store) {
+  ASSIGN_OR_RETURN(egress::Config config, egress::LoadConfig(config_path));
+  std::unique_ptr<EgressGateway> g(new EgressGateway(std::move(config), store));
+  if (g->config_.resolve.is_null()) {
+    g->resolver_ = std::make_unique<egress::SystemResolver>();
+  } else {
+    ASSIGN_OR_RETURN(g->resolver_, egress::MapResolver::FromJson(g->config_.resolve));
+    LogInfo("daemon", "egress resolves names through the configured map, never DNS");
+  }
+  for (const auto& o : g->config_.internal_allow) {
+    LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
+  }
+  g->audit_ = std::make_unique<StoreAudit>(store);
+  return g;
+}
+
+EgressGateway::~EgressGateway() {
+  // Handlers use the store and the resolver; their streams died with the VMs, so they end
+  // promptly (an upstream dial is bounded by connect_timeout).
+  auto give_up =
+      std::chrono::steady_clock::now() + config_.connect_timeout + std::chrono::seconds(5);
+  while (in_flight_ > 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string>& allow,
+                                                   const std::vector<std::string>& profiles) const {
+  std::vector<std::string> entries = allow;
+  for (const auto& name : profiles) {
+    auto p = config_.profiles.find(name);
+    if (p == config_.profiles.end()) {
+      return NotFound("no egress profile " + QuoteForMessage(name) +
+                      " in the config file (egress.json)");
+    }
+    entries.insert(entries.end(), p->second.begin(), p->second.end());
+  }
+  return egress::AllowList::Parse(entries);
+}
+
+std::shared_ptr<EgressVm> EgressGateway::NewVm(egress::AllowList allow) const {
+  auto vm = std::make_shared<EgressVm>(config_.max_tunnels_per_vm);
+  vm->policy.allow = std::move(allow);
+  vm->policy.overrides = config_.internal_allow;
+  vm->policy.head_timeout = config_.head_timeout;
+  vm->policy.connect_timeout = config_.connect_timeout;
+  return vm;
+}
+
+channel::Mux::OpenHandler EgressGateway::GuestHandler(const std::string& vm_id,
+                                                      std::shared_ptr<EgressVm> vm) {
+  return [this, vm_id, vm](std::shared_ptr<channel::Stream> s, Json req) {
+    Serve(vm_id, *vm, *s, req);
+  };
+}
+
+void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
+                          const Json& req) {
+  ++in_flight_;
+  ++eg.streams;
+  struct Done {
+    std::atomic<int>& a;
+    std::atomic<int>& b;
+    ~Done() {
+      --b;
+      --a;
+    }
+  } done{in_flight_, eg.streams};
+  // Undecided connections hold a thread each; beyond four times the tunnel cap they are
+  // refused before their request head is even read.
+  if (eg.streams > 4 * eg.slots.max()) {
+    egress::Decision d;
+    d.vm_id = vm_id;
+    d.started_at = store::NowSeconds();
+    d.verdict = "refused";
+    d.status = 503;
+    d.reason = "too many open egress connections for this VM (" +
+               std::to_string(4 * eg.slots.max()) + ", undecided ones included)";
+    audit_->Closed(audit_->Decided(d), d);
+    egress::StreamClient client(s);
+    (void)client.Write(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: "
+        "close\r\nX-Trybox-Reason: " +
+        d.reason + "\r\n\r\n");
+    (void)client.CloseWrite();
+    (void)s.End({{"ok", true}, {"verdict", d.verdict}, {"status", d.status}});
+    return;
+  }
+  // The guest is untrusted: it may open egress streams and nothing else.
+  if (!req.is_object() || !req.contains("op") || !req["op"].is_string() || req["op"] != "egress") {
+    (void)s.End(
+        {{"ok", false}, {"error", "bad_request"}, {"message", "the host serves only egress"}});
+    return;
+  }
+  egress::StreamClient client(s);
+  egress::Decision d = egress::ServeConnection(
+      client, {&eg.policy, resolver_.get(), &eg.slots, audit_.get(), vm_id});
+  (void)s.End({{"ok", true},
+               {"verdict", d.verdict},
+               {"status", d.status},
+               {"bytes_up", d.bytes_up},
+               {"bytes_down", d.bytes_down}});
+}
+
+Result<AuditPage> EgressGateway::Audit(const std::string& vm_id, int64_t limit,
+                                       std::optional<int64_t> before_id) const {
+  AuditPage page;
+  int64_t n = std::min(limit, kMaxPageRows);
+  ASSIGN_OR_RETURN(page.rows, store_.ListEgress(vm_id, n, before_id.value_or(0)));
+  // A full page may have older rows behind it, which the caller fetches by id.
+  if (static_cast<int64_t>(page.rows.size()) == n && limit > n && !page.rows.empty()) {
+    page.next_before_id = page.rows.front().id;
+  }
+  return page;
+}
+
+}  // namespace trybox::daemon

@@ -1,0 +1,76 @@
+// EgressGateway: the daemon's side of guest egress (docs/protocol/egress.md). It owns the
+// operator's egress config, the resolver, the audit sink (the store's egress table), and
+// each VM's policy and tunnel count; it serves the streams guests open, deciding each
+// connection with egress::ServeConnection, and answers the `audit` verb.
+//
+// Thread-safe: guest streams are served on their own threads, concurrently; per-VM state is
+// an EgressVm shared with that VM's open handler.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "channel/mux.h"
+#include "egress/config.h"
+#include "egress/proxy.h"
+#include "store/store.h"
+
+namespace trybox::daemon {
+
+using Json = nlohmann::json;
+
+// One VM's egress policy and counts; shared with its guest-open handler.
+struct EgressVm {
+  egress::Policy policy;
+  egress::TunnelSlots slots;
+  // Streams the guest has open, decided or not: bounds the threads a guest can hold.
+  std::atomic<int> streams{0};
+  explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
+};
+
+struct AuditPage {
+  std::vector<store::EgressRecord> rows;  // oldest first
+  std::optional<int64_t> next_before_id;  // set when older rows remain past this page
+};
+
+class EgressGateway {
+ public:
+  // Reads `config_path` (egress.json; defaults when missing).
+  static Result<std::unique_ptr<EgressGateway>> Make(const std::string& config_path,
+                                                     store::Store& store);
+  // Waits (bounded by the connect timeout) for guest handlers still running.
+  ~EgressGateway();
+
+  const egress::Config& config() const { return config_; }
+  // The allow-list of `allow` entries plus the named profiles'; errors name the entry.
+  Result<egress::AllowList> AllowList(const std::vector<std::string>& allow,
+                                      const std::vector<std::string>& profiles) const;
+  std::shared_ptr<EgressVm> NewVm(egress::AllowList allow) const;
+  // The handler for streams VM `vm_id`'s guest opens: egress tunnels, or refusals.
+  channel::Mux::OpenHandler GuestHandler(const std::string& vm_id, std::shared_ptr<EgressVm> vm);
+
+  // At most `max_rows` per page (a reply stays under the frame limit).
+  static constexpr int64_t kMaxPageRows = 1000;
+  Result<AuditPage> Audit(const std::string& vm_id, int64_t limit,
+                          std::optional<int64_t> before_id) const;
+
+ private:
+  EgressGateway(egress::Config config, store::Store& store)
+      : config_(std::move(config)), store_(store) {}
+  void Serve(const std::string& vm_id, EgressVm& eg, channel::Stream& s, const Json& req);
+
+  const egress::Config config_;
+  store::Store& store_;
+  std::unique_ptr<egress::Resolver> resolver_;
+  std::unique_ptr<egress::AuditSink> audit_;
+  std::atomic<int> in_flight_{0};
+};
+
+// An audit row as the `audit` verb sends it.
+Json EgressJson(const store::EgressRecord& e);
+
+}  // namespace trybox::daemon

@@ -1,0 +1,163 @@
+// GuestOps: every conversation the daemon has with a guest agent, written once
+// (docs/protocol/guest.md): an exec relayed to a client or captured, a file or a tree sent,
+// a file or a tree received, a put or get relayed for a client.
+//
+// Nothing a guest sends is trusted. Every END and EVENT body is read through a typed parser;
+// a malformed one resets its stream (which stops the guest's work on it) and becomes an
+// error of its own name ("bad_guest_reply"), never a result borrowed from success, and never
+// an exception. A lost channel, a guest reset, a cancelled client and a timeout stay four
+// different outcomes.
+//
+// GuestChannel is the seam: the daemon passes a running VM (vm_service.h), unit tests a Mux
+// over a socketpair served by trybox-init's own request handlers. Functions here keep no
+// state and may run on many threads at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "channel/mux.h"
+#include "daemon/wire.h"
+#include "util/status.h"
+
+namespace trybox::daemon {
+
+class GuestChannel {
+ public:
+  virtual ~GuestChannel() = default;
+  // A request stream to the guest agent; kUnavailable once the guest is gone.
+  virtual Result<std::shared_ptr<channel::Stream>> Open(const Json& request) = 0;
+  virtual bool alive() const = 0;
+  // Why the guest is gone ("" while alive): QEMU's exit or the channel's loss.
+  virtual std::string death_reason() const = 0;
+};
+
+// `fallback`, or kUnavailable("the guest is gone: WHY") when the guest has died: the reason
+// a transfer failed is then the guest's death, not the broken stream it caused.
+Status GuestGone(const GuestChannel& guest, const Status& fallback);
+
+// ---- exec ----
+
+enum class ExecOutcome { kExited, kSignaled, kTimedOut, kError, kChannelLost, kCancelled };
+const char* ExecOutcomeName(ExecOutcome o);  // "exited", ... as on the wire
+
+struct ExecResult {
+  ExecOutcome outcome = ExecOutcome::kError;
+  std::optional<int> exit_code;        // kExited
+  std::optional<int> signal;           // kSignaled
+  std::optional<int64_t> timeout_ms;   // kTimedOut
+  std::optional<int64_t> duration_ms;  // as the guest measured it
+  std::string error;                   // kError: not_found, not_executable, bad_cwd, ...
+  std::string message;
+  int64_t stdout_bytes = 0;
+  int64_t stderr_bytes = 0;
+
+  bool Succeeded() const { return outcome == ExecOutcome::kExited && exit_code == 0; }
+  // The `result` object of docs/protocol/daemon.md.
+  Json ToJson() const;
+};
+
+// The guest's exec END, type-checked. A body with a missing or ill-typed field gives an
+// kError result with error "bad_guest_reply" naming the field.
+ExecResult ExecResultFromGuest(const Json& end);
+
+struct ExecSpec {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  std::string cwd = "/root";
+  int64_t timeout_ms = 0;  // 0: none
+  bool stdin = false;      // the client's channel 0 becomes the command's stdin
+  std::string user;        // "" = root
+  bool privileged = false;
+};
+
+// The one place the guest's exec request is built.
+Json GuestExecRequest(const ExecSpec& spec);
+
+// Where an exec's output goes, and where its input and its cancellation come from.
+struct ExecIo {
+  // Output is forwarded here as produced; the stream is watched for the whole exec (a
+  // reset or a lost connection cancels the command: its tree is killed); with spec.stdin
+  // its channel 0 is the input. Interrupt()ed when the exec ends.
+  channel::Stream* client = nullptr;
+  // Output (stdout and stderr, interleaved) kept here, capped to its last kCaptureBytes.
+  std::string* capture = nullptr;
+  // Called with the guest stream once the exec is open: resetting it cancels the command
+  // from another thread (a run being stopped).
+  std::function<void(std::shared_ptr<channel::Stream>)> on_open;
+};
+
+inline constexpr size_t kCaptureBytes = 256 * 1024;
+
+// Runs one exec to its end. Never blocks on a timer: it returns as soon as the guest's END,
+// the guest's loss, or the client's cancellation is seen.
+ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io);
+
+// ---- files ----
+
+// A guest file END ({"ok":true,"bytes":N} or {"ok":false,"error":KIND,"message":TEXT}) as
+// a Status; *kind receives the guest's error name. A malformed END is kInternal naming it.
+Status FileEndStatus(const Json& end, std::string* kind = nullptr, int64_t* bytes = nullptr);
+
+// Waits for the stream's END, dropping data. kUnavailable if the guest reset the stream.
+Result<Json> AwaitEnd(channel::Stream& s);
+
+// Writes `data` to `path` as one file.
+Status WriteFile(GuestChannel& guest, const std::string& path, std::string_view data, int mode,
+                 bool mkdirs);
+
+struct FileRead {
+  std::string data;        // at most max_bytes
+  bool truncated = false;  // the file is longer
+  int64_t size = -1;       // as the guest reported it
+};
+// Reads up to `max_bytes` of a regular file. A directory or other non-file is
+// kFailedPrecondition naming what it is.
+Result<FileRead> ReadFile(GuestChannel& guest, const std::string& path, int64_t max_bytes);
+
+// Streams a tar to `path` (a directory, created): `write_tar` produces it chunk by chunk.
+Status PutTar(
+    GuestChannel& guest, const std::string& path,
+    const std::function<Status(const std::function<Status(std::string_view)>&)>& write_tar);
+
+// Pulls `path` (a directory) as a tar. `excludes` are GNU tar patterns applied in the guest.
+// The chunks come through `next()` of the returned reader; after it returns "" (the end),
+// Finish() gives the guest's END: its warnings, or why the transfer failed.
+class TarReader {
+ public:
+  static Result<std::unique_ptr<TarReader>> Open(GuestChannel& guest, const std::string& path,
+                                                 const std::vector<std::string>& excludes);
+  // The next chunk of the tar; "" at its end.
+  Result<std::string> Next();
+  // After Next() returned "": the guest's END warnings (tar's own complaints), or the error.
+  Result<std::string> Finish();
+  // Stops the transfer (the guest stops producing it).
+  void Abort(const std::string& why);
+
+ private:
+  TarReader(GuestChannel& guest, std::shared_ptr<channel::Stream> s)
+      : guest_(guest), s_(std::move(s)) {}
+  GuestChannel& guest_;
+  std::shared_ptr<channel::Stream> s_;
+  bool eof_ = false;
+  std::optional<Json> end_;
+};
+
+// ---- the put and get verbs ----
+
+// Relays a client's upload (channel 0, then EOF) to `greq` (a guest put) and ends the client
+// stream with the result in the daemon's error shape.
+void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client);
+// Relays a guest get (meta EVENT, channel 1, EOF, END) to the client, then ends it.
+void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client);
+// Reads and drops a client's upload until it ends, so that a refused put never leaves the
+// client blocked on credit.
+void DrainInput(channel::Stream& client);
+
+}  // namespace trybox::daemon

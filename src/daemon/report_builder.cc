@@ -1,0 +1,90 @@
+#include "daemon/report_builder.h"
+
+#include "agent/report.h"
+#include "agent/text.h"
+#include "daemon/workspace_service.h"
+
+namespace trybox::daemon {
+namespace {
+
+constexpr size_t kMaxReportChanges = 1000;
+
+Json CommandJson(const store::ExecRecord& e, const std::string& tool) {
+  Json c = {{"exec_id", e.id},
+            {"tool", tool},
+            {"argv", e.argv},
+            {"cwd", e.cwd},
+            {"outcome", e.outcome},
+            {"duration_ms", static_cast<int64_t>((e.ended_at - e.started_at) * 1000)},
+            {"stdout_bytes", e.stdout_bytes},
+            {"stderr_bytes", e.stderr_bytes}};
+  if (e.exit_code) c["exit_code"] = *e.exit_code;
+  if (e.signal) c["signal"] = *e.signal;
+  if (!e.error.empty()) c["error"] = agent::SanitizeUtf8(e.error);
+  if (e.outcome == "running") c["duration_ms"] = nullptr;
+  return c;
+}
+
+}  // namespace
+
+Json ReportBuilder::Build(const store::AgentRunRecord& rec, const RunState& s) const {
+  const Json sj = s.ToJson();
+  auto copy = [&](Json& r, const char* key) {
+    if (sj.contains(key)) r[key] = sj[key];
+  };
+  Json r = {{"schema", agent::kReportSchema}, {"run", rec.id},
+            {"outcome", rec.outcome},         {"task", s.task},
+            {"image", sj["image"]},           {"model", s.model},
+            {"usage", sj["usage"]},           {"limits", sj.value("limits", Json())},
+            {"created_at", rec.created_at},   {"updated_at", rec.updated_at}};
+  if (rec.outcome == "DONE") r["verdict"] = s.verdict.empty() ? "UNVERIFIED" : s.verdict;
+  copy(r, "reason");
+  copy(r, "error");
+  // The VM's state as the daemon knows it now.
+  std::string vm_state = "unknown";
+  if (auto v = store_.GetVm(rec.vm_id); v.ok() && v->has_value()) vm_state = (*v)->state;
+  r["vm"] = {{"id", rec.vm_id}, {"state", vm_state}};
+
+  Json commands = Json::array();
+  if (auto execs = store_.ListExecs(rec.vm_id); execs.ok()) {
+    for (const auto& e : *execs) {
+      auto tool = s.exec_tools.find(e.id);
+      commands.push_back(CommandJson(e, tool == s.exec_tools.end() ? "exec" : tool->second));
+    }
+  }
+  r["commands"] = commands;
+
+  r["files"] = nullptr;
+  r["commit"] = nullptr;
+  if (s.collect_id) {
+    if (auto c = store_.LatestCollect(rec.vm_id); c.ok() && c->has_value()) {
+      const store::CollectRecord& cr = **c;
+      // The report stays far under the frame limit: the change list is cut, and says so.
+      Json changes = cr.changes;
+      const size_t total = changes.is_array() ? changes.size() : 0;
+      if (total > kMaxReportChanges)
+        changes.erase(changes.begin() + kMaxReportChanges, changes.end());
+      r["files"] = {{"counts", CountChanges(cr.changes)},
+                    {"changes", changes},
+                    {"changes_total", total},
+                    {"changes_truncated", total > kMaxReportChanges},
+                    {"files", cr.files},
+                    {"bytes", cr.bytes},
+                    {"skipped", cr.skipped}};
+      if (!cr.commit.empty()) {
+        r["commit"] = {{"sha", cr.commit}, {"branch", cr.branch}, {"repo", s.repo}};
+      } else {
+        r["commit_note"] = cr.note;
+      }
+    }
+  } else if (!s.files_note.empty()) {
+    r["files_note"] = s.files_note;
+  }
+  for (const char* key :
+       {"verification", "question", "claim", "answers", "turn_times", "expired"}) {
+    copy(r, key);
+  }
+  return r;
+}
+
+}  // namespace trybox::daemon

@@ -1,0 +1,245 @@
+#include "daemon/requests.h"
+
+#include "util/names.h"
+
+namespace trybox::daemon {
+namespace {
+
+Result<std::string> VmId(const Fields& f) {
+  ASSIGN_OR_RETURN(std::string id, f.String("vm"));
+  RETURN_IF_ERROR(ValidateName("VM id", id));
+  return id;
+}
+
+Result<std::string> RunId(const Fields& f) {
+  ASSIGN_OR_RETURN(std::string id, f.String("run"));
+  RETURN_IF_ERROR(ValidateName("run id", id));
+  return id;
+}
+
+Result<std::string> ImageName(const Fields& f) {
+  ASSIGN_OR_RETURN(std::string name, f.String("image", kDefaultImage));
+  RETURN_IF_ERROR(ValidateName("image name", name));
+  return name;
+}
+
+Result<std::string> AbsolutePath(const Fields& f, const char* key, bool required) {
+  if (!required && !f.Has(key)) return std::string();
+  ASSIGN_OR_RETURN(std::string path, f.String(key));
+  if (path.empty() || path[0] != '/') {
+    return InvalidArgument(std::string("'") + key + "' must be an absolute path, got " +
+                           QuoteForMessage(path));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return InvalidArgument(std::string("'") + key + "' contains a NUL byte");
+  }
+  return path;
+}
+
+Status NoNul(const std::string& s, const char* what) {
+  if (s.find('\0') != std::string::npos) {
+    return InvalidArgument(std::string(what) + " contains a NUL byte");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CreateRequest> ParseCreate(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  CreateRequest r;
+  ASSIGN_OR_RETURN(r.image, ImageName(f));
+  ASSIGN_OR_RETURN(int64_t memory, f.Int("memory_mib", kMinMemoryMib, kMaxMemoryMib, 512));
+  ASSIGN_OR_RETURN(int64_t cpus, f.Int("cpus", 1, kMaxCpus, 1));
+  r.memory_mib = static_cast<int>(memory);
+  r.cpus = static_cast<int>(cpus);
+  ASSIGN_OR_RETURN(r.ephemeral, f.Bool("ephemeral", false));
+  ASSIGN_OR_RETURN(r.cold, f.Bool("cold", false));
+  ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
+  ASSIGN_OR_RETURN(r.profiles, f.StringList("profiles"));
+  ASSIGN_OR_RETURN(r.privileged, f.Bool("privileged", false));
+  return r;
+}
+
+Result<VmRequest> ParseVmRequest(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  VmRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  return r;
+}
+
+Result<ExecRequest> ParseExec(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  ExecRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  auto argv = f.StringList("argv");
+  if (!argv.ok() || argv->empty()) {
+    return InvalidArgument("'argv' must be a non-empty array of strings");
+  }
+  if (static_cast<int64_t>(argv->size()) > kMaxArgs) {
+    return InvalidArgument("'argv' has more than " + std::to_string(kMaxArgs) + " entries");
+  }
+  for (const auto& a : *argv) RETURN_IF_ERROR(NoNul(a, "an argv entry"));
+  r.argv = std::move(*argv);
+  ASSIGN_OR_RETURN(r.env, f.StringMap("env"));
+  for (const auto& [k, v] : r.env) {
+    if (k.empty() || k.find('=') != std::string::npos) {
+      return InvalidArgument("'env' name " + QuoteForMessage(k) + " is empty or contains '='");
+    }
+    RETURN_IF_ERROR(NoNul(k + v, "an env entry"));
+  }
+  if (f.Has("cwd")) {
+    ASSIGN_OR_RETURN(std::string cwd, AbsolutePath(f, "cwd", true));
+    r.cwd = cwd;
+  }
+  ASSIGN_OR_RETURN(r.timeout_ms, f.Int("timeout_ms", 0, kMaxTimeoutMs, 0));
+  ASSIGN_OR_RETURN(r.stdin, f.Bool("stdin", false));
+  ASSIGN_OR_RETURN(r.user, f.String("user", ""));
+  if (!r.user.empty()) RETURN_IF_ERROR(ValidateName("user name", r.user));
+  return r;
+}
+
+Result<PutRequest> ParsePut(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  PutRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.path, AbsolutePath(f, "path", true));
+  ASSIGN_OR_RETURN(r.kind, f.String("kind"));
+  if (r.kind != "file" && r.kind != "tar") {
+    return InvalidArgument("'kind' must be \"file\" or \"tar\", got " + QuoteForMessage(r.kind));
+  }
+  ASSIGN_OR_RETURN(r.mode, f.Int("mode", 0, 07777, 0644));
+  if (f.Has("mtime_ns")) {
+    ASSIGN_OR_RETURN(int64_t mtime, f.Int("mtime_ns", INT64_MIN, INT64_MAX));
+    r.mtime_ns = mtime;
+  }
+  ASSIGN_OR_RETURN(r.mkdirs, f.Bool("mkdirs", false));
+  return r;
+}
+
+Result<GetRequest> ParseGet(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  GetRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.path, AbsolutePath(f, "path", true));
+  return r;
+}
+
+Result<AuditRequest> ParseAudit(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  AuditRequest r;
+  if (f.Has("vm")) {
+    ASSIGN_OR_RETURN(r.vm, VmId(f));
+  }
+  ASSIGN_OR_RETURN(r.limit, f.Int("limit", 1, 1'000'000, 1000));
+  if (f.Has("before_id")) {
+    ASSIGN_OR_RETURN(int64_t before, f.Int("before_id", 1, INT64_MAX));
+    r.before_id = before;
+  }
+  return r;
+}
+
+Result<WorkspaceInRequest> ParseWorkspaceIn(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  WorkspaceInRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.dir, AbsolutePath(f, "dir", true));
+  ASSIGN_OR_RETURN(r.quota_bytes, f.Int("quota_bytes", 1, int64_t{1} << 50, 0));
+  ASSIGN_OR_RETURN(r.setup, f.Bool("setup", true));
+  ASSIGN_OR_RETURN(r.setup_timeout_ms, f.Int("setup_timeout_ms", 0, kMaxTimeoutMs, 0));
+  return r;
+}
+
+Result<CollectRequest> ParseCollect(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  CollectRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.into, AbsolutePath(f, "into", false));
+  ASSIGN_OR_RETURN(r.commit, f.Bool("commit", true));
+  ASSIGN_OR_RETURN(r.command, f.String("command", ""));
+  RETURN_IF_ERROR(NoNul(r.command, "'command'"));
+  return r;
+}
+
+Result<DiffRequest> ParseDiff(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  DiffRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.offset, f.Int("offset", 0, INT64_MAX, 0));
+  ASSIGN_OR_RETURN(r.limit, f.Int("limit", 1, 100'000, 0));
+  return r;
+}
+
+Result<AgentLimits> ParseLimits(const Json& j) {
+  AgentLimits l;
+  if (j.is_null()) return l;
+  Fields f(j, "limits.");
+  RETURN_IF_ERROR(f.CheckObject());
+  ASSIGN_OR_RETURN(int64_t turns, f.Int("max_turns", 1, 1000, l.max_turns));
+  ASSIGN_OR_RETURN(int64_t wall, f.Int("wall_clock_s", 1, 86400, l.wall_clock_s));
+  ASSIGN_OR_RETURN(l.max_tokens, f.Int("max_tokens", 1000, int64_t{1} << 40, l.max_tokens));
+  l.max_turns = static_cast<int>(turns);
+  l.wall_clock_s = static_cast<int>(wall);
+  return l;
+}
+
+Result<AgentRequest> ParseAgent(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  AgentRequest r;
+  ASSIGN_OR_RETURN(r.task, f.String("task", ""));
+  if (r.task.empty()) return InvalidArgument("'task' must be a non-empty string");
+  ASSIGN_OR_RETURN(r.image, ImageName(f));
+  ASSIGN_OR_RETURN(r.workspace, AbsolutePath(f, "workspace", false));
+  ASSIGN_OR_RETURN(r.verify, f.String("verify", ""));
+  RETURN_IF_ERROR(NoNul(r.verify, "'verify'"));
+  ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
+  ASSIGN_OR_RETURN(r.profiles, f.StringList("profiles"));
+  ASSIGN_OR_RETURN(int64_t memory, f.Int("memory_mib", kMinMemoryMib, kMaxMemoryMib, 1024));
+  ASSIGN_OR_RETURN(int64_t cpus, f.Int("cpus", 1, kMaxCpus, 1));
+  r.memory_mib = static_cast<int>(memory);
+  r.cpus = static_cast<int>(cpus);
+  ASSIGN_OR_RETURN(r.cold, f.Bool("cold", false));
+  auto model = agent::ModelSettings::FromJson(f.Raw("model"));
+  if (!model.ok()) return model.status().Annotate("model");
+  r.model = std::move(*model);
+  ASSIGN_OR_RETURN(r.limits, ParseLimits(f.Raw("limits")));
+  return r;
+}
+
+Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  AgentContinueRequest r;
+  ASSIGN_OR_RETURN(r.run, RunId(f));
+  if (answer) {
+    ASSIGN_OR_RETURN(r.answer, f.String("answer", ""));
+    if (r.answer.empty()) return InvalidArgument("'answer' must be a non-empty string");
+  }
+  if (f.Has("model")) {
+    auto model = agent::ModelSettings::FromJson(f.Raw("model"));
+    if (!model.ok()) return model.status().Annotate("model");
+    r.model = std::move(*model);
+  }
+  ASSIGN_OR_RETURN(r.limits, ParseLimits(f.Raw("limits")));
+  return r;
+}
+
+Result<RunRequest> ParseRunRequest(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  RunRequest r;
+  ASSIGN_OR_RETURN(r.run, RunId(f));
+  return r;
+}
+
+}  // namespace trybox::daemon

@@ -1,0 +1,142 @@
+// The daemon's verbs as typed requests, parsed and validated from their OPEN payloads
+// (docs/protocol/daemon.md). Pure: no I/O, no state. Every field is type- and range-checked
+// before any work starts; an error names the field. Unknown fields are ignored, so an older
+// daemon can serve a newer client's optional fields; no internal option (such as the branch
+// a vm_agent run commits on) is reachable from here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/model.h"
+#include "daemon/wire.h"
+
+namespace trybox::daemon {
+
+inline constexpr const char* kDefaultImage = "debian-12";
+inline constexpr int64_t kMinMemoryMib = 128;
+inline constexpr int64_t kMaxMemoryMib = 65536;
+inline constexpr int64_t kMaxCpus = 64;
+// The longest timeout a client may ask for: about 35 years, far past any VM's life, small
+// enough that adding it to a clock never overflows.
+inline constexpr int64_t kMaxTimeoutMs = int64_t{1} << 40;
+inline constexpr int64_t kMaxArgs = 4096;
+
+struct CreateRequest {
+  std::string image = kDefaultImage;
+  int memory_mib = 512;
+  int cpus = 1;
+  bool ephemeral = false;  // destroyed when the creating connection closes
+  bool cold = false;
+  std::vector<std::string> allow;
+  std::vector<std::string> profiles;
+  // Commands keep every capability (docs/security.md): the channel is then within a
+  // command's reach, and the VM's results are the guest's word.
+  bool privileged = false;
+};
+
+struct VmRequest {  // destroy
+  std::string vm;
+};
+
+struct ExecRequest {
+  std::string vm;
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  std::optional<std::string> cwd;  // default: /workspace once the VM has one, else /root
+  int64_t timeout_ms = 0;          // 0: none
+  bool stdin = false;
+  std::string user;  // "" = the guest's default (root)
+};
+
+struct PutRequest {
+  std::string vm;
+  std::string path;
+  std::string kind;  // "file" or "tar"
+  int64_t mode = 0644;
+  std::optional<int64_t> mtime_ns;  // as sent; absent: the guest's clock at write
+  bool mkdirs = false;
+};
+
+struct GetRequest {
+  std::string vm;
+  std::string path;
+};
+
+struct AuditRequest {
+  std::string vm;  // "" = every VM
+  int64_t limit = 1000;
+  std::optional<int64_t> before_id;  // paging: rows older than this id
+};
+
+struct WorkspaceInRequest {
+  std::string vm;
+  std::string dir;
+  int64_t quota_bytes = 0;  // 0: the default
+  bool setup = true;
+  int64_t setup_timeout_ms = 0;
+};
+
+struct CollectRequest {
+  std::string vm;
+  std::string into;  // "" = a temporary directory
+  bool commit = true;
+  std::string command;  // for the commit message; "" = the VM's last exec
+};
+
+struct DiffRequest {
+  std::string vm;
+  int64_t offset = 0;  // paging of the change list
+  int64_t limit = 0;   // 0: the default page
+};
+
+struct AgentLimits {
+  int max_turns = 40;
+  int wall_clock_s = 900;
+  int64_t max_tokens = 2'000'000;
+};
+
+struct AgentRequest {
+  std::string task;
+  std::string image = kDefaultImage;
+  std::string workspace;  // "" = none: the run gets an empty repository of its own
+  std::string verify;
+  std::vector<std::string> allow;
+  std::vector<std::string> profiles;
+  int memory_mib = 1024;
+  int cpus = 1;
+  bool cold = false;
+  agent::ModelSettings model;  // holds the key: never logged, never stored
+  AgentLimits limits;
+};
+
+struct AgentContinueRequest {
+  std::string run;
+  std::string answer;                         // agent_answer only
+  std::optional<agent::ModelSettings> model;  // the run's own when absent
+  AgentLimits limits;
+};
+
+struct RunRequest {  // agent_show
+  std::string run;
+};
+
+Result<CreateRequest> ParseCreate(const Json& j);
+Result<VmRequest> ParseVmRequest(const Json& j);
+Result<ExecRequest> ParseExec(const Json& j);
+Result<PutRequest> ParsePut(const Json& j);
+Result<GetRequest> ParseGet(const Json& j);
+Result<AuditRequest> ParseAudit(const Json& j);
+Result<WorkspaceInRequest> ParseWorkspaceIn(const Json& j);
+Result<CollectRequest> ParseCollect(const Json& j);
+Result<DiffRequest> ParseDiff(const Json& j);
+Result<AgentRequest> ParseAgent(const Json& j);
+// `answer`: agent_answer (needs "answer"), else agent_resume.
+Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer);
+Result<RunRequest> ParseRunRequest(const Json& j);
+Result<AgentLimits> ParseLimits(const Json& j);
+
+}  // namespace trybox::daemon

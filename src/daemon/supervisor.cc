@@ -1,0 +1,149 @@
+#include "daemon/supervisor.h"
+
+#include "agent/text.h"
+#include "agent/tools.h"
+#include "util/fd.h"
+
+namespace trybox::daemon {
+namespace {
+
+namespace ws = trybox::workspace;
+
+constexpr int64_t kVerifyTimeoutMs = 900'000;
+constexpr int64_t kSetupTimeoutMs = 600'000;
+constexpr size_t kVerifyTailBytes = 4096;
+constexpr int kVerifyMemoryMib = 1024;
+
+std::string FirstLine(const std::string& s, size_t max = 72) {
+  return agent::CapHead(s.substr(0, s.find('\n')), max);
+}
+
+}  // namespace
+
+void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
+                        const std::string& summary, const std::string& agent_verify,
+                        const std::function<void(const std::string&)>& progress) {
+  bool cut = false;
+  state.claim =
+      RunClaim{agent::CapChars(summary, agent::kMaxSummaryChars, &cut), cut, "unverified"};
+  const std::string verify = state.caller_verify.empty() ? agent_verify : state.caller_verify;
+  state.agent_verify = agent_verify;
+
+  // 1. The agent's /workspace comes back, is diffed and committed on trybox/<run-id>.
+  const std::string run_dir = state_dir_ + "/runs/" + run_id;
+  const std::string collected = run_dir + "/collected";
+  (void)RemoveTree(collected);
+  (void)MakeDirs(run_dir, 0700);
+  bool have_tree = false;
+  auto vm = vms_.Get(vm_id);
+  Status st = vm.ok() ? Status::Ok() : vm.status();
+  if (st.ok()) {
+    CollectOptions opts;
+    opts.into = collected;
+    opts.commit = true;
+    opts.branch_id = run_id;
+    opts.command = "vm_agent run " + run_id + ": " + FirstLine(state.task);
+    auto c = workspaces_.Collect(**vm, opts);
+    if (c.ok()) {
+      have_tree = true;
+      state.collect_id = c->record.id;
+    } else {
+      st = c.status();
+    }
+  }
+  if (!have_tree) state.files_note = st.message();
+  // 2. The agent's VM is done with.
+  (void)vms_.Destroy(vm_id);
+
+  // 3. The supervisor re-runs the verification in a fresh VM from the collected tree.
+  if (verify.empty()) {
+    state.verdict = "UNVERIFIED";
+  } else {
+    Verification v;
+    v.command = verify;
+    v.source = state.caller_verify.empty() ? "agent" : "caller";
+    if (!have_tree) {
+      v.outcome = "not_run";
+      v.error =
+          "the workspace could not be collected, so there was nothing to re-run the "
+          "verification on";
+    } else {
+      progress("verifying in a fresh VM");
+      Verify(state, collected, v);
+    }
+    bool passed = v.outcome == "exited" && v.exit_code == 0;
+    state.verification = v;
+    state.verdict = passed ? "VERIFIED" : "FAILED_VERIFICATION";
+    if (!passed) state.claim->status = "contradicted";
+  }
+  (void)RemoveTree(collected);
+}
+
+void Supervisor::Verify(const RunState& state, const std::string& tree, Verification& v) {
+  CreateRequest create;
+  create.image = state.image_name;
+  create.memory_mib = kVerifyMemoryMib;
+  create.allow = state.allow;
+  create.profiles = state.profiles;
+  auto created = vms_.Create(create);
+  if (!created.ok()) {
+    v.outcome = "not_run";
+    v.error = "could not start the verification VM: " + created.status().message();
+    return;
+  }
+  VmEntry& vm = *created->entry;
+  v.vm = vm.id();
+  auto fail = [&](const std::string& what, const Status& st) {
+    v.outcome = "not_run";
+    v.error = what + ": " + st.message();
+    (void)vms_.Destroy(vm.id());
+  };
+  auto excludes = ws::ExcludesFromLines({});
+  auto manifest = ws::ManifestFromTree(tree, *excludes);
+  if (!manifest.ok()) return fail("could not read the collected workspace", manifest.status());
+  Status st = workspaces_.SendTree(vm, tree, *manifest);
+  if (!st.ok()) return fail("could not copy the collected workspace in", st);
+  auto setup = workspaces_.RunSetup(vm, *manifest, kSetupTimeoutMs, nullptr, false);
+  if (!setup.ok()) return fail("could not run the setup hook", setup.status());
+  // The tree is root's after the copy (and the hook); the unprivileged account gets it.
+  ExecSpec chown;
+  chown.argv = {"chown", "-R", std::string(kVerifyUser) + ":", ws::kGuestPath};
+  chown.cwd = "/";
+  chown.timeout_ms = kSetupTimeoutMs;
+  auto owned = vms_.Exec(vm, chown, ExecIo{});
+  if (!owned.ok())
+    return fail("could not hand /workspace to " + std::string(kVerifyUser), owned.status());
+  if (!owned->Succeeded()) {
+    return fail("could not hand /workspace to " + std::string(kVerifyUser),
+                Internal(owned->ToJson().dump()));
+  }
+
+  ExecSpec spec;
+  spec.argv = {"/bin/sh", "-c", v.command};
+  spec.cwd = ws::kGuestPath;
+  spec.timeout_ms = kVerifyTimeoutMs;
+  spec.user = kVerifyUser;
+  std::string out;
+  ExecIo io;
+  io.capture = &out;
+  int64_t exec_id = 0;
+  auto result = vms_.Exec(vm, spec, io, &exec_id);
+  if (!result.ok()) return fail("could not run the verification", result.status());
+  v.user = kVerifyUser;
+  v.outcome = ExecOutcomeName(result->outcome);
+  v.exit_code = result->exit_code;
+  v.signal = result->signal;
+  v.duration_ms = result->duration_ms;
+  v.timeout_ms = result->timeout_ms;
+  if (!result->message.empty()) v.error = agent::SanitizeUtf8(result->message);
+  if (!result->error.empty()) {
+    v.error = agent::SanitizeUtf8(result->error + ": " + result->message);
+  }
+  v.exec_id = exec_id;
+  v.output_tail = agent::CapTail(out, kVerifyTailBytes);
+  v.output_tail_bytes = static_cast<int64_t>(std::min(out.size(), kVerifyTailBytes));
+  v.output_bytes = static_cast<int64_t>(out.size());
+  (void)vms_.Destroy(vm.id());
+}
+
+}  // namespace trybox::daemon

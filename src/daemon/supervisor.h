@@ -1,0 +1,43 @@
+// Supervisor: what happens when the sub-agent calls finish (docs/agent.md). The agent's
+// /workspace is collected and committed on trybox/<run-id>, its VM is destroyed, and the
+// verification command (the caller's, else the agent's) is re-run in a fresh VM built from
+// the collected tree: .trybox/setup.sh as root, then the command as the unprivileged account
+// `user`, with no capabilities and no_new_privs, so that nothing in the workspace can reach
+// the guest's control channel and forge the verdict (docs/security.md).
+//
+// Thread-safe; one Finish per run at a time (the runner's rule).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "daemon/run_state.h"
+#include "daemon/vm_service.h"
+#include "daemon/workspace_service.h"
+
+namespace trybox::daemon {
+
+// The account the verification runs as; every image has it (docs/images.md).
+inline constexpr const char* kVerifyUser = "user";
+
+class Supervisor {
+ public:
+  Supervisor(VmService& vms, WorkspaceService& workspaces, std::string state_dir)
+      : vms_(vms), workspaces_(workspaces), state_dir_(std::move(state_dir)) {}
+
+  // Fills state.claim, collect_id / files_note, verification and verdict. `vm_id` is the
+  // agent's VM (destroyed here). `progress` reports steps to the caller.
+  void Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
+              const std::string& summary, const std::string& agent_verify,
+              const std::function<void(const std::string&)>& progress);
+
+ private:
+  // The verification in a fresh VM from `tree`; fills `v`.
+  void Verify(const RunState& state, const std::string& tree, Verification& v);
+
+  VmService& vms_;
+  WorkspaceService& workspaces_;
+  const std::string state_dir_;
+};
+
+}  // namespace trybox::daemon

@@ -1,0 +1,37 @@
+// The verb table's entries (docs/protocol/daemon.md): for each verb, its request parser,
+// the service call, and its result writer. The only place where the daemon's services meet
+// the socket's JSON.
+#pragma once
+
+#include <string>
+
+#include "daemon/agent_runner.h"
+#include "daemon/control_server.h"
+#include "daemon/egress_gateway.h"
+#include "daemon/vm_launcher.h"
+#include "daemon/vm_service.h"
+#include "daemon/workspace_service.h"
+#include "util/paths.h"
+
+namespace trybox::daemon {
+
+struct Services {
+  const Paths& paths;
+  std::string qemu;
+  VmService& vms;
+  VmLauncher& launcher;
+  EgressGateway& egress;
+  WorkspaceService& workspaces;
+  AgentRunner& agents;
+};
+
+// create, destroy, list, exec, put, get, doctor, audit, ping.
+void AddVmVerbs(VerbTable& table, Services& s);
+// workspace_in, collect, diff, agent, agent_answer, agent_resume, agent_show.
+void AddWorkVerbs(VerbTable& table, Services& s);
+
+// At most this many changes in one collect or diff reply (a reply stays under the frame
+// limit); diff pages through the rest.
+inline constexpr int64_t kMaxReplyChanges = 2000;
+
+}  // namespace trybox::daemon

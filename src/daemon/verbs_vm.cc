@@ -1,0 +1,163 @@
+#include <unistd.h>
+
+#include "daemon/verbs.h"
+#include "image/image.h"
+
+namespace trybox::daemon {
+namespace {
+
+Json CreatedJson(const CreatedVm& c, const EgressGateway& egress) {
+  VmEntry& e = *c.entry;
+  const vmm::VmConfig& cfg = e.vm().config();
+  store::VmRecord rec = e.record();
+  return {{"ok", true},
+          {"vm",
+           {{"id", e.id()},
+            {"image", rec.image},
+            {"accel", cfg.accel},
+            {"memory_mib", rec.memory_mib},
+            {"cpus", rec.cpus},
+            {"boot_ms", c.boot_ms},
+            {"boot_id", e.vm().boot_id()},
+            {"phases_ms", e.vm().phases()},
+            {"start", c.start},
+            {"privileged", e.privileged()},
+            {"egress",
+             {{"allow", c.allow},
+              {"max_tunnels", egress.config().max_tunnels_per_vm},
+              {"qemu_netns", cfg.netns},
+              {"qemu_uid", cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr)}}}}}};
+}
+
+Json VmJson(const store::VmRecord& r) {
+  return {{"id", r.id},     {"image", r.image}, {"state", r.state},
+          {"note", r.note}, {"accel", r.accel}, {"memory_mib", r.memory_mib},
+          {"cpus", r.cpus}, {"pid", r.pid},     {"created_at", r.created_at}};
+}
+
+Json Doctor(Services& s) {
+  Json images = Json::array();
+  auto list = image::ListImages(s.paths.images);
+  std::string first_valid;
+  if (list.ok()) {
+    for (const auto& im : *list) {
+      if (im.valid && first_valid.empty()) first_valid = im.dir;
+    }
+  }
+  Json accel = {{"accel", nullptr},
+                {"reason", "no image is built yet; the probe boots an image's kernel"}};
+  if (!first_valid.empty()) {
+    auto c = s.launcher.Accel(first_valid);
+    accel = {{"accel", c.accel}, {"reason", c.reason}};
+  }
+  if (list.ok()) {
+    for (const auto& im : *list) {
+      Json entry = {{"name", im.name}, {"valid", im.valid}, {"problem", im.problem}};
+      if (im.valid && accel["accel"].is_string()) {
+        entry["template"] = s.launcher.DescribeTemplate(im.name, im.dir, accel["accel"]);
+      }
+      images.push_back(entry);
+    }
+  }
+  auto qv = vmm::QemuVersion(s.qemu);  // the same line the template key uses
+  return {{"ok", true},
+          {"accel", accel},
+          {"qemu", qv.ok() ? *qv : qv.status().message()},
+          {"images", images},
+          {"spares", s.launcher.SpareCounts()},
+          {"paths",
+           {{"socket", s.paths.socket()},
+            {"state", s.paths.state},
+            {"images", s.paths.images},
+            {"runtime", s.paths.runtime}}},
+          {"daemon_pid", ::getpid()}};
+}
+
+}  // namespace
+
+void AddVmVerbs(VerbTable& t, Services& s) {
+  t.AddUnary("create", [&s](const Json& j, Connection& conn) -> Json {
+    auto req = ParseCreate(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    auto c = s.vms.Create(*req);
+    if (!c.ok()) return ErrorReply(c.status());
+    if (req->ephemeral && !conn.AddEphemeral(c->entry->id())) {
+      // The client left while the VM booted: nobody will ever use it.
+      (void)s.vms.Destroy(c->entry->id());
+      return ErrorReply(Unavailable("the client left while the VM booted; it was destroyed"));
+    }
+    return CreatedJson(*c, s.egress);
+  });
+  t.AddStreaming("exec", [&s](channel::Stream& client, const Json& j, Connection&) {
+    auto req = ParseExec(j);
+    auto vm = req.ok() ? s.vms.Get(req->vm) : Result<std::shared_ptr<VmEntry>>(req.status());
+    if (!vm.ok()) {
+      (void)client.End(ErrorReply(vm.status()));
+      return;
+    }
+    ExecIo io;
+    io.client = &client;
+    auto result = s.vms.Exec(**vm, s.vms.SpecFor(**vm, *req), io);
+    (void)client.End(result.ok() ? Json{{"ok", true}, {"result", result->ToJson()}}
+                                 : ErrorReply(result.status()));
+  });
+  t.AddStreaming("put", [&s](channel::Stream& client, const Json& j, Connection&) {
+    auto req = ParsePut(j);
+    auto vm = req.ok() ? s.vms.Get(req->vm) : Result<std::shared_ptr<VmEntry>>(req.status());
+    if (!vm.ok()) {
+      // Drain the client's upload so it is not left blocked, then refuse.
+      DrainInput(client);
+      (void)client.End(ErrorReply(vm.status()));
+      return;
+    }
+    Json greq = {{"op", "put"},
+                 {"path", req->path},
+                 {"kind", req->kind},
+                 {"mode", req->mode},
+                 {"mkdirs", req->mkdirs}};
+    if (req->mtime_ns) greq["mtime_ns"] = *req->mtime_ns;
+    RelayPut(**vm, greq, client);
+    s.vms.NoteDeath(**vm);
+  });
+  t.AddStreaming("get", [&s](channel::Stream& client, const Json& j, Connection&) {
+    auto req = ParseGet(j);
+    auto vm = req.ok() ? s.vms.Get(req->vm) : Result<std::shared_ptr<VmEntry>>(req.status());
+    if (!vm.ok()) {
+      (void)client.End(ErrorReply(vm.status()));
+      return;
+    }
+    RelayGet(**vm, {{"op", "get"}, {"path", req->path}}, client);
+    s.vms.NoteDeath(**vm);
+  });
+  t.AddUnary("destroy", [&s](const Json& j, Connection&) -> Json {
+    auto req = ParseVmRequest(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    auto report = s.vms.Destroy(req->vm);
+    if (!report.ok()) return ErrorReply(report.status());
+    Json r = report->ToJson();
+    r["id"] = req->vm;
+    return {{"ok", true}, {"report", r}};
+  });
+  t.AddUnary("list", [&s](const Json&, Connection&) -> Json {
+    Json vms = Json::array();
+    for (const auto& r : s.vms.List()) vms.push_back(VmJson(r));
+    return {{"ok", true}, {"vms", vms}};
+  });
+  t.AddUnary("doctor", [&s](const Json&, Connection&) { return Doctor(s); });
+  t.AddUnary("audit", [&s](const Json& j, Connection&) -> Json {
+    auto req = ParseAudit(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    auto page = s.egress.Audit(req->vm, req->limit, req->before_id);
+    if (!page.ok()) return ErrorReply(page.status());
+    Json rows = Json::array();
+    for (const auto& r : page->rows) rows.push_back(EgressJson(r));
+    return {{"ok", true},
+            {"egress", rows},
+            {"next_before_id", page->next_before_id ? Json(*page->next_before_id) : Json(nullptr)}};
+  });
+  t.AddUnary("ping", [](const Json&, Connection&) -> Json {
+    return {{"ok", true}, {"pid", ::getpid()}};
+  });
+}
+
+}  // namespace trybox::daemon

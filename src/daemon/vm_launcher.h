@@ -1,0 +1,108 @@
+// VmLauncher: turns "a VM of this image and shape" into a running, identified vmm::Vm.
+//
+// It chooses the acceleration (a real probe boot, once per daemon), restores clones from
+// the shape's template (built on first use), keeps warmed spare clones per shape, and
+// boots cold when asked or when no template can be had. Template rebuilds and spare
+// refills run on the background queue. Every QEMU it starts runs in its own network
+// namespace and, under a root daemon, as a uid leased from the UidPool
+// (docs/templates.md, docs/architecture.md).
+//
+// Thread-safe. Its mutex guards the spare lists and the acceleration choice; it is never
+// held while a VM boots or is destroyed.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/background.h"
+#include "daemon/uid_pool.h"
+#include "nlohmann/json.hpp"
+#include "util/mutex.h"
+#include "vmm/qemu.h"
+#include "vmm/template.h"
+
+namespace trybox::daemon {
+
+using Json = nlohmann::json;
+
+struct LauncherOptions {
+  std::string vms_dir;        // per-VM directories
+  std::string templates_dir;  // TemplateStore's root
+  std::string probe_dir;      // where the acceleration probe runs
+  std::string accel_file;     // the probe's result, written for people to read
+  std::string qemu = "qemu-system-x86_64";
+  std::string force_accel;  // "kvm", "tcg", or "" to probe
+  std::chrono::milliseconds boot_timeout{120000};
+  int spares = 1;  // warmed clones kept per shape in use
+  bool netns = true;
+  std::chrono::milliseconds refill_delay{1000};
+};
+
+struct LaunchSpec {
+  std::string image_name;
+  std::string image_dir;  // verified
+  std::string manifest_sha256;
+  int memory_mib = 512;
+  int cpus = 1;
+  bool cold = false;
+};
+
+struct LaunchedVm {
+  std::unique_ptr<vmm::Vm> vm;
+  UidLease uid;
+  // How it started: {"mode":"restored","spare":bool,"template"?:{...}} or
+  // {"mode":"cold","note":why}.
+  Json start;
+};
+
+class VmLauncher {
+ public:
+  VmLauncher(LauncherOptions opts, vmm::TemplateStore& templates, UidPool& uids,
+             BackgroundQueue& background)
+      : opts_(std::move(opts)), templates_(templates), uids_(uids), background_(background) {}
+  // Destroys the spares.
+  ~VmLauncher();
+
+  // The accelerator for VMs of `image_dir`'s kernel: probed once, then kept.
+  vmm::AccelChoice Accel(const std::string& image_dir) EXCLUDES(mu_);
+  // Starts a VM. Returns once its guest agent answered (and, for a clone, took its
+  // identity). A VM id is chosen here (a spare brings its own).
+  Result<LaunchedVm> Launch(const LaunchSpec& spec) EXCLUDES(mu_);
+  // Ready spares per template directory name.
+  Json SpareCounts() const EXCLUDES(mu_);
+  bool own_uid() const { return uids_.enabled(); }
+  // The template's description for doctor / image ls.
+  Json DescribeTemplate(const std::string& image_name, const std::string& image_dir,
+                        const std::string& accel) const;
+  // Destroys every spare (shutdown).
+  void DestroySpares() EXCLUDES(mu_);
+
+ private:
+  struct Spare {
+    std::unique_ptr<vmm::Vm> vm;
+    std::string key;  // the template key it was restored from
+    UidLease uid;
+  };
+  vmm::TemplateShape Shape(const LaunchSpec& spec, const std::string& accel) const;
+  vmm::VmConfig BaseConfig(const vmm::TemplateShape& shape, const std::string& id) const;
+  Result<vmm::TemplateStore::Lease> GetTemplate(const vmm::TemplateShape& shape);
+  std::optional<Spare> TakeSpare(const vmm::TemplateShape& shape) EXCLUDES(mu_);
+  void RebuildLater(const vmm::TemplateShape& shape);
+  void RefillLater(const vmm::TemplateShape& shape);
+  void Refill(const vmm::TemplateShape& shape) EXCLUDES(mu_);
+
+  const LauncherOptions opts_;
+  vmm::TemplateStore& templates_;
+  UidPool& uids_;
+  BackgroundQueue& background_;
+  mutable Mutex mu_;
+  std::optional<vmm::AccelChoice> accel_ GUARDED_BY(mu_);
+  std::map<std::string, std::vector<Spare>> spares_ GUARDED_BY(mu_);  // by template dir
+  bool stopping_ GUARDED_BY(mu_) = false;
+};
+
+}  // namespace trybox::daemon

@@ -1,0 +1,85 @@
+// VmRegistry: the running VMs of this daemon, by id. VmEntry: one of them, with what the
+// daemon holds for it (its QEMU, its egress state, its QEMU uid lease, its record).
+//
+// Locks: the registry's own mutex guards the map only; each entry's mutex guards its
+// mutable record fields. Neither is held while a VM is started, stopped or spoken to.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/egress_gateway.h"
+#include "daemon/guest_ops.h"
+#include "daemon/uid_pool.h"
+#include "store/store.h"
+#include "util/mutex.h"
+#include "vmm/qemu.h"
+
+namespace trybox::daemon {
+
+class VmEntry : public GuestChannel {
+ public:
+  VmEntry(std::unique_ptr<vmm::Vm> vm, UidLease uid, std::shared_ptr<EgressVm> egress,
+          store::VmRecord record, bool privileged)
+      : vm_(std::move(vm)),
+        uid_(std::move(uid)),
+        egress_(std::move(egress)),
+        id_(record.id),
+        privileged_(privileged),
+        record_(std::move(record)) {}
+
+  // GuestChannel over the VM's agent.
+  Result<std::shared_ptr<channel::Stream>> Open(const Json& request) override {
+    return vm_->Open(request);
+  }
+  bool alive() const override { return vm_->alive(); }
+  std::string death_reason() const override { return vm_->death_reason(); }
+
+  const std::string& id() const { return id_; }
+  vmm::Vm& vm() { return *vm_; }
+  const std::shared_ptr<EgressVm>& egress() const { return egress_; }
+  bool privileged() const { return privileged_; }
+
+  store::VmRecord record() const EXCLUDES(mu_);
+  // Marks the record dead with `why`, once: true if this call did (the caller records it).
+  bool MarkDead(const std::string& why) EXCLUDES(mu_);
+
+  // Execs default to /workspace once the VM has a workspace.
+  bool has_workspace() const { return has_workspace_; }
+  void set_has_workspace() { has_workspace_ = true; }
+
+  // Kills QEMU and releases its uid. Idempotent: later calls return the first report.
+  vmm::DestroyReport Destroy();
+
+ private:
+  const std::unique_ptr<vmm::Vm> vm_;
+  UidLease uid_;
+  const std::shared_ptr<EgressVm> egress_;
+  const std::string id_;
+  const bool privileged_;
+  std::atomic<bool> has_workspace_{false};
+  mutable Mutex mu_;
+  store::VmRecord record_ GUARDED_BY(mu_);
+};
+
+class VmRegistry {
+ public:
+  void Add(std::shared_ptr<VmEntry> e) EXCLUDES(mu_);
+  // The running VM, or null.
+  std::shared_ptr<VmEntry> Find(const std::string& id) const EXCLUDES(mu_);
+  // Removes it for a destroy; null if it is not (or no longer) here.
+  std::shared_ptr<VmEntry> Remove(const std::string& id) EXCLUDES(mu_);
+  std::vector<std::shared_ptr<VmEntry>> All() const EXCLUDES(mu_);
+  // Empties the registry (shutdown).
+  std::vector<std::shared_ptr<VmEntry>> TakeAll() EXCLUDES(mu_);
+  size_t size() const EXCLUDES(mu_);
+
+ private:
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<VmEntry>> vms_ GUARDED_BY(mu_);
+};
+
+}  // namespace trybox::daemon

@@ -1,0 +1,250 @@
+#include "daemon/workspace_service.h"
+
+#include <sys/stat.h>
+
+#include "util/fd.h"
+#include "util/names.h"
+#include "workspace/tar.h"
+
+namespace trybox::daemon {
+namespace {
+
+namespace ws = trybox::workspace;
+
+Json SkippedJson(const std::vector<ws::Skipped>& v) {
+  Json a = Json::array();
+  for (const auto& s : v) a.push_back({{"path", s.path}, {"reason", s.reason}});
+  return a;
+}
+
+std::string JoinArgv(const Json& argv) {
+  std::string s;
+  for (const auto& a : argv) {
+    if (!s.empty()) s += " ";
+    s += a.is_string() ? a.get<std::string>() : a.dump();
+  }
+  return s;
+}
+
+}  // namespace
+
+Json CountChanges(const Json& changes) {
+  Json c = {{"added", 0}, {"modified", 0}, {"deleted", 0}, {"mode_changed", 0}, {"renamed", 0}};
+  for (const auto& ch : changes) {
+    if (!ch.is_object() || !ch.contains("change") || !ch["change"].is_string()) continue;
+    std::string k = ch["change"];
+    if (c.contains(k)) c[k] = c[k].get<int>() + 1;
+  }
+  return c;
+}
+
+Status WorkspaceService::SendTree(VmEntry& vm, const std::string& root,
+                                  const ws::Manifest& manifest) {
+  Status st = PutTar(vm, ws::kGuestPath, [&](const std::function<Status(std::string_view)>& out) {
+    return ws::WriteTar(root, manifest, out);
+  });
+  if (!st.ok()) vms_.NoteDeath(vm);
+  return st;
+}
+
+Result<store::WorkspaceRecord> WorkspaceService::Inject(VmEntry& vm, const ws::InjectPlan& plan,
+                                                        int64_t quota) {
+  Status st = SendTree(vm, plan.dir, plan.manifest);
+  if (!st.ok()) return st.Annotate("copy the workspace into VM " + vm.id());
+  store::WorkspaceRecord rec;
+  rec.vm_id = vm.id();
+  rec.dir = plan.dir;
+  rec.base = plan.base.value_or("");
+  rec.excludes = plan.excludes.project_lines();
+  rec.manifest = ws::ManifestToJson(plan.manifest);
+  rec.quota_bytes = quota;
+  rec.files = static_cast<int64_t>(plan.manifest.size());
+  rec.bytes = static_cast<int64_t>(ws::TotalBytes(plan.manifest));
+  rec.skipped = SkippedJson(plan.skipped);
+  rec.injected_at = store::NowSeconds();
+  st = store_.InsertWorkspace(rec);
+  if (!st.ok()) return st.Annotate("record the workspace");
+  vm.set_has_workspace();
+  return rec;
+}
+
+Result<std::optional<SetupOutcome>> WorkspaceService::RunSetup(VmEntry& vm,
+                                                               const ws::Manifest& manifest,
+                                                               int64_t timeout_ms,
+                                                               channel::Stream* client,
+                                                               bool record) {
+  auto hook = manifest.find(ws::kSetupScript);
+  // A symlinked hook could point anywhere in the guest; it is not the project's file.
+  if (hook == manifest.end() || hook->second.symlink) return std::optional<SetupOutcome>();
+  ExecSpec spec;
+  spec.argv = {"/bin/sh", std::string(ws::kGuestPath) + "/" + ws::kSetupScript};
+  spec.cwd = ws::kGuestPath;
+  spec.timeout_ms = timeout_ms;
+  spec.privileged = vm.privileged();
+  SetupOutcome out;
+  ExecIo io;
+  io.client = client;
+  io.capture = &out.output;
+  ASSIGN_OR_RETURN(out.result, vms_.Exec(vm, spec, io, &out.exec_id));
+  if (record) {
+    (void)store_.SetWorkspaceSetup(
+        vm.id(), out.exec_id ? std::optional<int>(static_cast<int>(out.exec_id)) : std::nullopt,
+        out.output);
+  }
+  return std::optional<SetupOutcome>(std::move(out));
+}
+
+Result<InjectOutcome> WorkspaceService::WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,
+                                                    channel::Stream* client) {
+  int64_t quota =
+      req.quota_bytes > 0 ? req.quota_bytes : static_cast<int64_t>(ws::kDefaultQuotaBytes);
+  ASSIGN_OR_RETURN(auto existing, store_.GetWorkspace(vm.id()));
+  if (existing) {
+    return FailedPrecondition("VM " + vm.id() + " already has a workspace, from " + existing->dir);
+  }
+  ASSIGN_OR_RETURN(ws::InjectPlan plan, ws::PlanInject(req.dir, static_cast<uint64_t>(quota)));
+  InjectOutcome out;
+  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota));
+  // The project's hook runs before any command; its output goes to the caller as it is
+  // produced and is kept with the workspace record.
+  if (req.setup) {
+    ASSIGN_OR_RETURN(out.setup, RunSetup(vm, plan.manifest, req.setup_timeout_ms, client, true));
+  }
+  return out;
+}
+
+Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptions& opts) {
+  const std::string& id = vm.id();
+  ASSIGN_OR_RETURN(auto wsrec, store_.GetWorkspace(id));
+  if (!wsrec) {
+    return FailedPrecondition("VM " + id + " has no workspace (create it with --workspace DIR)");
+  }
+  const store::WorkspaceRecord& w = *wsrec;
+  std::vector<std::string> lines;
+  for (const auto& l : w.excludes) {
+    if (l.is_string()) lines.push_back(l.get<std::string>());
+  }
+  ASSIGN_OR_RETURN(ws::ExcludeList excludes, ws::ExcludesFromLines(lines));
+  ASSIGN_OR_RETURN(ws::Manifest before, ws::ManifestFromJson(w.manifest));
+  if (!opts.branch_id.empty()) RETURN_IF_ERROR(ValidateName("branch id", opts.branch_id));
+
+  std::optional<TempDir> temp;
+  std::string staging = opts.into;
+  if (!opts.into.empty()) {
+    struct stat st;
+    if (::lstat(opts.into.c_str(), &st) == 0) {
+      return Status(Code::kAlreadyExists,
+                    opts.into + " already exists; collect into a new directory");
+    }
+  } else {
+    std::string parent = state_dir_ + "/collect";
+    RETURN_IF_ERROR(MakeDirs(parent, 0700));
+    ASSIGN_OR_RETURN(TempDir t, TempDir::Make(parent, id + "-"));
+    temp.emplace(std::move(t));
+    staging = temp->path();
+  }
+
+  CollectOutcome out;
+  store::CollectRecord& rec = out.record;
+  rec.vm_id = id;
+  rec.collected_at = store::NowSeconds();
+  if (auto last = store_.LastExecId(id); last.ok()) rec.exec_id = *last;
+  auto failed = [&](const Status& st) -> Status {
+    if (!opts.into.empty()) (void)RemoveTree(opts.into);
+    rec.outcome = "error";
+    rec.error = st.message();
+    (void)store_.InsertCollect(rec);
+    return st.Annotate("collect the workspace of VM " + id);
+  };
+
+  std::vector<std::string> guest_excludes;
+  for (const auto& n : excludes.PlainDirNames()) guest_excludes.push_back(n + "/*");
+  auto reader = TarReader::Open(vm, ws::kGuestPath, guest_excludes);
+  if (!reader.ok()) {
+    vms_.NoteDeath(vm);
+    return failed(reader.status());
+  }
+  ws::ExtractReport report;
+  ws::ExtractOptions xo;
+  xo.excludes = &excludes;
+  xo.quota_bytes = static_cast<uint64_t>(w.quota_bytes);
+  Status st = ws::ExtractTar([&] { return (*reader)->Next(); }, staging, xo, &report);
+  if (st.code() == Code::kResourceExhausted && report.bytes > xo.quota_bytes) {
+    (*reader)->Abort("over the workspace quota");
+    return failed(ResourceExhausted(
+        "/workspace holds more than the workspace quota of " +
+        ws::FormatBytes(static_cast<uint64_t>(w.quota_bytes)) + " (" +
+        std::to_string(w.quota_bytes) +
+        " bytes); nothing was collected and the VM keeps running (remove files, or create "
+        "the VM with a larger --workspace-quota)"));
+  }
+  if (!st.ok()) {
+    (*reader)->Abort("collect failed");
+    vms_.NoteDeath(vm);
+    return failed(st);
+  }
+  auto warnings = (*reader)->Finish();
+  if (!warnings.ok()) {
+    vms_.NoteDeath(vm);
+    return failed(warnings.status());
+  }
+  for (auto& s : ws::SkippedFromTarWarnings(*warnings)) report.skipped.push_back(std::move(s));
+  auto after = ws::ManifestFromTree(staging, excludes);
+  if (!after.ok()) return failed(after.status());
+  auto changes = ws::Diff(before, *after);
+  rec.changes = ws::ChangesToJson(changes);
+  rec.files = static_cast<int64_t>(after->size());
+  rec.bytes = static_cast<int64_t>(ws::TotalBytes(*after));
+  rec.skipped = SkippedJson(report.skipped);
+  rec.branch = "trybox/" + (opts.branch_id.empty() ? id : opts.branch_id);
+
+  ws::CommitOutcome commit;
+  if (opts.commit) {
+    std::string command = opts.command;
+    if (command.empty()) {
+      auto execs = store_.ListExecs(id);
+      if (execs.ok() && !execs->empty()) command = JoinArgv(execs->back().argv);
+    }
+    store::VmRecord vr = vm.record();
+    std::string message = "trybox: work of VM " + id + "\n\nVM: " + id + "\nImage: " + vr.image +
+                          " (manifest sha256 " + vr.image_sha256 + ")\nCommand: " + command +
+                          "\nFiles changed: " + std::to_string(changes.size()) + " " +
+                          CountChanges(rec.changes).dump() + "\n";
+    if (!rec.skipped.empty()) message += "Skipped (not collected): " + rec.skipped.dump() + "\n";
+    ws::CommitInput ci{w.dir,      w.base.empty() ? std::nullopt : std::optional(w.base),
+                       excludes,   before,
+                       *after,     staging,
+                       rec.branch, message};
+    auto c = ws::CommitCollected(ci);
+    if (!c.ok()) return failed(c.status());
+    commit = *c;
+  } else {
+    commit.note = "not committed (commit: false)";
+  }
+  if (!commit.committed) rec.branch.clear();
+  rec.commit = commit.committed ? commit.commit : "";
+  rec.note = commit.note;
+  rec.outcome = "ok";
+  auto cid = store_.InsertCollect(rec);
+  if (!cid.ok()) return cid.status().Annotate("record the collect");
+  rec.id = *cid;
+  out.committed = commit.committed;
+  out.injected_commit = commit.injected_commit;
+  out.excluded = static_cast<int64_t>(report.excluded);
+  out.tar_bytes = static_cast<int64_t>(report.tar_bytes);
+  out.into = opts.into;
+  out.dir = w.dir;
+  return out;
+}
+
+Result<store::CollectRecord> WorkspaceService::LatestCollect(const std::string& vm_id) {
+  RETURN_IF_ERROR(ValidateName("VM id", vm_id));
+  ASSIGN_OR_RETURN(auto c, store_.LatestCollect(vm_id));
+  if (c) return *c;
+  auto w = store_.GetWorkspace(vm_id);
+  bool has = w.ok() && w->has_value();
+  return NotFound("no collect is recorded for VM " + QuoteForMessage(vm_id) +
+                  (has ? " (run: trybox collect " + vm_id + ")" : " (it never had a workspace)"));
+}
+
+}  // namespace trybox::daemon

@@ -1,0 +1,84 @@
+// WorkspaceService: a project's working tree into a VM, the setup hook, and the VM's work
+// back as a diff and a commit (docs/workspace.md). The daemon reads the user's directory
+// and the collected tree itself and computes the changes from its own manifests; it never
+// asks the guest what changed. It writes the store's workspace and collect records.
+//
+// Thread-safe; no lock of its own. Two collects of one VM at once are the caller's
+// business (each gets its own staging directory).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "daemon/guest_ops.h"
+#include "daemon/vm_service.h"
+#include "store/store.h"
+#include "workspace/workspace.h"
+
+namespace trybox::daemon {
+
+// What .trybox/setup.sh did.
+struct SetupOutcome {
+  ExecResult result;
+  int64_t exec_id = 0;
+  std::string output;  // its tail
+};
+
+struct InjectOutcome {
+  store::WorkspaceRecord record;
+  std::optional<SetupOutcome> setup;  // none when the project has no hook or it was skipped
+};
+
+struct CollectOptions {
+  std::string into;  // "" = a temporary directory, removed after
+  bool commit = true;
+  std::string command;  // for the commit message; "" = the VM's last exec
+  // The branch is trybox/<branch_id> (default: the VM id). vm_agent runs commit on their
+  // run id; this is not reachable from the socket.
+  std::string branch_id;
+};
+
+struct CollectOutcome {
+  store::CollectRecord record;
+  bool committed = false;
+  std::string injected_commit;
+  int64_t excluded = 0;
+  int64_t tar_bytes = 0;
+  std::string into;
+  std::string dir;  // the project's working tree
+};
+
+class WorkspaceService {
+ public:
+  WorkspaceService(store::Store& store, VmService& vms, std::string state_dir)
+      : store_(store), vms_(vms), state_dir_(std::move(state_dir)) {}
+
+  // workspace_in: plans, sends, records, then runs the hook (its output to `client` as it
+  // is produced) unless `req.setup` is false.
+  Result<InjectOutcome> WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,
+                                    channel::Stream* client);
+  // Sends a planned workspace to /workspace, records it and marks the VM as having one.
+  Result<store::WorkspaceRecord> Inject(VmEntry& vm, const workspace::InjectPlan& plan,
+                                        int64_t quota);
+  // Sends the tree `root` (the entries of `manifest`) to /workspace.
+  Status SendTree(VmEntry& vm, const std::string& root, const workspace::Manifest& manifest);
+  // Runs the project's .trybox/setup.sh (if `manifest` has one that is not a symlink) in
+  // /workspace, as root. nullopt when there is none. With `record`, its output is kept with
+  // the workspace record.
+  Result<std::optional<SetupOutcome>> RunSetup(VmEntry& vm, const workspace::Manifest& manifest,
+                                               int64_t timeout_ms, channel::Stream* client,
+                                               bool record);
+  Result<CollectOutcome> Collect(VmEntry& vm, const CollectOptions& opts);
+  // The newest collect of a VM (which may be destroyed); NOT_FOUND naming what to do.
+  Result<store::CollectRecord> LatestCollect(const std::string& vm_id);
+
+ private:
+  store::Store& store_;
+  VmService& vms_;
+  const std::string state_dir_;
+};
+
+// The change kinds counted: {"added": n, "modified": n, ...}.
+Json CountChanges(const Json& changes);
+
+}  // namespace trybox::daemon
