@@ -189,12 +189,13 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
 
   void Dispatch(Frame f) {
     if (f.stream == 0) {
-      if (f.type == FrameType::kEvent && on_control_) {
+      if (f.type == FrameType::kEvent) {
         Json body = Json::parse(f.payload, nullptr, /*allow_exceptions=*/false);
         if (body.is_discarded() || !body.is_object()) {
           control_error_ = "malformed control event from the peer (not a JSON object)";
           return;
         }
+        if (!on_control_) return;
         try {
           on_control_(body);
         } catch (const std::exception& e) {
@@ -423,6 +424,11 @@ Status Stream::Reset(const std::string& reason) {
   return st;
 }
 
+uint64_t Stream::wakeups() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wakeups_;
+}
+
 void Stream::Interrupt() {
   std::lock_guard<std::mutex> lock(mu_);
   interrupted_ = true;
@@ -443,10 +449,15 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
       return !inbox_.empty() || !conn_error_.empty() || end_delivered_ || reset_here_ ||
              interrupted_;
     };
-    if (deadline) {
-      if (!cv_.wait_until(lock, *deadline, ready)) return DeadlineExceeded("no message in time");
-    } else {
-      cv_.wait(lock, ready);
+    while (!ready()) {
+      ++wakeups_;
+      if (deadline) {
+        if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout && !ready()) {
+          return DeadlineExceeded("no message in time");
+        }
+      } else {
+        cv_.wait(lock);
+      }
     }
     if (inbox_.empty()) {
       if (end_delivered_) return FailedPrecondition("stream already ended");

@@ -87,6 +87,10 @@ class Stream {
   // True once an END or RESET was received or sent.
   bool finished() const;
 
+  // How many times Next() has gone to sleep waiting for a message: a reader woken by a
+  // timer rather than by an event shows up here (tests assert there is no such timer).
+  uint64_t wakeups() const;
+
  private:
   friend class MuxCore;
   Stream(std::shared_ptr<MuxCore> core, uint32_t id) : core_(std::move(core)), id_(id) {}
@@ -105,6 +109,7 @@ class Stream {
   bool end_delivered_ GUARDED_BY(mu_) = false;
   bool reset_here_ GUARDED_BY(mu_) = false;  // this side sent RESET
   bool interrupted_ GUARDED_BY(mu_) = false;
+  uint64_t wakeups_ GUARDED_BY(mu_) = 0;
   std::string conn_error_ GUARDED_BY(mu_);  // non-empty once the connection died
 };
 

@@ -38,6 +38,11 @@ class GuestChannel {
   virtual std::string death_reason() const = 0;
 };
 
+// The reason of a RESET body ("no reason given" if it has none).
+std::string ResetReason(const Json& body);
+// kUnavailable("the guest aborted the request: REASON").
+Status GuestAborted(const Json& body);
+
 // `fallback`, or kUnavailable("the guest is gone: WHY") when the guest has died: the reason
 // a transfer failed is then the guest's death, not the broken stream it caused.
 Status GuestGone(const GuestChannel& guest, const Status& fallback);

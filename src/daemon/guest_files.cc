@@ -1,0 +1,321 @@
+#include <thread>
+
+#include "daemon/guest_ops.h"
+
+namespace trybox::daemon {
+namespace {
+
+using Kind = channel::Stream::Message::Kind;
+
+}  // namespace
+
+// ---- files ----
+
+Status FileEndStatus(const Json& end, std::string* kind, int64_t* bytes) {
+  if (!end.is_object() || !end.contains("ok") || !end["ok"].is_boolean()) {
+    return Internal("the guest's reply was malformed: no boolean 'ok'");
+  }
+  if (end["ok"].get<bool>()) {
+    if (bytes) *bytes = IntIn(end.value("bytes", Json(0)), 0, INT64_MAX).value_or(0);
+    return Status::Ok();
+  }
+  if (!end.contains("error") || !end["error"].is_string()) {
+    return Internal("the guest's reply was malformed: no string 'error'");
+  }
+  std::string k = end["error"];
+  std::string message = k;
+  if (end.contains("message") && end["message"].is_string()) message = end["message"];
+  if (kind) *kind = k;
+  Code code = Code::kInternal;
+  if (k == "not_found") code = Code::kNotFound;
+  if (k == "no_space") code = Code::kResourceExhausted;
+  if (k == "not_a_directory" || k == "bad_request" || k == "unsupported") {
+    code = Code::kInvalidArgument;
+  }
+  if (k == "not_identified") code = Code::kFailedPrecondition;
+  return Status(code, message);
+}
+
+Result<Json> AwaitEnd(channel::Stream& s) {
+  for (;;) {
+    ASSIGN_OR_RETURN(auto m, s.Next());
+    if (m.kind == Kind::kEnd) return m.body;
+    if (m.kind == Kind::kReset) return GuestAborted(m.body);
+  }
+}
+
+Status WriteFile(GuestChannel& guest, const std::string& path, std::string_view data, int mode,
+                 bool mkdirs) {
+  auto s = guest.Open(
+      {{"op", "put"}, {"path", path}, {"kind", "file"}, {"mode", mode}, {"mkdirs", mkdirs}});
+  if (!s.ok()) return GuestGone(guest, s.status());
+  Status st = (*s)->Write(channel::kChanIn, data);
+  if (st.ok()) st = (*s)->CloseWrite(channel::kChanIn);
+  if (!st.ok()) {
+    (void)(*s)->Reset("the host could not send the file");
+    return GuestGone(guest, st);
+  }
+  auto end = AwaitEnd(**s);
+  if (!end.ok()) return GuestGone(guest, end.status());
+  return FileEndStatus(*end);
+}
+
+Result<FileRead> ReadFile(GuestChannel& guest, const std::string& path, int64_t max_bytes) {
+  auto s = guest.Open({{"op", "get"}, {"path", path}});
+  if (!s.ok()) return GuestGone(guest, s.status());
+  FileRead out;
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) return GuestGone(guest, m.status());
+    switch (m->kind) {
+      case Kind::kEvent: {
+        const Json& b = m->body;
+        if (!b.contains("type") || !b["type"].is_string() || b["type"] != "meta") break;
+        if (!b.contains("kind") || !b["kind"].is_string()) {
+          (void)(*s)->Reset("malformed meta");
+          return Internal("the guest's reply was malformed: a meta event without a kind");
+        }
+        std::string kind = b["kind"];
+        if (kind != "file") {
+          (void)(*s)->Reset("not a file");
+          return FailedPrecondition(path + " is a " + (kind == "tar" ? "directory" : kind) +
+                                    ", not a regular file");
+        }
+        out.size = IntIn(b.value("size", Json(-1)), 0, INT64_MAX).value_or(-1);
+        break;
+      }
+      case Kind::kData:
+        out.data += m->data;
+        if (static_cast<int64_t>(out.data.size()) > max_bytes) {
+          out.truncated = true;
+          out.data.resize(static_cast<size_t>(max_bytes));
+          (void)(*s)->Reset("read cap reached");
+          return out;
+        }
+        break;
+      case Kind::kEof:
+        break;
+      case Kind::kEnd:
+        RETURN_IF_ERROR(FileEndStatus(m->body));
+        return out;
+      case Kind::kReset:
+        return GuestGone(guest, GuestAborted(m->body));
+    }
+  }
+}
+
+Status PutTar(
+    GuestChannel& guest, const std::string& path,
+    const std::function<Status(const std::function<Status(std::string_view)>&)>& write_tar) {
+  auto s = guest.Open({{"op", "put"}, {"path", path}, {"kind", "tar"}, {"mode", 0755}});
+  if (!s.ok()) return GuestGone(guest, s.status());
+  Status sent = write_tar([&](std::string_view d) { return (*s)->Write(channel::kChanIn, d); });
+  if (sent.ok()) sent = (*s)->CloseWrite(channel::kChanIn);
+  if (!sent.ok()) {
+    // After a local reset no END will come: fail now, never wait for one.
+    (void)(*s)->Reset("the host could not send the tree");
+    return GuestGone(guest, sent);
+  }
+  auto end = AwaitEnd(**s);
+  if (!end.ok()) return GuestGone(guest, end.status());
+  Status st = FileEndStatus(*end);
+  return st.ok() ? st : GuestGone(guest, st);
+}
+
+Result<std::unique_ptr<TarReader>> TarReader::Open(GuestChannel& guest, const std::string& path,
+                                                   const std::vector<std::string>& excludes) {
+  auto s = guest.Open({{"op", "get"}, {"path", path}, {"exclude", excludes}});
+  if (!s.ok()) return GuestGone(guest, s.status());
+  return std::unique_ptr<TarReader>(new TarReader(guest, *s));
+}
+
+Result<std::string> TarReader::Next() {
+  for (;;) {
+    if (eof_ || end_) return std::string();
+    auto m = s_->Next();
+    if (!m.ok()) return GuestGone(guest_, m.status());
+    switch (m->kind) {
+      case Kind::kData:
+        if (m->channel == channel::kChanOut) return std::move(m->data);
+        break;
+      case Kind::kEof:
+        eof_ = true;
+        return std::string();
+      case Kind::kEvent:
+        break;
+      case Kind::kEnd: {
+        end_ = m->body;
+        RETURN_IF_ERROR(FileEndStatus(m->body));
+        return Internal("the guest ended the transfer before its data");
+      }
+      case Kind::kReset:
+        return GuestGone(guest_,
+                         Unavailable("the guest aborted the transfer: " + ResetReason(m->body)));
+    }
+  }
+}
+
+Result<std::string> TarReader::Finish() {
+  if (!end_) {
+    auto end = AwaitEnd(*s_);
+    if (!end.ok()) return GuestGone(guest_, end.status());
+    end_ = *end;
+  }
+  RETURN_IF_ERROR(FileEndStatus(*end_));
+  const Json& w = end_->value("warnings", Json());
+  return w.is_string() ? w.get<std::string>() : std::string();
+}
+
+void TarReader::Abort(const std::string& why) { (void)s_->Reset(why); }
+
+// ---- the put and get verbs ----
+
+void DrainInput(channel::Stream& client) {
+  for (;;) {
+    auto m = client.Next();
+    if (!m.ok() || m->kind == Kind::kEof || m->kind == Kind::kReset || m->kind == Kind::kEnd) {
+      return;
+    }
+  }
+}
+
+namespace {
+
+// Ends a put/get client stream: the guest's END in the daemon's shape, or why none came.
+void FinishRelay(GuestChannel& guest, channel::Stream& client, const std::optional<Json>& end,
+                 const Status& failure) {
+  if (!end) {
+    (void)client.End(ErrorReply(GuestGone(guest, failure)));
+    return;
+  }
+  std::string kind;
+  int64_t bytes = 0;
+  Status st = FileEndStatus(*end, &kind, &bytes);
+  (void)client.End(st.ok() ? Json{{"ok", true}, {"bytes", bytes}} : ErrorReply(st, kind));
+}
+
+// A get's meta EVENT as the daemon forwards it: only known, well-typed fields.
+Result<Json> MetaEvent(const Json& b) {
+  if (!b.contains("type") || !b["type"].is_string()) {
+    return InvalidArgument("an event without a string 'type'");
+  }
+  if (b["type"] != "meta") return Json();
+  Json out = {{"type", "meta"}};
+  if (!b.contains("kind") || !b["kind"].is_string()) {
+    return InvalidArgument("a meta event without a string 'kind'");
+  }
+  out["kind"] = b["kind"];
+  for (const char* k : {"mode", "mtime_ns", "size"}) {
+    if (!b.contains(k)) continue;
+    auto v = IntIn(b[k], k == std::string("mtime_ns") ? INT64_MIN : 0, INT64_MAX);
+    if (!v) return InvalidArgument(std::string("'") + k + "' is not an integer");
+    out[k] = *v;
+  }
+  return out;
+}
+
+}  // namespace
+
+void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client) {
+  auto s = guest.Open(greq);
+  if (!s.ok()) {
+    DrainInput(client);
+    (void)client.End(ErrorReply(GuestGone(guest, s.status())));
+    return;
+  }
+  // The upload is pumped on its own thread: the guest may end early (no space, a bad path)
+  // while the client still sends.
+  std::thread pump([&] {
+    bool forwarding = true;
+    for (;;) {
+      auto m = client.Next();
+      if (!m.ok()) break;
+      if (m->kind == Kind::kData && forwarding) {
+        if (!(*s)->Write(channel::kChanIn, m->data).ok()) forwarding = false;
+      } else if (m->kind == Kind::kEof) {
+        if (forwarding) (void)(*s)->CloseWrite(channel::kChanIn);
+        break;
+      } else if (m->kind == Kind::kReset || m->kind == Kind::kEnd) {
+        (void)(*s)->Reset("the client cancelled the request");
+        break;
+      }
+    }
+  });
+  std::optional<Json> end;
+  Status failure;
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) {
+      failure = m.status();
+      break;
+    }
+    if (m->kind == Kind::kEnd) {
+      end = m->body;
+      break;
+    }
+    if (m->kind == Kind::kReset) {
+      failure = GuestAborted(m->body);
+      break;
+    }
+  }
+  if (!end) (void)(*s)->Reset("put failed");
+  pump.join();
+  FinishRelay(guest, client, end, failure);
+}
+
+void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client) {
+  auto s = guest.Open(greq);
+  if (!s.ok()) {
+    (void)client.End(ErrorReply(GuestGone(guest, s.status())));
+    return;
+  }
+  std::optional<Json> end;
+  Status failure;
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) {
+      failure = m.status();
+      break;
+    }
+    bool stop = false;
+    switch (m->kind) {
+      case Kind::kData:
+        if (!client
+                 .Write(m->channel == channel::kChanOut ? channel::kChanOut : channel::kChanErr,
+                        m->data)
+                 .ok()) {
+          (void)s->get()->Reset("the client disconnected");
+          failure = Unavailable("the client disconnected");
+          stop = true;
+        }
+        break;
+      case Kind::kEof:
+        (void)client.CloseWrite(m->channel == channel::kChanOut ? channel::kChanOut
+                                                                : channel::kChanErr);
+        break;
+      case Kind::kEvent: {
+        auto ev = MetaEvent(m->body);
+        if (!ev.ok()) {
+          (void)s->get()->Reset("malformed event");
+          failure = Internal("the guest's reply was malformed: " + ev.status().message());
+          stop = true;
+        } else if (!ev->is_null()) {
+          (void)client.SendEvent(*ev);
+        }
+        break;
+      }
+      case Kind::kEnd:
+        end = m->body;
+        stop = true;
+        break;
+      case Kind::kReset:
+        failure = GuestAborted(m->body);
+        stop = true;
+        break;
+    }
+    if (stop) break;
+  }
+  FinishRelay(guest, client, end, failure);
+}
+
+}  // namespace trybox::daemon

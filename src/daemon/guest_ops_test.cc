@@ -1,0 +1,395 @@
+// GuestOps against guests over real socketpairs: trybox-init's own put/get handlers for
+// files, and a raw peer writing hand-made frames for everything a hostile guest can send
+// (malformed ENDs, events and resets, a channel dropped mid-exec). The client side of an
+// exec is a second real Mux connection, as the daemon's socket is.
+#include "daemon/guest_ops.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+#include "channel/frame.h"
+#include "guest/files.h"
+#include "guest/reaper.h"
+#include "util/fd.h"
+
+namespace trybox::daemon {
+namespace {
+
+using channel::FrameType;
+using channel::Mux;
+using channel::Stream;
+using Kind = Stream::Message::Kind;
+
+// The host end of a guest connection, as a GuestChannel.
+class MuxGuest : public GuestChannel {
+ public:
+  explicit MuxGuest(UniqueFd fd) : mux_(std::move(fd), channel::Role::kHost) { mux_.Start(); }
+  Result<std::shared_ptr<Stream>> Open(const Json& r) override { return mux_.Open(r); }
+  bool alive() const override { return mux_.alive(); }
+  std::string death_reason() const override { return mux_.death_reason(); }
+
+ private:
+  Mux mux_;
+};
+
+// The guest end as raw bytes: the test reads the host's frames and writes its own.
+class RawPeer {
+ public:
+  explicit RawPeer(UniqueFd fd) : fd_(std::move(fd)) {}
+  // The next frame from the host (skips CREDIT frames).
+  channel::Frame Read() {
+    for (;;) {
+      auto f = decoder_.Next();
+      if (f.ok()) {
+        if (f->type == FrameType::kCredit) continue;
+        return *f;
+      }
+      char buf[65536];
+      ssize_t n = ::read(fd_.get(), buf, sizeof buf);
+      if (n <= 0) return channel::Frame{0, FrameType::kReset, 0, "peer closed"};
+      decoder_.Feed(std::string_view(buf, static_cast<size_t>(n)));
+    }
+  }
+  void Send(uint32_t stream, FrameType type, uint8_t ch, const std::string& payload) {
+    std::string bytes = channel::EncodeFrame({stream, type, ch, payload});
+    ASSERT_EQ(::write(fd_.get(), bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  void Json(uint32_t stream, FrameType type, const std::string& text) {
+    Send(stream, type, 0, text);
+  }
+  void Close() { fd_.Reset(); }
+
+ private:
+  UniqueFd fd_;
+  channel::FrameDecoder decoder_;
+};
+
+struct Hostile {
+  std::unique_ptr<MuxGuest> guest;
+  std::unique_ptr<RawPeer> peer;
+};
+
+Hostile MakeHostile() {
+  int sv[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  return {std::make_unique<MuxGuest>(UniqueFd(sv[0])), std::make_unique<RawPeer>(UniqueFd(sv[1]))};
+}
+
+// A client connection: `client` is what the CLI holds, `server` what the daemon's verb sees.
+struct ClientConn {
+  std::unique_ptr<Mux> cli, daemon;
+  std::shared_ptr<Stream> client, server;
+};
+
+ClientConn MakeClient(const Json& request = {{"verb", "exec"}}) {
+  int sv[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ClientConn c;
+  c.cli = std::make_unique<Mux>(UniqueFd(sv[0]), channel::Role::kHost);
+  c.daemon = std::make_unique<Mux>(UniqueFd(sv[1]), channel::Role::kGuest);
+  std::promise<std::shared_ptr<Stream>> got;
+  c.daemon->OnOpen([&got](std::shared_ptr<Stream> s, Json) { got.set_value(s); });
+  c.cli->Start();
+  c.daemon->Start();
+  c.client = *c.cli->Open(request);
+  c.server = got.get_future().get();
+  return c;
+}
+
+// Runs `fn` (a RunExec) on a thread while the test plays the guest.
+template <typename F>
+auto Async(F fn) {
+  return std::async(std::launch::async, std::move(fn));
+}
+
+TEST(GuestOpsExecTest, RelaysOutputAndReturnsTheGuestsResult) {
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient();
+  ExecSpec spec;
+  spec.argv = {"x"};
+  std::string capture;
+  auto fut = Async([&] {
+    ExecIo io;
+    io.client = c.server.get();
+    io.capture = &capture;
+    return RunExec(*h.guest, spec, io);
+  });
+  channel::Frame open = h.peer->Read();
+  ASSERT_EQ(open.type, FrameType::kOpen);
+  Json req = Json::parse(open.payload);
+  EXPECT_EQ(req["op"], "exec");
+  EXPECT_EQ(req["argv"], Json::array({"x"}));
+  EXPECT_FALSE(req.contains("user"));
+  h.peer->Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
+  h.peer->Send(open.stream, FrameType::kData, 1, "out");
+  h.peer->Send(open.stream, FrameType::kData, 2, "err!");
+  h.peer->Send(open.stream, FrameType::kEof, 1, "");
+  h.peer->Send(open.stream, FrameType::kEof, 2, "");
+  h.peer->Json(open.stream, FrameType::kEnd,
+               R"({"outcome":"exited","exit_code":3,"duration_ms":7})");
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kExited);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.duration_ms, 7);
+  EXPECT_EQ(r.stdout_bytes, 3);
+  EXPECT_EQ(r.stderr_bytes, 4);
+  EXPECT_EQ(capture, "outerr!");
+  std::string out, err;
+  Json event;
+  for (int i = 0; i < 5; ++i) {
+    auto m = c.client->Next();
+    ASSERT_TRUE(m.ok());
+    if (m->kind == Kind::kEvent) event = m->body;
+    if (m->kind == Kind::kData) (m->channel == 1 ? out : err) += m->data;
+  }
+  EXPECT_EQ(event, (Json{{"type", "started"}, {"pid", 42}}));
+  EXPECT_EQ(out, "out");
+  EXPECT_EQ(err, "err!");
+  EXPECT_EQ(r.ToJson(), (Json{{"outcome", "exited"}, {"exit_code", 3}, {"duration_ms", 7}}));
+}
+
+TEST(GuestOpsExecTest, MalformedEndsAreErrorsOfTheirOwnNameNeverExitCodes) {
+  for (const char* end :
+       {R"({"outcome":1})", R"({"type":1})", R"({"outcome":"exited"})",
+        R"({"outcome":"exited","exit_code":"0"})", R"({"outcome":"exited","exit_code":0.5})",
+        R"({"outcome":"exited","exit_code":300})", R"({"outcome":"signaled","signal":"9"})",
+        R"({"outcome":"timed_out"})", R"({"outcome":"error","error":2})",
+        R"({"outcome":"exited","exit_code":0,"duration_ms":-1})",
+        R"({"outcome":"exited","exit_code":0,"message":[1]})", R"({"outcome":"won"})", R"([1,2])",
+        R"("exited")"}) {
+    Hostile h = MakeHostile();
+    auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
+    channel::Frame open = h.peer->Read();
+    h.peer->Json(open.stream, FrameType::kEnd, end);
+    ExecResult r = fut.get();
+    // A non-object END is a malformed frame: the stream is reset, the channel lives on.
+    if (std::string(end)[0] != '{') {
+      EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost) << end;
+      continue;
+    }
+    EXPECT_EQ(r.outcome, ExecOutcome::kError) << end;
+    EXPECT_EQ(r.error, "bad_guest_reply") << end;
+    EXPECT_FALSE(r.exit_code.has_value()) << end;
+    EXPECT_TRUE(h.guest->alive());
+  }
+}
+
+TEST(GuestOpsExecTest, MalformedEventResetsTheStreamAndNamesIt) {
+  Hostile h = MakeHostile();
+  auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
+  channel::Frame open = h.peer->Read();
+  h.peer->Json(open.stream, FrameType::kEvent, R"({"type":1})");
+  channel::Frame reset = h.peer->Read();
+  EXPECT_EQ(reset.type, FrameType::kReset);
+  EXPECT_EQ(reset.stream, open.stream);
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kError);
+  EXPECT_EQ(r.error, "bad_guest_reply");
+  EXPECT_NE(r.message.find("'type'"), std::string::npos) << r.message;
+}
+
+TEST(GuestOpsExecTest, ResetWithAReasonOfTheWrongTypeIsAGuestAbort) {
+  Hostile h = MakeHostile();
+  auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
+  channel::Frame open = h.peer->Read();
+  h.peer->Json(open.stream, FrameType::kReset, R"({"reason":1})");
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost);
+  EXPECT_NE(r.message.find("the guest aborted the request"), std::string::npos) << r.message;
+}
+
+TEST(GuestOpsExecTest, GarbageOnStreamZeroClosesTheChannelWithItsName) {
+  for (const char* event : {R"([1,2])", R"(7)"}) {
+    Hostile h = MakeHostile();
+    auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
+    channel::Frame open = h.peer->Read();
+    h.peer->Json(0, FrameType::kEvent, event);
+    ExecResult r = fut.get();
+    EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost) << event;
+    EXPECT_FALSE(h.guest->alive());
+    EXPECT_NE(h.guest->death_reason().find("malformed control event"), std::string::npos)
+        << h.guest->death_reason();
+  }
+}
+
+TEST(GuestOpsExecTest, ChannelClosedBeforeTheEndIsChannelLostNotAnExitCode) {
+  Hostile h = MakeHostile();
+  auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
+  channel::Frame open = h.peer->Read();
+  h.peer->Send(open.stream, FrameType::kData, 1, "partial");
+  h.peer->Close();
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost);
+  EXPECT_FALSE(r.exit_code.has_value());
+  EXPECT_NE(r.message.find("the guest is gone"), std::string::npos) << r.message;
+}
+
+TEST(GuestOpsExecTest, AClientThatResetsCancelsTheCommandInTheGuest) {
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient();
+  auto fut = Async([&] {
+    ExecIo io;
+    io.client = c.server.get();
+    return RunExec(*h.guest, ExecSpec{{"sleep", "100"}}, io);
+  });
+  channel::Frame open = h.peer->Read();
+  ASSERT_TRUE(c.client->Reset("user pressed Ctrl-C").ok());
+  channel::Frame reset = h.peer->Read();
+  EXPECT_EQ(reset.type, FrameType::kReset);
+  EXPECT_EQ(reset.stream, open.stream);
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kCancelled);
+}
+
+TEST(GuestOpsExecTest, EndsAsSoonAsTheGuestEndsWithNoTimerWhileInputStaysOpen) {
+  // The watcher of the client's stream used to wake every 100 ms to see whether the exec
+  // had ended: every exec waited for its next tick. Now it sleeps once and is interrupted.
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient();
+  ExecSpec spec{{"cat"}};
+  spec.stdin = true;
+  auto fut = Async([&] {
+    ExecIo io;
+    io.client = c.server.get();
+    return RunExec(*h.guest, spec, io);
+  });
+  channel::Frame open = h.peer->Read();
+  ASSERT_TRUE(c.client->Write(channel::kChanIn, "in").ok());
+  channel::Frame data = h.peer->Read();
+  EXPECT_EQ(data.type, FrameType::kData);
+  EXPECT_EQ(data.payload, "in");
+  // The command runs a while; the client keeps its input open the whole time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  h.peer->Json(open.stream, FrameType::kEnd, R"({"outcome":"exited","exit_code":0})");
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kExited);
+  // One sleep before the input arrived, one after: no periodic wake-ups in 450 ms.
+  EXPECT_LE(c.server->wakeups(), 3u);
+}
+
+TEST(GuestOpsExecTest, RequestCarriesUserAndPrivilegesOnlyWhenSet) {
+  ExecSpec spec{{"id"}};
+  EXPECT_FALSE(GuestExecRequest(spec).contains("user"));
+  EXPECT_FALSE(GuestExecRequest(spec).contains("privileged"));
+  spec.user = "user";
+  spec.privileged = true;
+  Json req = GuestExecRequest(spec);
+  EXPECT_EQ(req["user"], "user");
+  EXPECT_EQ(req["privileged"], true);
+}
+
+// ---- files, against trybox-init's own handlers ----
+
+class GuestOpsFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    guest_mux_ = std::make_unique<Mux>(UniqueFd(sv[1]), channel::Role::kGuest);
+    guest_mux_->OnOpen([this](std::shared_ptr<Stream> s, Json req) {
+      if (req["op"] == "put") guest::ServePut(reaper_, *s, req);
+      if (req["op"] == "get") guest::ServeGet(reaper_, *s, req);
+    });
+    guest_mux_->Start();
+    guest_ = std::make_unique<MuxGuest>(UniqueFd(sv[0]));
+    auto dir = TempDir::Make(::testing::TempDir(), "guest_ops_test");
+    ASSERT_TRUE(dir.ok());
+    dir_.emplace(std::move(dir).value());
+  }
+  std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
+
+  guest::Reaper reaper_;
+  std::unique_ptr<Mux> guest_mux_;
+  std::unique_ptr<MuxGuest> guest_;
+  std::optional<TempDir> dir_;
+};
+
+TEST_F(GuestOpsFilesTest, WriteThenReadRoundTrips) {
+  std::string data(300000, 'z');
+  ASSERT_TRUE(WriteFile(*guest_, Path("a/b.txt"), data, 0600, /*mkdirs=*/true).ok());
+  auto r = ReadFile(*guest_, Path("a/b.txt"), 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->data, data);
+  EXPECT_FALSE(r->truncated);
+  EXPECT_EQ(r->size, 300000);
+  auto cut = ReadFile(*guest_, Path("a/b.txt"), 1000);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->data.size(), 1000u);
+  EXPECT_TRUE(cut->truncated);
+}
+
+TEST_F(GuestOpsFilesTest, ReadOfADirectoryOrAMissingFileSaysWhich) {
+  ASSERT_TRUE(WriteFile(*guest_, Path("d/f"), "x", 0644, true).ok());
+  auto dir = ReadFile(*guest_, Path("d"), 100);
+  EXPECT_EQ(dir.status().code(), Code::kFailedPrecondition) << dir.status().ToString();
+  EXPECT_NE(dir.status().message().find("directory"), std::string::npos);
+  auto missing = ReadFile(*guest_, Path("nope"), 100);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound) << missing.status().ToString();
+  Status no_parent = WriteFile(*guest_, Path("x/y/z"), "x", 0644, /*mkdirs=*/false);
+  EXPECT_FALSE(no_parent.ok());
+}
+
+TEST_F(GuestOpsFilesTest, GetRelaysMetaDataAndEndToTheClient) {
+  ASSERT_TRUE(WriteFile(*guest_, Path("g"), "hello", 0640, true).ok());
+  ClientConn c = MakeClient({{"verb", "get"}});
+  RelayGet(*guest_, {{"op", "get"}, {"path", Path("g")}}, *c.server);
+  Json meta, end;
+  std::string data;
+  for (;;) {
+    auto m = c.client->Next();
+    ASSERT_TRUE(m.ok());
+    if (m->kind == Kind::kEvent) meta = m->body;
+    if (m->kind == Kind::kData) data += m->data;
+    if (m->kind == Kind::kEnd) {
+      end = m->body;
+      break;
+    }
+  }
+  EXPECT_EQ(meta["type"], "meta");
+  EXPECT_EQ(meta["kind"], "file");
+  EXPECT_EQ(meta["mode"], 0640);
+  EXPECT_EQ(data, "hello");
+  EXPECT_EQ(end, (Json{{"ok", true}, {"bytes", 5}}));
+}
+
+TEST_F(GuestOpsFilesTest, PutErrorsKeepTheGuestsKind) {
+  ClientConn c = MakeClient({{"verb", "put"}});
+  std::thread upload([&] {
+    (void)c.client->Write(channel::kChanIn, "data");
+    (void)c.client->CloseWrite(channel::kChanIn);
+  });
+  RelayPut(*guest_, {{"op", "put"}, {"path", Path("missing/dir/f")}, {"kind", "file"}}, *c.server);
+  upload.join();
+  Json end;
+  for (;;) {
+    auto m = c.client->Next();
+    ASSERT_TRUE(m.ok());
+    if (m->kind == Kind::kEnd) {
+      end = m->body;
+      break;
+    }
+  }
+  EXPECT_EQ(end["ok"], false);
+  EXPECT_EQ(end["error"]["code"], "NOT_FOUND") << end.dump();
+  EXPECT_EQ(end["error"]["kind"], "not_found") << end.dump();
+}
+
+TEST(GuestOpsFilesHostileTest, MalformedFileEndsAreNamedNotThrown) {
+  for (const char* end :
+       {R"({"ok":"yes"})", R"({"ok":false})", R"({"ok":false,"error":1})", R"({})"}) {
+    Hostile h = MakeHostile();
+    auto fut = Async([&] { return ReadFile(*h.guest, "/x", 10); });
+    channel::Frame open = h.peer->Read();
+    h.peer->Json(open.stream, FrameType::kEnd, end);
+    auto r = fut.get();
+    EXPECT_FALSE(r.ok()) << end;
+    EXPECT_NE(r.status().message().find("malformed"), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace trybox::daemon

@@ -1,0 +1,190 @@
+// The daemon's request parsers: every field type- and range-checked, errors naming it,
+// nothing thrown on any input (the attack campaign's cases among them).
+#include "daemon/requests.h"
+
+#include <gtest/gtest.h>
+
+namespace trybox::daemon {
+namespace {
+
+Json J(const char* text) { return Json::parse(text); }
+
+void ExpectInvalid(const Status& st, const std::string& names) {
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find(names), std::string::npos) << st.message();
+}
+
+TEST(DaemonRequestsTest, CreateDefaultsAndRanges) {
+  auto r = ParseCreate(J("{}"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->image, "debian-12");
+  EXPECT_EQ(r->memory_mib, 512);
+  EXPECT_EQ(r->cpus, 1);
+  EXPECT_FALSE(r->ephemeral);
+  r = ParseCreate(J(R"({"image":"x_1","memory_mib":1024,"cpus":2,"allow":["a.com"],
+                        "profiles":["p"],"ephemeral":true,"cold":true,"privileged":true})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->memory_mib, 1024);
+  EXPECT_TRUE(r->privileged);
+  EXPECT_EQ(r->allow, std::vector<std::string>{"a.com"});
+}
+
+TEST(DaemonRequestsTest, MemoryThatWrapsA32BitIntIsRefusedNotTruncated) {
+  // 4294967808 boots 512 MiB if read as an int.
+  ExpectInvalid(ParseCreate(J(R"({"memory_mib":4294967808})")).status(), "'memory_mib'");
+  ExpectInvalid(ParseCreate(J(R"({"memory_mib":64})")).status(), "from 128 to 65536");
+  ExpectInvalid(ParseCreate(J(R"({"memory_mib":512.5})")).status(), "'memory_mib'");
+  ExpectInvalid(ParseCreate(J(R"({"memory_mib":"512"})")).status(), "'memory_mib'");
+  ExpectInvalid(ParseCreate(J(R"({"cpus":0})")).status(), "'cpus'");
+  ExpectInvalid(ParseCreate(J(R"({"cpus":-1})")).status(), "'cpus'");
+}
+
+TEST(DaemonRequestsTest, CreateRefusesWrongTypesBeforeAnythingBoots) {
+  // An "ephemeral":"yes" left a VM running.
+  ExpectInvalid(ParseCreate(J(R"({"ephemeral":"yes"})")).status(), "'ephemeral'");
+  ExpectInvalid(ParseCreate(J(R"({"cold":1})")).status(), "'cold'");
+  ExpectInvalid(ParseCreate(J(R"({"allow":"a.com"})")).status(), "'allow'");
+  ExpectInvalid(ParseCreate(J(R"({"allow":[1]})")).status(), "'allow'");
+  ExpectInvalid(ParseCreate(J(R"({"image":"../x"})")).status(), "image name");
+  ExpectInvalid(ParseCreate(J(R"({"image":7})")).status(), "'image'");
+  ExpectInvalid(ParseCreate(J("[1,2]")).status(), "JSON object");
+}
+
+TEST(DaemonRequestsTest, TimeoutsAreIntegersInRange) {
+  // --timeout 4294967.297 killed after 1 ms; 1e20 meant no timeout.
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"timeout_ms":4294967297.5})")).status(),
+                "'timeout_ms'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"timeout_ms":1e20})")).status(),
+                "'timeout_ms'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"timeout_ms":-1})")).status(),
+                "'timeout_ms'");
+  ExpectInvalid(
+      ParseExec(J(R"({"vm":"a","argv":["x"],"timeout_ms":18446744073709551615})")).status(),
+      "'timeout_ms'");
+  auto r = ParseExec(J(R"({"vm":"a","argv":["x"],"timeout_ms":4294967297})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->timeout_ms, 4294967297);
+}
+
+TEST(DaemonRequestsTest, ExecFields) {
+  auto r = ParseExec(J(R"({"vm":"a","argv":["sh","-c","x"],"env":{"K":"V"},"cwd":"/tmp",
+                          "stdin":true,"user":"user"})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->argv.size(), 3u);
+  EXPECT_EQ(r->env.at("K"), "V");
+  EXPECT_EQ(*r->cwd, "/tmp");
+  EXPECT_TRUE(r->stdin);
+  EXPECT_EQ(r->user, "user");
+  EXPECT_FALSE(ParseExec(J(R"({"vm":"a"})")).ok());
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":[]})")).status(), "'argv'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":[1]})")).status(), "'argv'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"env":{"K":1}})")).status(), "'env'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"env":{"A=B":"1"}})")).status(), "'env'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"cwd":"rel"})")).status(), "'cwd'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"stdin":"no"})")).status(), "'stdin'");
+  ExpectInvalid(ParseExec(J(R"({"vm":1,"argv":["x"]})")).status(), "'vm'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a/b","argv":["x"]})")).status(), "VM id");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"user":"../root"})")).status(), "user name");
+}
+
+TEST(DaemonRequestsTest, PutModesAndTimes) {
+  auto r = ParsePut(J(R"({"vm":"a","path":"/x","kind":"file","mode":493,"mtime_ns":-5})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->mode, 493);
+  EXPECT_EQ(*r->mtime_ns, -5);
+  EXPECT_FALSE(ParsePut(J(R"({"vm":"a","path":"/x","kind":"file"})"))->mtime_ns.has_value());
+  ExpectInvalid(ParsePut(J(R"({"vm":"a","path":"/x","kind":"dir"})")).status(), "'kind'");
+  ExpectInvalid(ParsePut(J(R"({"vm":"a","path":"/x","kind":"file","mode":65536})")).status(),
+                "'mode'");
+  ExpectInvalid(ParsePut(J(R"({"vm":"a","path":"x","kind":"file"})")).status(), "'path'");
+}
+
+TEST(DaemonRequestsTest, AuditPagingAndLimits) {
+  auto r = ParseAudit(J(R"({"limit":3500,"before_id":10})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->limit, 3500);
+  EXPECT_EQ(*r->before_id, 10);
+  ExpectInvalid(ParseAudit(J(R"({"limit":0})")).status(), "'limit'");
+  ExpectInvalid(ParseAudit(J(R"({"limit":"all"})")).status(), "'limit'");
+  ExpectInvalid(ParseAudit(J(R"({"vm":""})")).status(), "VM id");
+}
+
+TEST(DaemonRequestsTest, CollectHasNoBranchOnTheWire) {
+  // branch_id was reachable from the socket: a client could name another run's branch.
+  auto r = ParseCollect(J(R"({"vm":"a","branch_id":"other-run","into":"/tmp/x"})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->into, "/tmp/x");
+  ExpectInvalid(ParseCollect(J(R"({"vm":"a","into":"rel"})")).status(), "'into'");
+  ExpectInvalid(ParseCollect(J(R"({"vm":"a","commit":"yes"})")).status(), "'commit'");
+}
+
+TEST(DaemonRequestsTest, AgentRequestAndLimits) {
+  Json model = {{"provider", "openai"}, {"model", "m"}, {"base_url", "http://127.0.0.1:1/v1"}};
+  Json req = {{"task", "t"}, {"model", model}, {"limits", {{"max_turns", 3}}}};
+  auto r = ParseAgent(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->limits.max_turns, 3);
+  EXPECT_EQ(r->memory_mib, 1024);
+  req["limits"] = {{"max_turns", 3.5}};
+  ExpectInvalid(ParseAgent(req).status(), "'limits.max_turns'");
+  req["limits"] = {{"wall_clock_s", 0}};
+  ExpectInvalid(ParseAgent(req).status(), "'limits.wall_clock_s'");
+  req["limits"] = 5;
+  ExpectInvalid(ParseAgent(req).status(), "'limits'");
+  req.erase("limits");
+  req["task"] = "";
+  ExpectInvalid(ParseAgent(req).status(), "'task'");
+  req["task"] = "t";
+  req["model"] = "x";
+  EXPECT_FALSE(ParseAgent(req).ok());
+  EXPECT_FALSE(ParseAgentContinue(J(R"({"run":"r1"})"), /*answer=*/true).ok());
+  EXPECT_TRUE(ParseAgentContinue(J(R"({"run":"r1"})"), /*answer=*/false).ok());
+  ExpectInvalid(ParseRunRequest(J(R"({"run":["r"]})")).status(), "'run'");
+}
+
+TEST(DaemonRequestsTest, NoInputThrows) {
+  // Every JSON type in every field of every parser: an error or a value, never an exception.
+  const std::vector<Json> values = {nullptr,
+                                    true,
+                                    -1,
+                                    0,
+                                    1.5,
+                                    1e300,
+                                    18446744073709551615u,
+                                    "",
+                                    "x",
+                                    "/a",
+                                    Json::array(),
+                                    Json::array({1}),
+                                    Json::object(),
+                                    Json{{"a", 1}}};
+  const std::vector<std::string> keys = {
+      "vm",     "argv",        "env",        "cwd",      "timeout_ms", "stdin",
+      "user",   "image",       "memory_mib", "cpus",     "allow",      "profiles",
+      "path",   "kind",        "mode",       "mtime_ns", "limit",      "before_id",
+      "dir",    "quota_bytes", "into",       "commit",   "task",       "model",
+      "limits", "run",         "answer",     "offset",   "setup",      "ephemeral"};
+  for (const auto& k : keys) {
+    for (const auto& v : values) {
+      Json req = {{"vm", "a"}, {"argv", {"x"}}, {"path", "/p"}, {"kind", "file"}};
+      req[k] = v;
+      EXPECT_NO_THROW({
+        (void)ParseCreate(req);
+        (void)ParseExec(req);
+        (void)ParsePut(req);
+        (void)ParseGet(req);
+        (void)ParseAudit(req);
+        (void)ParseWorkspaceIn(req);
+        (void)ParseCollect(req);
+        (void)ParseDiff(req);
+        (void)ParseAgent(req);
+        (void)ParseAgentContinue(req, true);
+        (void)ParseRunRequest(req);
+      }) << k
+         << "=" << v.dump();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trybox::daemon
