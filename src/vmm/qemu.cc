@@ -13,6 +13,7 @@
 #include <future>
 
 #include "util/fd.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/names.h"
 #include "util/socket.h"
@@ -332,7 +333,7 @@ Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
   mux_->OnOpen([slot = guest_open_](std::shared_ptr<channel::Stream> s, Json req) {
     channel::Mux::OpenHandler h;
     {
-      std::lock_guard<std::mutex> lock(slot->mu);
+      MutexLock lock(slot->mu);
       h = slot->handler;
     }
     if (h) return h(std::move(s), std::move(req));
@@ -341,7 +342,7 @@ Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
   auto hello = std::make_shared<std::promise<Json>>();
   auto once = std::make_shared<std::once_flag>();
   mux_->OnControl([hello, once](const Json& e) {
-    if (e.value("type", "") == "hello") std::call_once(*once, [&] { hello->set_value(e); });
+    if (StrOr(e, "type") == "hello") std::call_once(*once, [&] { hello->set_value(e); });
   });
   mux_->Start();
   auto fut = hello->get_future();
@@ -388,10 +389,10 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
   if (!ping.ok()) return vm->Fail(ping.status().Annotate("ping the guest agent"));
   auto reply = (*ping)->Next(deadline);
   if (!reply.ok()) return vm->Fail(reply.status().Annotate("ping the guest agent"));
-  if (reply->kind != channel::Stream::Message::Kind::kEnd || !reply->body.value("ok", false)) {
+  if (reply->kind != channel::Stream::Message::Kind::kEnd || !BoolOr(reply->body, "ok")) {
     return vm->Fail(Unavailable("the guest agent answered the ping with " + reply->body.dump()));
   }
-  vm->boot_id_ = reply->body.value("boot_id", "");
+  vm->boot_id_ = StrOr(reply->body, "boot_id");
   vm->boot_ms_ = MsSince(start);
   return vm;
 }
@@ -431,7 +432,7 @@ Result<std::unique_ptr<Vm>> Vm::Restore(const VmConfig& config, std::chrono::mil
   // A bad state file makes QEMU exit ("load of migration failed"); AwaitHello sees that.
   auto hello = vm->AwaitHello(deadline);
   if (!hello.ok()) return vm->Fail(hello.status().Annotate("restore from " + tpl));
-  if (!hello->value("template", false)) {
+  if (!BoolOr(*hello, "template")) {
     return vm->Fail(
         FailedPrecondition("the restored guest is not a template clone: " + hello->dump()));
   }
@@ -454,8 +455,8 @@ Result<Json> Vm::Call(const Json& request, Clock::time_point deadline) {
     ASSIGN_OR_RETURN(reply, s->Next(deadline));
   }
   if (reply.kind != Kind::kEnd) {
-    return Unavailable("the guest aborted " + request.value("op", std::string("a request")) + ": " +
-                       reply.body.value("reason", std::string("no reason given")));
+    return Unavailable("the guest aborted " + StrOr(request, "op", "a request") + ": " +
+                       StrOr(reply.body, "reason", "no reason given"));
   }
   return reply.body;
 }
@@ -472,9 +473,9 @@ Status Vm::Identify(Clock::time_point deadline) {
                          {"seed", RandomHex(64)},
                          {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
                         deadline));
-  if (!reply.value("ok", false))
+  if (!BoolOr(reply, "ok"))
     return Unavailable("the guest refused its identity: " + reply.dump());
-  boot_id_ = reply.value("boot_id", "");
+  boot_id_ = StrOr(reply, "boot_id");
   phases_["identity_ms"] = MsSince(start);
   if (reply.contains("timings_us")) phases_["identity_guest_us"] = reply["timings_us"];
   return Status::Ok();
@@ -483,7 +484,7 @@ Status Vm::Identify(Clock::time_point deadline) {
 Status Vm::Warm(Clock::time_point deadline) {
   auto start = Clock::now();
   ASSIGN_OR_RETURN(Json reply, Call({{"op", "warmup"}}, deadline));
-  if (reply.value("outcome", "") != "exited" || reply.value("exit_code", -1) != 0) {
+  if (StrOr(reply, "outcome") != "exited" || IntOr(reply, "exit_code", -1) != 0) {
     return Unavailable("the guest's warm-up failed: " + reply.dump());
   }
   phases_["warmup_ms"] = MsSince(start);
@@ -525,11 +526,11 @@ Status Vm::SaveTemplate(std::chrono::milliseconds timeout) {
   for (;;) {
     auto info = qmp->Execute("query-migrate");
     if (!info.ok()) return fail(info.status());
-    std::string status = info->value("status", "");
+    std::string status = StrOr(*info, "status");
     if (status == "completed") break;
     if (status == "failed" || status == "cancelled") {
       return fail(Internal("QEMU's migration " + status + ": " +
-                           info->value("error-desc", std::string("no reason given"))));
+                           StrOr(*info, "error-desc", "no reason given")));
     }
     if (Clock::now() > deadline) return fail(DeadlineExceeded("saving the state took too long"));
     ::usleep(2000);
@@ -548,35 +549,37 @@ void Vm::WatchQemu() {
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
   ExitInfo info = ExitInfoFromWaitStatus(status);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   qemu_exit_ = info;
   if (death_.empty()) death_ = "QEMU exited (" + info.Describe() + ")";
-  exited_cv_.notify_all();
+  exited_cv_.SignalAll();
 }
 
 void Vm::SetGuestOpen(channel::Mux::OpenHandler handler) {
-  std::lock_guard<std::mutex> lock(guest_open_->mu);
+  MutexLock lock(guest_open_->mu);
   guest_open_->handler = std::move(handler);
 }
 
 bool Vm::QemuExited() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return qemu_exit_.has_value();
 }
 
 bool Vm::alive() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!death_.empty()) return false;
   return !mux_ || mux_->alive();
 }
 
 std::string Vm::death_reason() const {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!death_.empty()) return death_;
   if (mux_ && !mux_->alive()) {
     // The channel usually closes because QEMU died; its exit status arrives a moment later
     // and is the more useful reason, so give the watcher a second to report it.
-    exited_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !death_.empty(); });
+    auto until = Clock::now() + std::chrono::seconds(1);
+    while (death_.empty() && exited_cv_.WaitUntil(mu_, until)) {
+    }
     if (!death_.empty()) return death_;
     return "guest channel lost: " + mux_->death_reason();
   }
@@ -586,7 +589,7 @@ std::string Vm::death_reason() const {
 Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
   if (!mux_) return Unavailable("VM " + config_.id + " is not connected");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!death_.empty()) return Unavailable("VM " + config_.id + " is gone: " + death_);
   }
   auto s = mux_->Open(request);
@@ -609,7 +612,7 @@ DestroyReport Vm::Destroy() {
   }
   if (watcher_.joinable()) watcher_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (qemu_exit_) {
       r.qemu_exit = qemu_exit_->Describe();
       if (death_.empty()) death_ = "destroyed";

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "channel/mux.h"
+#include "util/mutex.h"
 #include "util/process.h"
 #include "util/status.h"
 
@@ -171,15 +172,15 @@ class Vm {
   std::unique_ptr<channel::Mux> mux_;
   // Shared with the Mux's handler threads, which may outlive a destroyed Vm by a moment.
   struct OpenSlot {
-    std::mutex mu;
-    channel::Mux::OpenHandler handler;  // GUARDED_BY(mu)
+    Mutex mu;
+    channel::Mux::OpenHandler handler GUARDED_BY(mu);
   };
   std::shared_ptr<OpenSlot> guest_open_ = std::make_shared<OpenSlot>();
   std::thread watcher_;  // waits for QEMU's exit
-  mutable std::mutex mu_;
-  mutable std::condition_variable exited_cv_;
-  std::optional<ExitInfo> qemu_exit_;  // GUARDED_BY(mu_)
-  std::string death_;                  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  mutable CondVar exited_cv_;
+  std::optional<ExitInfo> qemu_exit_ GUARDED_BY(mu_);
+  std::string death_ GUARDED_BY(mu_);
   std::optional<DestroyReport> destroyed_;
 };
 

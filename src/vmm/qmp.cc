@@ -1,5 +1,7 @@
 #include "vmm/qmp.h"
 
+#include "util/json.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -91,8 +93,8 @@ Result<Json> Qmp::Execute(const std::string& command, const Json& arguments, int
     if (reply.contains("event")) continue;
     if (reply.contains("error")) {
       const Json& e = reply["error"];
-      return Internal("QEMU refused " + command + ": " + e.value("class", "?") + ": " +
-                      e.value("desc", "?"));
+      return Internal("QEMU refused " + command + ": " + StrOr(e, "class", "?") + ": " +
+                      StrOr(e, "desc", "?"));
     }
     if (reply.contains("return")) return reply["return"];
     return Internal("QEMU's monitor answered " + command + " with " + reply.dump());

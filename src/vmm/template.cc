@@ -9,6 +9,7 @@
 #include <ctime>
 
 #include "util/fd.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/names.h"
 #include "util/process.h"
@@ -55,7 +56,7 @@ std::vector<std::string> CanonicalArgv(const TemplateShape& shape) {
 }  // namespace
 
 Result<std::string> QemuVersion(const std::string& qemu) {
-  static std::mutex mu;
+  static Mutex mu;
   static std::map<std::string, std::string> cache;
   std::string path = qemu;
   if (qemu.find('/') == std::string::npos) {
@@ -69,7 +70,7 @@ Result<std::string> QemuVersion(const std::string& qemu) {
                           std::to_string(st.st_mtim.tv_sec) + "." +
                           std::to_string(st.st_mtim.tv_nsec);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     auto it = cache.find(cache_key);
     if (it != cache.end()) return it->second;
   }
@@ -78,7 +79,7 @@ Result<std::string> QemuVersion(const std::string& qemu) {
     return Unavailable(path + " --version " + r.exit.Describe());
   }
   std::string version = r.output.substr(0, r.output.find('\n'));
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   cache[cache_key] = version;
   return version;
 }
@@ -100,13 +101,16 @@ Result<TemplateKey> ComputeTemplateKey(const TemplateShape& shape) {
 }
 
 std::string TemplateMismatch(const Json& meta, const TemplateKey& key) {
-  if (meta.value("format", 0) != kMetaFormat) return "its format is not this trybox's";
-  if (meta.value("key", "") == key.hash) return "";
-  const Json& old = meta.contains("inputs") ? meta["inputs"] : Json::object();
-  auto differs = [&](const char* field) { return old.value(field, Json()) != key.inputs[field]; };
+  if (IntOr(meta, "format") != kMetaFormat) return "its format is not this trybox's";
+  if (StrOr(meta, "key") == key.hash) return "";
+  const Json old = meta.contains("inputs") && meta["inputs"].is_object() ? meta["inputs"]
+                                                                         : Json::object();
+  auto differs = [&](const char* field) {
+    return (old.contains(field) ? old[field] : Json()) != key.inputs[field];
+  };
   if (differs("manifest_sha256")) return "the image changed";
   if (differs("qemu_version")) {
-    return "QEMU changed (" + old.value("qemu_version", std::string("?")) + " -> " +
+    return "QEMU changed (" + StrOr(old, "qemu_version", "?") + " -> " +
            key.inputs["qemu_version"].get<std::string>() + ")";
   }
   if (differs("cmdline")) return "the kernel command line changed";
@@ -123,7 +127,7 @@ std::string TemplateStore::DirFor(const TemplateShape& shape) const {
 }
 
 std::shared_mutex& TemplateStore::LockFor(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto& m = locks_[dir];
   if (!m) m = std::make_unique<std::shared_mutex>();
   return *m;
@@ -263,12 +267,12 @@ void TemplateStore::Discard(const TemplateShape& shape, const std::string& why) 
 }
 
 void TemplateStore::Forget(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   memory_.erase(dir);  // clones keep their own mappings
 }
 
 Result<int> TemplateStore::MemoryFd(const std::string& dir, const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = memory_.find(dir);
   if (it != memory_.end() && it->second.key == key) return it->second.fd.get();
   const std::string path = dir + kTemplateMemory;
@@ -328,8 +332,8 @@ Json TemplateStore::Describe(const TemplateShape& shape) {
     auto meta = ReadFileToString(dir + "/meta.json");
     Json m = meta.ok() ? Json::parse(*meta, nullptr, false) : Json();
     if (m.is_object()) {
-      out["created"] = m.value("created", "");
-      out["build_ms"] = m.value("build_ms", 0.0);
+      out["created"] = StrOr(m, "created");
+      out["build_ms"] = NumOr(m, "build_ms");
     }
   } else {
     out["state"] = FileSize(dir + "/meta.json") < 0 ? "none" : "stale";

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "util/fd.h"
+#include "util/mutex.h"
 #include "util/status.h"
 #include "vmm/qemu.h"
 
@@ -103,13 +104,13 @@ class TemplateStore {
   const std::string root_;
   const std::string run_dir_;
   const std::chrono::milliseconds boot_timeout_;
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<std::shared_mutex>> locks_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<std::shared_mutex>> locks_ GUARDED_BY(mu_);
   struct Memory {
     std::string key;
     UniqueFd fd;
   };
-  std::map<std::string, Memory> memory_;  // by dir; GUARDED_BY(mu_)
+  std::map<std::string, Memory> memory_ GUARDED_BY(mu_);  // by dir
 };
 
 // What doctor and `image ls` show: the template of the default shape (kDefaultMemoryMib,
