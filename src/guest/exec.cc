@@ -51,7 +51,7 @@ int PollMillis(Clock::time_point until) {
 // A cgroup for the exec's tree. Names follow the stream id; a session that reconnects
 // reuses stream ids while the last session's cgroups may still be going away.
 std::optional<ExecCgroup> MakeCgroup(uint32_t stream_id) {
-  std::string name = "trybox-exec-" + std::to_string(stream_id);
+  std::string name = "exec-" + std::to_string(stream_id);
   for (int attempt = 0; attempt < 4; ++attempt) {
     auto cg =
         ExecCgroup::Create(attempt == 0 ? name : name + "-" + std::to_string(++g_cgroup_serial));
