@@ -55,7 +55,6 @@ Result<UniqueFd> LockDownMounts() {
   if (!cgroup.valid()) return ErrnoError(std::string("open ") + kCgroupRoot);
   RETURN_IF_ERROR(BindReadOnly("/sys", /*recursive=*/true));
   RETURN_IF_ERROR(BindReadOnly("/proc/sys", /*recursive=*/false));
-  RETURN_IF_ERROR(BindReadOnly("/proc/sysrq-trigger", /*recursive=*/false));
   return cgroup;
 }
 

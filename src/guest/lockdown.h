@@ -21,7 +21,7 @@ Status LockDownKernelHelpers();
 // code). Commands cannot make new nodes (CAP_MKNOD is dropped).
 Status RemoveDiskNodes();
 
-// Read-only bind mounts over /proc/sys, /proc/sysrq-trigger, /sys and /sys/fs/cgroup, in
+// Read-only bind mounts over /proc/sys, /sys and /sys/fs/cgroup, in
 // the one mount namespace trybox-init and the commands share. Returns a read-write
 // directory fd of the cgroup2 root, opened before: trybox-init keeps making exec cgroups
 // through it. Commands, lacking CAP_SYS_ADMIN, can neither remount nor unmount these.
