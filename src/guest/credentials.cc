@@ -72,12 +72,30 @@ Result<std::string> ReadAccountFile(const std::string& path) {
   return text;
 }
 
-int CapSet(uint32_t permitted_lo, uint32_t permitted_hi, uint32_t effective_lo,
-           uint32_t effective_hi) {
+struct CapSets {
+  uint64_t permitted = 0, effective = 0, inheritable = 0;
+};
+
+int CapGet(CapSets* out) {
   struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
-  struct __user_cap_data_struct data[2] = {{effective_lo, permitted_lo, 0},
-                                           {effective_hi, permitted_hi, 0}};
-  return ::syscall(SYS_capset, &header, data) == 0 ? 0 : errno;
+  struct __user_cap_data_struct d[2];
+  if (::syscall(SYS_capget, &header, d) != 0) return errno;
+  auto join = [](uint32_t lo, uint32_t hi) { return lo | uint64_t{hi} << 32; };
+  out->permitted = join(d[0].permitted, d[1].permitted);
+  out->effective = join(d[0].effective, d[1].effective);
+  out->inheritable = join(d[0].inheritable, d[1].inheritable);
+  return 0;
+}
+
+// Also clears the ambient set of whatever is no longer both permitted and inheritable.
+int CapSet(const CapSets& c) {
+  struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[2] = {
+      {static_cast<uint32_t>(c.effective), static_cast<uint32_t>(c.permitted),
+       static_cast<uint32_t>(c.inheritable)},
+      {static_cast<uint32_t>(c.effective >> 32), static_cast<uint32_t>(c.permitted >> 32),
+       static_cast<uint32_t>(c.inheritable >> 32)}};
+  return ::syscall(SYS_capset, &header, d) == 0 ? 0 : errno;
 }
 
 // Drops every capability outside `keep` from the bounding set. Stops at the first number
@@ -144,32 +162,43 @@ Result<Account> LookupAccount(const std::string& name, const AccountFiles& files
   return a;
 }
 
+int LimitBoundingSetForChildren() {
+  CapSets now;
+  if (int e = CapGet(&now)) return e;
+  // Before the bounding set shrinks: the inheritable set may only hold what it allows.
+  now.inheritable = now.permitted;
+  if (int e = CapSet(now)) return e;
+  return DropBounding(kCommandCapabilities);
+}
+
 int DropPrivileges(const Credentials& c) {
   switch (c.kind) {
     case Credentials::Kind::kPrivileged:
+      // Root execs with its bounding set plus its inheritable set: with the parent prepared
+      // by LimitBoundingSetForChildren, that is the parent's whole permitted set.
       return 0;
     case Credentials::Kind::kRootCommand: {
-      if (int e = DropBounding(kCommandCapabilities)) return e;
-      if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) return errno;
-      // execve would already limit a root process to its bounding set; dropping here too
-      // also empties the inheritable set, which execve would otherwise carry over.
-      struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
-      struct __user_cap_data_struct now[2];
-      if (::syscall(SYS_capget, &header, now) != 0) return errno;
-      const auto lo = static_cast<uint32_t>(kCommandCapabilities);
-      const auto hi = static_cast<uint32_t>(kCommandCapabilities >> 32);
-      return CapSet(now[0].permitted & lo, now[1].permitted & hi, now[0].effective & lo,
-                    now[1].effective & hi);
+      // Each drop from the bounding set is a credential copy and commit; trybox-init made
+      // them once, for all children, in LimitBoundingSetForChildren. A parent that did not
+      // still holds CAP_SYS_ADMIN there (they go together), and the child drops them itself.
+      if (::prctl(PR_CAPBSET_READ, CAP_SYS_ADMIN, 0, 0, 0) != 0) {
+        if (int e = DropBounding(kCommandCapabilities)) return e;
+      }
+      // Empty inheritable (and so ambient) set: root then execs with the bounding set alone.
+      CapSets now;
+      if (int e = CapGet(&now)) return e;
+      return CapSet(
+          {now.permitted & kCommandCapabilities, now.effective & kCommandCapabilities, 0});
     }
     case Credentials::Kind::kAccount: {
       // While we still hold CAP_SETPCAP and CAP_SETUID: first the bounding set, then the
-      // ids (which clear the permitted and effective sets), then what setuid leaves.
+      // ids (which clear the permitted and effective sets), then the inheritable and ambient
+      // sets that setuid leaves.
       if (int e = DropBounding(0)) return e;
-      if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) return errno;
       if (::syscall(SYS_setgroups, c.groups.size(), c.groups.data()) != 0) return errno;
       if (::syscall(SYS_setresgid, c.gid, c.gid, c.gid) != 0) return errno;
       if (::syscall(SYS_setresuid, c.uid, c.uid, c.uid) != 0) return errno;
-      if (int e = CapSet(0, 0, 0, 0)) return e;
+      if (int e = CapSet({})) return e;
       if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
       return 0;
     }

@@ -85,8 +85,17 @@ struct Credentials {
   static Credentials Of(const Account& a) { return {Kind::kAccount, a.uid, a.gid, a.groups}; }
 };
 
+// For trybox-init's main(), before any thread exists (the bounding set is per thread):
+// drops every capability outside kCommandCapabilities from its own bounding set, which
+// every child inherits, and copies its permitted set into its inheritable set, so that a
+// privileged child still execs with all of them. Its own permitted and effective sets are
+// unchanged. Saves each root command the dozens of credential commits of dropping them
+// itself (measured under TCG: about 0.1 ms of every exec). 0 or an errno.
+int LimitBoundingSetForChildren();
+
 // Applies `c` to the calling thread: async-signal-safe, raw system calls only (glibc's
 // set*id wrappers would signal every thread of PID 1 from a child sharing its memory).
+// Correct with or without LimitBoundingSetForChildren in the parent, faster with it.
 // Returns 0 or the errno of the step that failed.
 int DropPrivileges(const Credentials& c);
 

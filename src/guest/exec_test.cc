@@ -95,9 +95,13 @@ class Guest {
   std::unique_ptr<Mux> host_, guest_;
 };
 
+// /proc/self/status of this process before InChild changed anything.
+std::string g_own_status;
+
 // Runs `body` in a death-test child with a fresh Guest; the child exits 0 iff no check in
-// it failed.
-void InChild(const std::function<void(Guest&, int& failures)>& body) {
+// it failed. `like_init`: the child first prepares its capabilities as trybox-init's main()
+// does (LimitBoundingSetForChildren).
+void InChild(const std::function<void(Guest&, int& failures)>& body, bool like_init = true) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root (setuid to a test account)";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
@@ -107,6 +111,8 @@ void InChild(const std::function<void(Guest&, int& failures)>& body) {
         sigemptyset(&chld);
         sigaddset(&chld, SIGCHLD);
         ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+        g_own_status = ReadFileToString("/proc/self/status").value_or("");
+        if (like_init && LimitBoundingSetForChildren() != 0) std::_Exit(4);
         auto dir = TempDir::Make(::testing::TempDir(), "exec_test");
         if (!dir.ok() || ::chmod(dir->path().c_str(), 0755) != 0) std::_Exit(3);
         int failures = 0;
@@ -158,33 +164,46 @@ TEST(ExecTest, AnAccountRunsWithItsIdsNoCapabilitiesAndNoNewPrivs) {
   });
 }
 
-TEST(ExecTest, DefaultRootCommandLacksEveryDroppedCapability) {
-  InChild([](Guest& g, int& failures) {
-    auto own = ReadFileToString("/proc/self/status");
-    const uint64_t mine = std::stoull(StatusField(*own, "CapBnd"), nullptr, 16);
-    Reply r = g.Exec({{"argv", {"cat", "/proc/self/status"}}, {"cwd", "/"}});
-    CHECK_IN_CHILD(r.end.value("exit_code", -1) == 0, Dump(r));
-    const uint64_t bnd = std::stoull(StatusField(r.out, "CapBnd"), nullptr, 16);
-    const uint64_t eff = std::stoull(StatusField(r.out, "CapEff"), nullptr, 16);
-    CHECK_IN_CHILD(bnd == (mine & kCommandCapabilities), Dump(r));
-    CHECK_IN_CHILD(eff == bnd, Dump(r));
-    CHECK_IN_CHILD(StatusField(r.out, "CapInh") == "0000000000000000", Dump(r));
-    CHECK_IN_CHILD(StatusField(r.out, "Uid") == "0\t0\t0\t0", Dump(r));
-    CHECK_IN_CHILD(StatusField(r.out, "NoNewPrivs") == "0", Dump(r));  // root keeps setuid
-    for (int cap : {16, 17, 19, 21, 22, 27, 38, 39}) {  // module rawio ptrace admin boot mknod...
-      CHECK_IN_CHILD((bnd & CapBit(cap)) == 0, "capability " + std::to_string(cap));
-    }
-  });
+void ExpectRootCommandSet(Guest& g, int& failures) {
+  const uint64_t mine = std::stoull(StatusField(g_own_status, "CapBnd"), nullptr, 16);
+  Reply r = g.Exec({{"argv", {"cat", "/proc/self/status"}}, {"cwd", "/"}});
+  CHECK_IN_CHILD(r.end.value("exit_code", -1) == 0, Dump(r));
+  const uint64_t bnd = std::stoull(StatusField(r.out, "CapBnd"), nullptr, 16);
+  const uint64_t eff = std::stoull(StatusField(r.out, "CapEff"), nullptr, 16);
+  CHECK_IN_CHILD(bnd == (mine & kCommandCapabilities), Dump(r));
+  CHECK_IN_CHILD(eff == bnd, Dump(r));
+  CHECK_IN_CHILD(StatusField(r.out, "CapPrm") == StatusField(r.out, "CapBnd"), Dump(r));
+  CHECK_IN_CHILD(StatusField(r.out, "CapInh") == "0000000000000000", Dump(r));
+  CHECK_IN_CHILD(StatusField(r.out, "CapAmb") == "0000000000000000", Dump(r));
+  CHECK_IN_CHILD(StatusField(r.out, "Uid") == "0\t0\t0\t0", Dump(r));
+  CHECK_IN_CHILD(StatusField(r.out, "NoNewPrivs") == "0", Dump(r));  // root keeps setuid
+  for (int cap : {16, 17, 19, 21, 22, 27, 38, 39}) {  // module rawio ptrace admin boot mknod...
+    CHECK_IN_CHILD((bnd & CapBit(cap)) == 0, "capability " + std::to_string(cap));
+  }
+}
+
+TEST(ExecTest, DefaultRootCommandLacksEveryDroppedCapability) { InChild(ExpectRootCommandSet); }
+
+// The same set when the parent has not prepared its bounding set (the child then drops
+// every capability itself): correctness never rests on the start-up step.
+TEST(ExecTest, DefaultRootCommandLacksThemWithoutTheStartUpStepToo) {
+  InChild(ExpectRootCommandSet, /*like_init=*/false);
 }
 
 TEST(ExecTest, PrivilegedRootCommandKeepsTheFullSet) {
-  InChild([](Guest& g, int& failures) {
-    auto own = ReadFileToString("/proc/self/status");
-    Reply r = g.Exec({{"argv", {"cat", "/proc/self/status"}}, {"privileged", true}});
-    CHECK_IN_CHILD(r.end.value("exit_code", -1) == 0, Dump(r));
-    CHECK_IN_CHILD(StatusField(r.out, "CapBnd") == StatusField(*own, "CapBnd"), Dump(r));
-    CHECK_IN_CHILD(StatusField(r.out, "CapEff") == StatusField(*own, "CapBnd"), Dump(r));
-  });
+  for (bool like_init : {true, false}) {
+    InChild(
+        [](Guest& g, int& failures) {
+          Reply r = g.Exec({{"argv", {"cat", "/proc/self/status"}}, {"privileged", true}});
+          CHECK_IN_CHILD(r.end.value("exit_code", -1) == 0, Dump(r));
+          // Every capability this process had, dropped ones included.
+          CHECK_IN_CHILD(StatusField(r.out, "CapPrm") == StatusField(g_own_status, "CapPrm"),
+                         Dump(r));
+          CHECK_IN_CHILD(StatusField(r.out, "CapEff") == StatusField(g_own_status, "CapPrm"),
+                         Dump(r));
+        },
+        like_init);
+  }
 }
 
 TEST(ExecTest, UnknownUserEndsWithItsOwnErrorAndRunsNothing) {

@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <thread>
 
 #include "guest/boot.h"
 #include "guest/cgroup.h"
+#include "guest/credentials.h"
 #include "guest/reaper.h"
 #include "guest/server.h"
 #include "util/log.h"
@@ -25,6 +27,12 @@ int main() {
   // port) with pidfd_getfd. Commands never hold CAP_SYS_PTRACE (guest/credentials.h).
   if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
     std::perror("trybox-init: PR_SET_DUMPABLE; powering off");
+    trybox::guest::PowerOff();
+  }
+  // Also before any thread: every thread and child inherits the reduced bounding set.
+  if (int e = trybox::guest::LimitBoundingSetForChildren()) {
+    errno = e;
+    std::perror("trybox-init: capability bounding set; powering off");
     trybox::guest::PowerOff();
   }
   // Before any thread exists, so that every thread inherits it: the reaper alone collects
