@@ -16,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "guest/cgroup.h"
 #include "guest/identity.h"
+#include "guest/lockdown.h"
 #include "util/fd.h"
 #include "util/log.h"
 
@@ -275,11 +277,19 @@ BootInfo Boot() {
   for (const auto& p : info.cmdline.problems) LogError("init", p);
 
   LoadModules(info.cmdline);
+  if (Status st = LockDownKernelHelpers(); !st.ok()) Fatal(st);
   if (Status st = MountRoot(); !st.ok()) Fatal(st);
   if (Status st = SwitchRoot(); !st.ok()) Fatal(st);
   if (Status st = MountLate(); !st.ok()) Fatal(st);
+  if (Status st = RemoveDiskNodes(); !st.ok()) Fatal(st);
   SetIdentity(info.cmdline);
   LoopbackUp();
+  auto cgroup_root = LockDownMounts();
+  if (!cgroup_root.ok()) Fatal(cgroup_root.status());
+  // Not fatal, as before: without exec cgroups a tree is still killed by process group.
+  if (Status st = SetUpCommandCgroups(std::move(cgroup_root).value()); !st.ok()) {
+    LogError("init", "command cgroups: " + st.message());
+  }
 
   // The kernel generates boot_id on its first read. A template must leave it unread, or
   // every clone restored from it would share one.

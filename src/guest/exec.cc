@@ -51,7 +51,7 @@ int PollMillis(Clock::time_point until) {
 // A cgroup for the exec's tree. Names follow the stream id; a session that reconnects
 // reuses stream ids while the last session's cgroups may still be going away.
 std::optional<ExecCgroup> MakeCgroup(uint32_t stream_id) {
-  std::string name = "trybox-exec-" + std::to_string(stream_id);
+  std::string name = "exec-" + std::to_string(stream_id);
   for (int attempt = 0; attempt < 4; ++attempt) {
     auto cg =
         ExecCgroup::Create(attempt == 0 ? name : name + "-" + std::to_string(++g_cgroup_serial));
@@ -67,8 +67,8 @@ std::optional<ExecCgroup> MakeCgroup(uint32_t stream_id) {
 
 class ExecRun {
  public:
-  ExecRun(Reaper& reaper, Stream& stream, ExecRequest req)
-      : reaper_(reaper), stream_(stream), req_(std::move(req)) {}
+  ExecRun(Reaper& reaper, Stream& stream, ExecRequest req, const ExecOptions& options)
+      : reaper_(reaper), stream_(stream), req_(std::move(req)), options_(options) {}
   ~ExecRun() { StopControl(); }
 
   void Run();
@@ -88,6 +88,7 @@ class ExecRun {
   Reaper& reaper_;
   Stream& stream_;
   const ExecRequest req_;
+  const ExecOptions& options_;
 
   std::optional<ExecCgroup> cgroup_;
   std::shared_ptr<ChildWatch> child_;
@@ -102,6 +103,21 @@ class ExecRun {
 };
 
 void ExecRun::Run() {
+  SpawnSpec spec;
+  std::string home = "/root";
+  if (req_.user == kRootUser) {
+    spec.credentials = req_.privileged ? Credentials::Privileged() : Credentials::RootCommand();
+  } else {
+    auto account = LookupAccount(req_.user, options_.accounts);
+    if (!account.ok()) {
+      (void)stream_.End(ErrorEnd(
+          account.status().code() == Code::kNotFound ? "unknown_user" : "user_lookup_failed",
+          account.status().message()));
+      return;
+    }
+    spec.credentials = Credentials::Of(*account);
+    home = account->home;
+  }
   auto wake = Wakeup::Make();
   auto out = MakePipe();
   auto err = MakePipe();
@@ -124,12 +140,13 @@ void ExecRun::Run() {
   }
   ::fcntl(out->read.get(), F_SETPIPE_SZ, kPipeSize);
   ::fcntl(err->read.get(), F_SETPIPE_SZ, kPipeSize);
-  if (auto cg = MakeCgroup(stream_.id())) cgroup_.emplace(std::move(*cg));
+  if (options_.cgroups) {
+    if (auto cg = MakeCgroup(stream_.id())) cgroup_.emplace(std::move(*cg));
+  }
 
-  SpawnSpec spec;
   spec.argv = req_.argv;
-  spec.env = MergeEnv(req_.env);
-  spec.cwd = req_.cwd;
+  spec.env = MergeEnv(req_.env, req_.user, home);
+  spec.cwd = req_.cwd.value_or(home);
   spec.stdin_fd = in ? in->read.get() : -1;
   spec.stdout_fd = out->write.get();
   spec.stderr_fd = err->write.get();
@@ -319,13 +336,13 @@ void ExecRun::StopControl() {
 
 }  // namespace
 
-void ServeExec(Reaper& reaper, Stream& stream, const Json& request) {
+void ServeExec(Reaper& reaper, Stream& stream, const Json& request, const ExecOptions& options) {
   auto req = ParseExecRequest(request);
   if (!req.ok()) {
     (void)stream.End(ErrorEnd("bad_request", req.status().message()));
     return;
   }
-  ExecRun run(reaper, stream, std::move(req).value());
+  ExecRun run(reaper, stream, std::move(req).value(), options);
   run.Run();
 }
 

@@ -1,6 +1,7 @@
 #include "guest/port.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -45,15 +46,29 @@ Result<std::string> FindVirtioPort(const std::string& name) {
   return found;
 }
 
+Result<UniqueFd> OpenPortAndHideIt(const std::string& name) {
+  ASSIGN_OR_RETURN(std::string path, FindVirtioPort(name));
+  UniqueFd port(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
+  if (!port.valid()) return ErrnoError("open " + path);
+  if (::unlink(path.c_str()) != 0) return ErrnoError("unlink " + path);
+  return port;
+}
+
+void DiscardPending(int port_fd) {
+  char buf[4096];
+  while (::read(port_fd, buf, sizeof buf) > 0) {
+  }
+}
+
 bool HostConnected(int port_fd) {
   struct pollfd p = {port_fd, POLLIN | POLLOUT, 0};
   if (::poll(&p, 1, 0) < 0) return false;
   return (p.revents & POLLHUP) == 0;
 }
 
-Result<std::unique_ptr<PortRelay>> PortRelay::Start(UniqueFd port, UniqueFd socket) {
+Result<std::unique_ptr<PortRelay>> PortRelay::Start(int port, UniqueFd socket) {
   ASSIGN_OR_RETURN(Wakeup stop, Wakeup::Make());
-  std::unique_ptr<PortRelay> r(new PortRelay(std::move(port), std::move(socket), std::move(stop)));
+  std::unique_ptr<PortRelay> r(new PortRelay(port, std::move(socket), std::move(stop)));
   r->in_ = std::thread([p = r.get()] { p->PortToSocket(); });
   r->out_ = std::thread([p = r.get()] { p->SocketToPort(); });
   return r;
@@ -103,10 +118,10 @@ void PortRelay::PortToSocket() {
   struct iovec iov[kInSegments];
   for (size_t i = 0; i < kInSegments; ++i) iov[i] = {buf.get() + i * kInSegment, kInSegment};
   for (;;) {
-    struct pollfd fds[2] = {{port_.get(), POLLIN, 0}, {stop_.fd_for_poll(), POLLIN, 0}};
+    struct pollfd fds[2] = {{port_, POLLIN, 0}, {stop_.fd_for_poll(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) return Stop(ErrnoError("poll port").message());
     if (stopped_) return;
-    ssize_t n = ::readv(port_.get(), iov, kInSegments);
+    ssize_t n = ::readv(port_, iov, kInSegments);
     if (n > 0) {
       if (!WriteFull(socket_.get(), buf.get(), static_cast<size_t>(n)).ok()) {
         return Stop("the mux closed its end");
@@ -132,7 +147,7 @@ void PortRelay::SocketToPort() {
       for (size_t off = done; off < *got; off += kOutSegment) {
         iov[n++] = {buf.get() + off, std::min(kOutSegment, *got - off)};
       }
-      ssize_t w = ::writev(port_.get(), iov, n);
+      ssize_t w = ::writev(port_, iov, n);
       if (w > 0) {
         done += static_cast<size_t>(w);
         pending_ = *got - done;
@@ -141,7 +156,7 @@ void PortRelay::SocketToPort() {
       if (w < 0 && errno != EAGAIN && errno != EINTR) {
         return Stop(ErrnoError("write to port").message());
       }
-      struct pollfd fds[2] = {{port_.get(), POLLOUT, 0}, {stop_.fd_for_poll(), POLLIN, 0}};
+      struct pollfd fds[2] = {{port_, POLLOUT, 0}, {stop_.fd_for_poll(), POLLIN, 0}};
       if (::poll(fds, 2, -1) < 0 && errno != EINTR) {
         return Stop(ErrnoError("poll port").message());
       }

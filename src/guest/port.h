@@ -1,5 +1,9 @@
 // The guest end of the control channel: the virtio-serial port named org.trybox.ctl.
 //
+// trybox-init opens the port once, for the life of the guest, and unlinks its /dev node at
+// once: with PID 1 non-dumpable and commands without CAP_SYS_PTRACE or CAP_MKNOD, no other
+// process can hold the port (and the driver refuses a second open with EBUSY anyway).
+//
 // The port is one byte pipe that outlives host connections, and its kernel driver blocks a
 // writer while no host is connected, then lets the write continue into the *next*
 // connection. A Mux writing to the port directly could therefore leave a half-written
@@ -30,15 +34,26 @@ inline constexpr const char* kControlPortName = "org.trybox.ctl";
 // /dev/virtio-ports/ symlinks). kNotFound until the port has appeared.
 Result<std::string> FindVirtioPort(const std::string& name);
 
+// Opens the port named `name` (O_RDWR|O_NONBLOCK|O_CLOEXEC) and unlinks its /dev node.
+// kNotFound until the port has appeared. A node that cannot be unlinked is an error: the
+// port is then closed again rather than left reachable.
+Result<UniqueFd> OpenPortAndHideIt(const std::string& name);
+
 // True if a host has the port open (the driver reports POLLHUP while none has).
 bool HostConnected(int port_fd);
 
+// Reads and drops what the port holds now (a non-blocking port). The driver keeps bytes a
+// host sent and nobody read across that host's disconnect; a new session must not start
+// with the tail of the last one's frames.
+void DiscardPending(int port_fd);
+
 // Copies port <-> socket on two threads until the host disconnects, the port fails, or the
-// socket's other end (the Mux) closes. Owns both fds. Not copyable or movable.
+// socket's other end (the Mux) closes. Borrows the port (it outlives every relay); owns the
+// socket. Not copyable or movable.
 class PortRelay {
  public:
-  // `port` must be open O_RDWR|O_NONBLOCK. Starts both threads.
-  static Result<std::unique_ptr<PortRelay>> Start(UniqueFd port, UniqueFd socket);
+  // `port` must be open O_RDWR|O_NONBLOCK and outlive the relay. Starts both threads.
+  static Result<std::unique_ptr<PortRelay>> Start(int port, UniqueFd socket);
   ~PortRelay();
   PortRelay(const PortRelay&) = delete;
   PortRelay& operator=(const PortRelay&) = delete;
@@ -52,12 +67,12 @@ class PortRelay {
   void Flush(int timeout_ms);
 
  private:
-  PortRelay(UniqueFd port, UniqueFd socket, Wakeup stop)
-      : port_(std::move(port)), socket_(std::move(socket)), stop_(std::move(stop)) {}
+  PortRelay(int port, UniqueFd socket, Wakeup stop)
+      : port_(port), socket_(std::move(socket)), stop_(std::move(stop)) {}
   void PortToSocket();
   void SocketToPort();
 
-  UniqueFd port_;
+  const int port_;
   UniqueFd socket_;
   Wakeup stop_;
   std::atomic<bool> stopped_{false};

@@ -37,6 +37,24 @@ Result<std::string> StringField(const Json& request, const char* field) {
   return it->get<std::string>();
 }
 
+// A JSON integer within [min, max]. Never a float, whatever its value: 1.0, 4294967.297 and
+// 1e20 are refused, so no value is silently truncated on its way to an integer.
+Result<int64_t> IntegerField(const Json& value, const char* field, int64_t min, int64_t max,
+                             const char* range) {
+  bool ok = false;
+  int64_t v = 0;
+  if (value.is_number_unsigned()) {
+    uint64_t u = value.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(max) && (min <= 0 || u >= static_cast<uint64_t>(min));
+    v = static_cast<int64_t>(u);
+  } else if (value.is_number_integer()) {
+    v = value.get<int64_t>();
+    ok = v >= min && v <= max;
+  }
+  if (!ok) return InvalidArgument(std::string("\"") + field + "\" must be an integer " + range);
+  return v;
+}
+
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -91,12 +109,29 @@ Result<ExecRequest> ParseExecRequest(const Json& request) {
 
   auto timeout = request.find("timeout_ms");
   if (timeout != request.end() && !timeout->is_null()) {
-    if (!timeout->is_number_integer() || *timeout < 0 || *timeout > kMaxTimeoutMs) {
-      return InvalidArgument("\"timeout_ms\" must be an integer from 0 to 2^40");
-    }
-    out.timeout_ms = timeout->get<uint64_t>();
+    ASSIGN_OR_RETURN(int64_t ms,
+                     IntegerField(*timeout, "timeout_ms", 0, kMaxTimeoutMs, "from 0 to 2^40"));
+    out.timeout_ms = static_cast<uint64_t>(ms);
   }
   RETURN_IF_ERROR(OptionalBool(request, "stdin", &out.stdin_from_stream));
+
+  auto user = request.find("user");
+  if (user != request.end() && !user->is_null()) {
+    if (!user->is_string()) return InvalidArgument("\"user\" must be a string");
+    out.user = user->get<std::string>();
+    if (out.user.empty() || out.user.size() > kMaxUserName ||
+        out.user.find_first_of(std::string(":\n\0", 3)) != std::string::npos) {
+      return InvalidArgument(
+          "\"user\" must be an account name of 1 to 256 bytes without ':', "
+          "newline or NUL, got " +
+          QuoteForMessage(out.user));
+    }
+  }
+  RETURN_IF_ERROR(OptionalBool(request, "privileged", &out.privileged));
+  if (out.privileged && out.user != "root") {
+    return InvalidArgument("\"privileged\" is for root only, not for user " +
+                           QuoteForMessage(out.user));
+  }
   return out;
 }
 
@@ -122,18 +157,13 @@ Result<PutRequest> ParsePutRequest(const Json& request) {
   }
   auto mode = request.find("mode");
   if (mode != request.end() && !mode->is_null()) {
-    if (!mode->is_number_integer() || *mode < 0) {
-      return InvalidArgument("\"mode\" must be a non-negative integer");
-    }
-    out.mode = static_cast<uint32_t>(mode->get<uint64_t>() & 07777);
+    ASSIGN_OR_RETURN(int64_t m, IntegerField(*mode, "mode", 0, kMaxMode, "from 0 to 0177777"));
+    out.mode = static_cast<uint32_t>(m & 07777);
   }
   auto mtime = request.find("mtime_ns");
   if (mtime != request.end() && !mtime->is_null()) {
-    if (!mtime->is_number_integer()) return InvalidArgument("\"mtime_ns\" must be an integer");
-    if (mtime->is_number_unsigned() && mtime->get<uint64_t>() > INT64_MAX) {
-      return InvalidArgument("\"mtime_ns\" is out of range");
-    }
-    out.mtime_ns = mtime->get<int64_t>();
+    ASSIGN_OR_RETURN(out.mtime_ns, IntegerField(*mtime, "mtime_ns", INT64_MIN, INT64_MAX,
+                                                "of 64 bits (nanoseconds since the epoch)"));
   }
   RETURN_IF_ERROR(OptionalBool(request, "mkdirs", &out.mkdirs));
   return out;
@@ -180,10 +210,8 @@ Result<IdentityRequest> ParseIdentityRequest(const Json& request) {
     out.seed.push_back(static_cast<uint8_t>(hi * 16 + lo));
   }
   auto time = request.find("time_ns");
-  if (time == request.end() || !time->is_number_integer() || time->get<int64_t>() <= 0) {
-    return InvalidArgument("\"time_ns\" must be a positive integer");
-  }
-  out.time_ns = time->get<int64_t>();
+  if (time == request.end()) return InvalidArgument("missing \"time_ns\"");
+  ASSIGN_OR_RETURN(out.time_ns, IntegerField(*time, "time_ns", 1, INT64_MAX, "from 1 to 2^63 - 1"));
   return out;
 }
 

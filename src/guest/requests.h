@@ -18,13 +18,17 @@ namespace trybox::guest {
 using Json = nlohmann::json;
 
 inline constexpr uint64_t kMaxTimeoutMs = 1ull << 40;  // about 35 years
+inline constexpr uint32_t kMaxMode = 0177777;          // an st_mode: type and permission bits
+inline constexpr size_t kMaxUserName = 256;
 
 struct ExecRequest {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
-  std::string cwd = "/root";
+  std::optional<std::string> cwd;  // absent: the account's home directory
   uint64_t timeout_ms = 0;         // 0: no timeout; at most kMaxTimeoutMs
   bool stdin_from_stream = false;  // "stdin"; false: the command's stdin is /dev/null
+  std::string user = "root";       // an account of the guest's /etc/passwd
+  bool privileged = false;         // root only: keep every capability
 };
 
 enum class PutKind { kFile, kTar };
@@ -32,7 +36,7 @@ enum class PutKind { kFile, kTar };
 struct PutRequest {
   std::string path;
   PutKind kind = PutKind::kFile;
-  uint32_t mode = 0644;  // permission bits only (masked with 07777)
+  uint32_t mode = 0644;  // permission bits only ("mode" up to kMaxMode, masked with 07777)
   std::optional<int64_t> mtime_ns;
   bool mkdirs = false;
 };

@@ -15,10 +15,12 @@ TEST(ExecRequestTest, DefaultsApply) {
   auto r = ParseExecRequest({{"op", "exec"}, {"argv", {"ls", "-l"}}});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->argv, (std::vector<std::string>{"ls", "-l"}));
-  EXPECT_EQ(r->cwd, "/root");
+  EXPECT_FALSE(r->cwd.has_value());  // the account's home
   EXPECT_EQ(r->timeout_ms, 0u);
   EXPECT_FALSE(r->stdin_from_stream);
   EXPECT_TRUE(r->env.empty());
+  EXPECT_EQ(r->user, "root");
+  EXPECT_FALSE(r->privileged);
 }
 
 TEST(ExecRequestTest, AllFieldsAreRead) {
@@ -26,12 +28,48 @@ TEST(ExecRequestTest, AllFieldsAreRead) {
                              {"env", {{"A", "1"}}},
                              {"cwd", "/tmp"},
                              {"timeout_ms", 1500},
-                             {"stdin", true}});
+                             {"stdin", true},
+                             {"user", "user"}});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->env.at("A"), "1");
   EXPECT_EQ(r->cwd, "/tmp");
   EXPECT_EQ(r->timeout_ms, 1500u);
   EXPECT_TRUE(r->stdin_from_stream);
+  EXPECT_EQ(r->user, "user");
+  EXPECT_FALSE(r->privileged);
+}
+
+TEST(ExecRequestTest, PrivilegedIsForRootOnly) {
+  for (const Json& req : {Json{{"argv", {"x"}}, {"privileged", true}},
+                          Json{{"argv", {"x"}}, {"privileged", true}, {"user", "root"}}}) {
+    auto r = ParseExecRequest(req);
+    ASSERT_TRUE(r.ok()) << req.dump() << " -> " << r.status().ToString();
+    EXPECT_TRUE(r->privileged);
+    EXPECT_EQ(r->user, "root");
+  }
+  for (const char* user : {"user", "nobody", "toor"}) {
+    auto r = ParseExecRequest({{"argv", {"x"}}, {"privileged", true}, {"user", user}});
+    ASSERT_FALSE(r.ok()) << user;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("privileged"), std::string::npos) << r.status().message();
+  }
+}
+
+// Numbers arrive as JSON text from the host: a float is refused whatever its value (it
+// would otherwise be truncated on its way to an integer), and so is anything out of range.
+TEST(ExecRequestTest, NumbersMustBeIntegersWithinRange) {
+  auto parse = [](const std::string& timeout) {
+    return ParseExecRequest(Json::parse(R"({"argv": ["x"], "timeout_ms": )" + timeout + "}"));
+  };
+  for (const char* bad : {"4294967.297", "1e20", "1.0", "-1", "1099511627777",
+                          "18446744073709551615", "18446744073709551616", "-9223372036854775809"}) {
+    auto r = parse(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("\"timeout_ms\" must be an integer"), std::string::npos)
+        << bad << " -> " << r.status().message();
+  }
+  EXPECT_EQ(parse("0")->timeout_ms, 0u);
+  EXPECT_EQ(parse("1099511627776")->timeout_ms, kMaxTimeoutMs);
 }
 
 TEST(ExecRequestTest, BadFieldsAreRejectedByName) {
@@ -52,6 +90,13 @@ TEST(ExecRequestTest, BadFieldsAreRejectedByName) {
       {{{"argv", {"x"}}, {"timeout_ms", 1.5}}, "timeout_ms"},
       {{{"argv", {"x"}}, {"timeout_ms", "5"}}, "timeout_ms"},
       {{{"argv", {"x"}}, {"stdin", "yes"}}, "stdin"},
+      {{{"argv", {"x"}}, {"user", ""}}, "user"},
+      {{{"argv", {"x"}}, {"user", 1000}}, "user"},
+      {{{"argv", {"x"}}, {"user", "a:b"}}, "user"},
+      {{{"argv", {"x"}}, {"user", "a\nb"}}, "user"},
+      {{{"argv", {"x"}}, {"user", std::string("a\0b", 3)}}, "user"},
+      {{{"argv", {"x"}}, {"user", std::string(257, 'u')}}, "user"},
+      {{{"argv", {"x"}}, {"privileged", "yes"}}, "privileged"},
   };
   for (const auto& c : cases) {
     auto r = ParseExecRequest(c.req);
@@ -93,6 +138,26 @@ TEST(PutRequestTest, BadFieldsAreRejected) {
         Json{{"path", "/a"}, {"mtime_ns", 1.5}}, Json{{"path", "/a"}, {"mkdirs", 1}}}) {
     EXPECT_FALSE(ParsePutRequest(req).ok()) << req.dump();
   }
+}
+
+TEST(PutRequestTest, ModeAndMtimeAreRangeChecked) {
+  auto parse = [](const std::string& field, const std::string& value) {
+    return ParsePutRequest(Json::parse(R"({"path": "/a", ")" + field + R"(": )" + value + "}"));
+  };
+  // An st_mode at most: type and permission bits. 2^32 used to be masked to 0.
+  for (const char* bad : {"65536", "4294967296", "-1", "420.0", "1e3"}) {
+    auto r = parse("mode", bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("\"mode\""), std::string::npos) << r.status().message();
+  }
+  EXPECT_EQ(parse("mode", "65535")->mode, 07777u);
+  for (const char* bad : {"9223372036854775808", "18446744073709551615", "1e18", "0.5"}) {
+    auto r = parse("mtime_ns", bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("\"mtime_ns\""), std::string::npos) << r.status().message();
+  }
+  EXPECT_EQ(*parse("mtime_ns", "-9223372036854775808")->mtime_ns, INT64_MIN);
+  EXPECT_EQ(*parse("mtime_ns", "9223372036854775807")->mtime_ns, INT64_MAX);
 }
 
 TEST(GetRequestTest, PathMustBeAbsolute) {
@@ -142,6 +207,9 @@ TEST(IdentityRequestTest, EachBadFieldIsNamed) {
       {"time_ns", 0},
       {"time_ns", -5},
       {"time_ns", "now"},
+      {"time_ns", 1.7e18},
+      {"time_ns", Json::parse("9223372036854775808")},
+      {"time_ns", Json::parse("18446744073709551615")},
   };
   for (const auto& c : cases) {
     Json req = GoodIdentity();

@@ -54,22 +54,24 @@ void Server::Run() {
     return mux_;
   });
   if (!egress.ok()) LogError("init", "egress listener: " + egress.message());
-  bool reported = false;  // the console hears about a missing port once, not every retry
-  for (;;) {
-    auto path = FindVirtioPort(kControlPortName);
-    UniqueFd port;
-    if (path.ok()) port.Reset(::open(path->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
-    if (!port.valid()) {
-      if (!reported) {
-        LogError("init",
-                 path.ok() ? ErrnoError("open " + *path).message() : path.status().message());
-        reported = true;
-      }
-      std::this_thread::sleep_for(kRetryPause);
-      continue;
+  // Opened once and never closed: its /dev node is gone once it is open (guest/port.h).
+  UniqueFd port;
+  for (bool reported = false;;) {
+    auto opened = OpenPortAndHideIt(kControlPortName);
+    if (opened.ok()) {
+      port = std::move(opened).value();
+      break;
     }
-    reported = false;
+    // The console hears about a missing port once, not every retry.
+    if (!reported) LogError("init", opened.status().message());
+    reported = true;
+    std::this_thread::sleep_for(kRetryPause);
+  }
+  for (;;) {
     WaitForHost(port.get());
+    // The new host sends nothing before our hello, so whatever the port holds now is what
+    // the last host sent and nobody read (closing the port used to drop it).
+    DiscardPending(port.get());
 
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -80,7 +82,7 @@ void Server::Run() {
     UniqueFd mux_end(sv[0]), relay_end(sv[1]);
     GrowBuffers(mux_end.get());
     GrowBuffers(relay_end.get());
-    auto relay = PortRelay::Start(std::move(port), std::move(relay_end));
+    auto relay = PortRelay::Start(port.get(), std::move(relay_end));
     if (!relay.ok()) {
       LogError("init", relay.status().message());
       std::this_thread::sleep_for(kRetryPause);

@@ -13,7 +13,14 @@
 namespace trybox::guest {
 namespace {
 
-enum Stage : int { kStageSetsid = 1, kStageCgroup, kStageFds, kStageChdir, kStageExec };
+enum Stage : int {
+  kStageSetsid = 1,
+  kStageCgroup,
+  kStageFds,
+  kStageCredentials,
+  kStageChdir,
+  kStageExec
+};
 
 const char* StageName(int stage) {
   switch (stage) {
@@ -23,6 +30,8 @@ const char* StageName(int stage) {
       return "join cgroup";
     case kStageFds:
       return "set up stdio";
+    case kStageCredentials:
+      return "drop privileges";
     case kStageChdir:
       return "chdir";
     case kStageExec:
@@ -35,11 +44,14 @@ constexpr const char* kNoProxy = "localhost,127.0.0.1,::1";
 
 }  // namespace
 
-std::vector<std::string> MergeEnv(const std::map<std::string, std::string>& overrides) {
+std::vector<std::string> MergeEnv(const std::map<std::string, std::string>& overrides,
+                                  const std::string& user, const std::string& home) {
   // The only way out of the guest is the host's egress proxy (guest/egress.h); tools that
   // honour the proxy variables find it without configuration. Loopback stays direct.
   std::map<std::string, std::string> env = {{"PATH", kDefaultPath},
-                                            {"HOME", "/root"},
+                                            {"HOME", home},
+                                            {"USER", user},
+                                            {"LOGNAME", user},
                                             {"LANG", "C.UTF-8"},
                                             {"TERM", "dumb"},
                                             {"HTTPS_PROXY", kEgressProxyUrl},
@@ -187,6 +199,10 @@ SpawnOutcome Spawn(Reaper& reaper, const SpawnSpec& spec) {
     if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) die(kStageFds);
     // Nothing else may leak into the command, whoever opened it without O_CLOEXEC.
     ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    if (int e = DropPrivileges(spec.credentials)) {
+      errno = e;
+      die(kStageCredentials);
+    }
     if (::chdir(cwd) != 0) die(kStageChdir);
     ExecSearch search;
     for (const auto& c : candidates) {

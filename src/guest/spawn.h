@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "guest/credentials.h"
 #include "guest/reaper.h"
 #include "util/fd.h"
 #include "util/status.h"
@@ -21,9 +22,11 @@ namespace trybox::guest {
 inline constexpr const char* kDefaultPath =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-// Defaults (PATH, HOME=/root, LANG=C.UTF-8, TERM=dumb) with `overrides` on top, as sorted
-// "K=V" strings.
-std::vector<std::string> MergeEnv(const std::map<std::string, std::string>& overrides);
+// Defaults (PATH, LANG=C.UTF-8, TERM=dumb, the proxy variables; HOME, USER and LOGNAME of
+// the account the command runs as) with `overrides` on top, as sorted "K=V" strings.
+std::vector<std::string> MergeEnv(const std::map<std::string, std::string>& overrides,
+                                  const std::string& user = kRootUser,
+                                  const std::string& home = "/root");
 
 // The value of `key` in "K=V" strings, or `fallback`.
 std::string EnvValue(const std::vector<std::string>& env, const std::string& key,
@@ -70,6 +73,10 @@ struct SpawnSpec {
   // The same cgroup's directory: the child is created inside it when the kernel can
   // (clone3 CLONE_INTO_CGROUP); otherwise it joins through cgroup_procs_fd.
   int cgroup_dir_fd = -1;
+  // Taken on after the stdio set-up and before chdir (so the cwd is entered with the
+  // command's own permissions). The default is a root command's reduced set: nothing
+  // trybox-init starts holds its full capabilities unless asked for.
+  Credentials credentials;
 };
 
 struct SpawnOutcome {

@@ -23,13 +23,22 @@ TEST(MergeEnvTest, DefaultsWithRequestOnTop) {
     std::sort(v.begin(), v.end());
     return v;
   };
-  EXPECT_EQ(MergeEnv({}), with_proxy({"HOME=/root", "LANG=C.UTF-8",
-                                      std::string("PATH=") + kDefaultPath, "TERM=dumb"}));
+  EXPECT_EQ(MergeEnv({}),
+            with_proxy({"HOME=/root", "LANG=C.UTF-8", "LOGNAME=root",
+                        std::string("PATH=") + kDefaultPath, "TERM=dumb", "USER=root"}));
   std::vector<std::string> env = MergeEnv({{"TERM", "xterm"}, {"FOO", ""}, {"PATH", "/x"}});
-  EXPECT_EQ(env, with_proxy({"FOO=", "HOME=/root", "LANG=C.UTF-8", "PATH=/x", "TERM=xterm"}));
+  EXPECT_EQ(env, with_proxy({"FOO=", "HOME=/root", "LANG=C.UTF-8", "LOGNAME=root", "PATH=/x",
+                             "TERM=xterm", "USER=root"}));
   EXPECT_EQ(EnvValue(env, "PATH", "?"), "/x");
   EXPECT_EQ(EnvValue(env, "FOO", "?"), "");
   EXPECT_EQ(EnvValue(env, "PAT", "?"), "?");
+  // The account's own names, unless the request sets them.
+  EXPECT_EQ(EnvValue(MergeEnv({}, "user", "/home/user"), "HOME", "?"), "/home/user");
+  EXPECT_EQ(EnvValue(MergeEnv({}, "user", "/home/user"), "LOGNAME", "?"), "user");
+  env = MergeEnv({{"HOME", "/w"}, {"USER", "u2"}}, "user", "/home/user");
+  EXPECT_EQ(EnvValue(env, "HOME", "?"), "/w");
+  EXPECT_EQ(EnvValue(env, "USER", "?"), "u2");
+  EXPECT_EQ(EnvValue(env, "LOGNAME", "?"), "user");
 }
 
 TEST(ExecCandidatesTest, SlashMeansNoSearch) {

@@ -57,10 +57,19 @@ const std::vector<Recipe>& Recipes() {
 }
 
 // Part of the rootfs cache key: bump when the steps after mmdebstrap change.
-constexpr char kRootfsRevision[] = "trybox-rootfs-2";
+// 3: the unprivileged account "user" (kUserHook).
+constexpr char kRootfsRevision[] = "trybox-rootfs-3";
 constexpr uint64_t kMiB = 1024 * 1024;
 constexpr uint64_t kScratchSize = uint64_t{8} << 30;
 constexpr int kSteps = 6;
+// The account commands run as when an exec asks for "user" (the supervisor's verification
+// re-run, E2B's default): uid and gid 1000, home /home/user (from /etc/skel, owned by it),
+// bash if the rootfs has it. Run by mmdebstrap inside the new tree (in unshare mode too,
+// where the builder could not chown to 1000 itself); the ids are fixed, so every build
+// makes the same account.
+constexpr char kUserHook[] =
+    "chroot \"$1\" useradd --create-home --uid 1000 --user-group "
+    "--shell \"$(if [ -x \"$1/bin/bash\" ]; then echo /bin/bash; else echo /bin/sh; fi)\" user";
 
 std::string Join(const std::vector<std::string>& v, const std::string& sep) {
   std::string out;
@@ -457,7 +466,8 @@ Result<std::string> Builder::PrepareRootfs() {
   const std::string tree = tmp.path() + "/tree";
   const std::string image = tmp.path() + "/rootfs.ext4";
   RETURN_IF_ERROR(RunChecked({"mmdebstrap", ::geteuid() == 0 ? "--mode=root" : "--mode=unshare",
-                              "--variant=minbase", "--include=" + packages, recipe_.suite, tree,
+                              "--variant=minbase", "--include=" + packages,
+                              std::string("--customize-hook=") + kUserHook, recipe_.suite, tree,
                               sources.path}));
   // mkfs.ext4 -d gives the filesystem root the tree's mode.
   if (::chmod(tree.c_str(), 0755) != 0) return ErrnoError("chmod " + tree);
