@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <system_error>
 #include <vector>
 
 namespace trybox::channel {
@@ -306,16 +307,21 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
       (void)SendFrame(f.stream, FrameType::kReset, 0, Json{{"reason", refuse}}.dump());
       return;
     }
-    std::thread([handler = on_open_, s, req = std::move(req)]() mutable {
-      // A handler that throws costs its own stream, never the process or the connection.
-      try {
-        handler(s, std::move(req));
-      } catch (const std::exception& e) {
-        (void)s->Reset(std::string("the request handler failed: ") + e.what());
-      } catch (...) {
-        (void)s->Reset("the request handler failed");
-      }
-    }).detach();
+    try {
+      std::thread([handler = on_open_, s, req = std::move(req)]() mutable {
+        // A handler that throws costs its own stream, never the process or the connection.
+        try {
+          handler(s, std::move(req));
+        } catch (const std::exception& e) {
+          (void)s->Reset(std::string("the request handler failed: ") + e.what());
+        } catch (...) {
+          (void)s->Reset("the request handler failed");
+        }
+      }).detach();
+    } catch (const std::system_error& e) {
+      // No thread to serve it (the task limit): this request fails, the connection lives.
+      (void)s->Reset(std::string("could not start a thread for the request: ") + e.what());
+    }
   }
 
   using DeathHandler_t = Mux::DeathHandler;
