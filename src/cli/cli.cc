@@ -39,6 +39,10 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
   cmd->add_option("--cpus", vm.cpus, "Guest vCPUs")->capture_default_str();
   cmd->add_flag("--cold", vm.cold,
                 "Boot the kernel instead of restoring the image's saved template");
+  cmd->add_flag("--privileged", vm.privileged,
+                "Commands keep every capability (mknod, mount, modules...); the guest's control "
+                "channel is then within their reach, and every result from this VM is the "
+                "guest's word (docs/security.md)");
   cmd->add_option("--allow", vm.allow,
                   "Let the VM reach HOST[:PORT] through the egress proxy (port 443 by default; "
                   "*.example.com for subdomains; repeatable)")
@@ -154,6 +158,7 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
                                         {"memory_mib", vm.memory_mib},
                                         {"cpus", vm.cpus},
                                         {"cold", vm.cold},
+                                        {"privileged", vm.privileged},
                                         {"allow", vm.allow},
                                         {"profiles", vm.profiles},
                                         {"ephemeral", ephemeral}}));

@@ -19,6 +19,7 @@ struct VmOptions {
   int memory_mib = 512;
   int cpus = 1;
   bool cold = false;                  // boot instead of restoring from the template
+  bool privileged = false;            // commands keep every capability (docs/security.md)
   std::vector<std::string> allow;     // egress allow-list entries HOST[:PORT], validated
   std::vector<std::string> profiles;  // named allow-lists from the daemon's egress.json
   std::string workspace;              // --workspace DIR: a git working tree copied to /workspace

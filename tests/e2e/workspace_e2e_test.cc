@@ -264,7 +264,8 @@ TEST_F(WorkspaceE2E, HostileReturnedTreeNeverWritesOutsideAndIsNamed) {
   MakeRepo(3);
   std::string outside = tmp_->path() + "/outside";
   ASSERT_TRUE(MakeDirs(outside).ok());
-  std::string id = Create({});
+  // Privileged: the most a hostile guest can be (mknod needs it), against the host's side.
+  std::string id = Create({"--privileged"});
   ASSERT_FALSE(id.empty());
   CliResult sp = h_->Cli({"exec", id, "--", "sh", "-c",
                           "mknod dev c 1 3 && mkfifo fifo && python3 -c \"import socket; "
