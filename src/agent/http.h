@@ -32,16 +32,25 @@ struct HttpPost {
   std::string ca_file;                   // empty: the system's CA bundle
 };
 
-class HttpClient {
+// What a model client sends through: libcurl in tryboxd (HttpClient), or the connection
+// to tryboxd in the unprivileged trybox-agent, where the daemon adds the credential.
+class HttpTransport {
+ public:
+  virtual ~HttpTransport() = default;
+  // Any HTTP status is a response. A transport failure is kUnavailable naming it; running
+  // past `timeout` is kDeadlineExceeded.
+  virtual Result<HttpResponse> Post(const HttpPost& post) = 0;
+};
+
+class HttpClient : public HttpTransport {
  public:
   static Result<std::unique_ptr<HttpClient>> Make();
-  ~HttpClient();
+  ~HttpClient() override;
   HttpClient(const HttpClient&) = delete;
   HttpClient& operator=(const HttpClient&) = delete;
 
-  // Any HTTP status is a response. A transport failure is kUnavailable with curl's own
-  // text (connect, TLS, reset); running past `timeout` is kDeadlineExceeded.
-  Result<HttpResponse> Post(const HttpPost& post);
+  // curl's own text for a transport failure (connect, TLS, reset).
+  Result<HttpResponse> Post(const HttpPost& post) override;
 
  private:
   explicit HttpClient(void* curl) : curl_(curl) {}

@@ -256,8 +256,12 @@ LoopResult RunLoop(ModelClient& model, RunVm& vm, RunEvents& events, LoopState& 
         out.verify_command = fin->verify_command;
         r.content = "finished";
       } else {
-        events.Progress(turns, limits.max_turns,
-                        "turn " + std::to_string(turns) + ": " + call.name);
+        std::string what = "turn " + std::to_string(turns) + ": " + call.name;
+        // The command itself, so that a caller watching progress sees what runs now.
+        if (auto* run = std::get_if<RunArgs>(&*args)) {
+          what += ": " + CapHead(run->command.substr(0, run->command.find('\n')), 120);
+        }
+        events.Progress(turns, limits.max_turns, what);
         r = turn.Run(call, *args);
       }
       results.results.push_back(r);

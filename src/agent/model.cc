@@ -76,7 +76,7 @@ std::string ProbePrompt() {
 
 class Client : public ModelClient {
  public:
-  Client(ModelSettings s, std::unique_ptr<Wire> wire, std::unique_ptr<HttpClient> http)
+  Client(ModelSettings s, std::unique_ptr<Wire> wire, std::unique_ptr<HttpTransport> http)
       : s_(std::move(s)), wire_(std::move(wire)), http_(std::move(http)) {}
 
   Outcome Send(const std::string& system, const std::vector<Entry>& transcript,
@@ -248,7 +248,7 @@ class Client : public ModelClient {
 
   const ModelSettings s_;
   std::unique_ptr<Wire> wire_;
-  std::unique_ptr<HttpClient> http_;
+  std::unique_ptr<HttpTransport> http_;
 };
 
 Status CheckString(const Json& j, const char* name, bool required, std::string* out) {
@@ -326,26 +326,44 @@ Json ModelSettings::Describe() const {
           {"key_set", !api_key.empty()}};
 }
 
-Result<std::unique_ptr<ModelClient>> ModelClient::Make(const ModelSettings& given) {
-  ModelSettings settings = given;
-  if (settings.base_url.rfind("http://", 0) != 0 && settings.base_url.rfind("https://", 0) != 0) {
-    return InvalidArgument("model base_url '" + Printable(settings.base_url, 200) +
+namespace {
+
+Result<std::unique_ptr<Wire>> WireFor(ModelSettings* settings) {
+  if (settings->base_url.rfind("http://", 0) != 0 && settings->base_url.rfind("https://", 0) != 0) {
+    return InvalidArgument("model base_url '" + Printable(settings->base_url, 200) +
                            "' is not an http:// or https:// URL");
   }
-  while (settings.base_url.back() == '/') settings.base_url.pop_back();
-  if (settings.model.empty()) return InvalidArgument("model name is empty");
-  std::unique_ptr<Wire> wire;
-  if (settings.provider == "anthropic") {
-    wire = MakeAnthropicWire(settings);
-  } else if (settings.provider == "openai") {
-    wire = MakeOpenAiWire(settings);
-  } else {
-    return InvalidArgument("unknown model provider '" + Printable(settings.provider, 40) + "'");
-  }
-  if (settings.max_attempts < 1) return InvalidArgument("model max_attempts is below 1");
+  while (settings->base_url.back() == '/') settings->base_url.pop_back();
+  if (settings->model.empty()) return InvalidArgument("model name is empty");
+  if (settings->max_attempts < 1) return InvalidArgument("model max_attempts is below 1");
+  if (settings->provider == "anthropic") return MakeAnthropicWire(*settings);
+  if (settings->provider == "openai") return MakeOpenAiWire(*settings);
+  return InvalidArgument("unknown model provider '" + Printable(settings->provider, 40) + "'");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelClient>> ModelClient::Make(const ModelSettings& given) {
   ASSIGN_OR_RETURN(auto http, HttpClient::Make());
+  return Make(given, std::move(http));
+}
+
+Result<std::unique_ptr<ModelClient>> ModelClient::Make(const ModelSettings& given,
+                                                       std::unique_ptr<HttpTransport> transport) {
+  ModelSettings settings = given;
+  ASSIGN_OR_RETURN(auto wire, WireFor(&settings));
   return std::unique_ptr<ModelClient>(
-      std::make_unique<Client>(settings, std::move(wire), std::move(http)));
+      std::make_unique<Client>(settings, std::move(wire), std::move(transport)));
+}
+
+Result<HttpPost> ModelEndpoint(const ModelSettings& given) {
+  ModelSettings settings = given;
+  ASSIGN_OR_RETURN(auto wire, WireFor(&settings));
+  HttpPost post;
+  post.url = wire->Url();
+  post.headers = wire->Headers();
+  post.ca_file = settings.ca_file;
+  return post;
 }
 
 }  // namespace trybox::agent

@@ -113,10 +113,17 @@ struct Outcome {
   bool ok() const { return failure == Failure::kNone; }
 };
 
+class HttpTransport;
+struct HttpPost;
+
 class ModelClient {
  public:
   virtual ~ModelClient() = default;
   static Result<std::unique_ptr<ModelClient>> Make(const ModelSettings& settings);
+  // Sends through `transport` instead of libcurl (trybox-agent: through tryboxd, which
+  // adds the credential on the wire; the settings then carry no key).
+  static Result<std::unique_ptr<ModelClient>> Make(const ModelSettings& settings,
+                                                   std::unique_ptr<HttpTransport> transport);
 
   // One model turn. Retries 429 and 5xx after Retry-After (or retry-after-ms, or backoff),
   // never past `deadline`. Checks the reply's input token count against what was sent
@@ -132,5 +139,9 @@ class ModelClient {
 
   virtual const ModelSettings& settings() const = 0;
 };
+
+// The provider's endpoint for `settings`: its URL, and its headers (the key among them:
+// never log them). What tryboxd uses to send a request trybox-agent built.
+Result<HttpPost> ModelEndpoint(const ModelSettings& settings);
 
 }  // namespace trybox::agent

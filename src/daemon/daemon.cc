@@ -37,8 +37,11 @@ Status Daemon::Init() {
   vms_->ReapLeftovers(p.vms(), p.templates());
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
-  agents_ = std::make_unique<AgentRunner>(*store_, *vms_, *workspaces_, *supervisor_, p.state,
-                                          opts_.agent_idle);
+  AgentRunnerOptions ao;
+  ao.state_dir = p.state;
+  ao.idle = opts_.agent_idle;
+  ao.agent_binary = opts_.agent_binary.empty() ? DefaultAgentBinary() : opts_.agent_binary;
+  agents_ = std::make_unique<AgentRunner>(*store_, *vms_, *workspaces_, *supervisor_, *uids_, ao);
   services_.reset(
       new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_, *agents_});
   AddVmVerbs(verbs_, *services_);

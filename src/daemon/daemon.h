@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/agent_process.h"
 #include "daemon/agent_runner.h"
 #include "daemon/background.h"
 #include "daemon/control_server.h"
@@ -47,6 +48,8 @@ struct Options {
   // A vm_agent run left waiting (NEEDS_INPUT, IN_PROGRESS, ERROR) keeps its VM this long
   // after its last call; then the VM is destroyed and the run can no longer continue.
   std::chrono::seconds agent_idle{3600};
+  // The vm_agent loop's process; empty: trybox-agent beside tryboxd.
+  std::string agent_binary;
 };
 
 class Daemon {

@@ -237,9 +237,11 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
   }
   if (!result) {
     ExecResult r;
-    if (client_gone || cancelled) {
+    if (client_gone || cancelled || (io.cancelled && *io.cancelled)) {
       r.outcome = ExecOutcome::kCancelled;
-      r.message = client_gone ? "the client disconnected" : "the client cancelled the request";
+      r.message = client_gone ? "the client disconnected"
+                  : cancelled ? "the client cancelled the request"
+                              : "stopped: the run was cancelled or its agent ended";
     } else {
       // The channel closed before an exit event: that is reported, never an exit code.
       r.outcome = ExecOutcome::kChannelLost;

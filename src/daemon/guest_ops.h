@@ -13,6 +13,7 @@
 // state and may run on many threads at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -94,8 +95,10 @@ struct ExecIo {
   // Output (stdout and stderr, interleaved) kept here, capped to its last kCaptureBytes.
   std::string* capture = nullptr;
   // Called with the guest stream once the exec is open: resetting it cancels the command
-  // from another thread (a run being stopped).
+  // from another thread (a run being stopped); set `cancelled` first, so that the outcome
+  // says `cancelled` rather than a lost channel.
   std::function<void(std::shared_ptr<channel::Stream>)> on_open;
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 inline constexpr size_t kCaptureBytes = 256 * 1024;

@@ -239,7 +239,14 @@ Result<RunRequest> ParseRunRequest(const Json& j) {
   RETURN_IF_ERROR(f.CheckObject());
   RunRequest r;
   ASSIGN_OR_RETURN(r.run, RunId(f));
+  ASSIGN_OR_RETURN(r.follow, f.Bool("follow", false));
   return r;
+}
+
+Result<int64_t> ParseListLimit(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  return f.Int("limit", 1, 1000, 50);
 }
 
 }  // namespace trybox::daemon

@@ -120,8 +120,9 @@ struct AgentContinueRequest {
   AgentLimits limits;
 };
 
-struct RunRequest {  // agent_show
+struct RunRequest {  // agent_show, agent_cancel, agent_transcript
   std::string run;
+  bool follow = false;  // agent_show: stream the live call's events first
 };
 
 Result<CreateRequest> ParseCreate(const Json& j);
@@ -137,6 +138,8 @@ Result<AgentRequest> ParseAgent(const Json& j);
 // `answer`: agent_answer (needs "answer"), else agent_resume.
 Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer);
 Result<RunRequest> ParseRunRequest(const Json& j);
+// agent_ls: {"limit": N} (default 50).
+Result<int64_t> ParseListLimit(const Json& j);
 Result<AgentLimits> ParseLimits(const Json& j);
 
 }  // namespace trybox::daemon

@@ -30,28 +30,8 @@ void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, Run
   state.agent_verify = agent_verify;
 
   // 1. The agent's /workspace comes back, is diffed and committed on trybox/<run-id>.
-  const std::string run_dir = state_dir_ + "/runs/" + run_id;
-  const std::string collected = run_dir + "/collected";
-  (void)RemoveTree(collected);
-  (void)MakeDirs(run_dir, 0700);
-  bool have_tree = false;
-  auto vm = vms_.Get(vm_id);
-  Status st = vm.ok() ? Status::Ok() : vm.status();
-  if (st.ok()) {
-    CollectOptions opts;
-    opts.into = collected;
-    opts.commit = true;
-    opts.branch_id = run_id;
-    opts.command = "vm_agent run " + run_id + ": " + FirstLine(state.task);
-    auto c = workspaces_.Collect(**vm, opts);
-    if (c.ok()) {
-      have_tree = true;
-      state.collect_id = c->record.id;
-    } else {
-      st = c.status();
-    }
-  }
-  if (!have_tree) state.files_note = st.message();
+  const std::string collected = state_dir_ + "/runs/" + run_id + "/collected";
+  bool have_tree = CollectWork(run_id, vm_id, collected, "", state);
   // 2. The agent's VM is done with.
   (void)vms_.Destroy(vm_id);
 
@@ -76,6 +56,36 @@ void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, Run
     state.verdict = passed ? "VERIFIED" : "FAILED_VERIFICATION";
     if (!passed) state.claim->status = "contradicted";
   }
+  (void)RemoveTree(collected);
+}
+
+bool Supervisor::CollectWork(const std::string& run_id, const std::string& vm_id,
+                             const std::string& into, const std::string& what, RunState& state) {
+  (void)RemoveTree(into);
+  (void)MakeDirs(state_dir_ + "/runs/" + run_id, 0700);
+  auto vm = vms_.Get(vm_id);
+  Status st = vm.ok() ? Status::Ok() : vm.status();
+  if (st.ok()) {
+    CollectOptions opts;
+    opts.into = into;
+    opts.commit = true;
+    opts.branch_id = run_id;
+    opts.command = "vm_agent run " + run_id + what + ": " + FirstLine(state.task);
+    auto c = workspaces_.Collect(**vm, opts);
+    if (c.ok()) {
+      state.collect_id = c->record.id;
+      return true;
+    }
+    st = c.status();
+  }
+  state.files_note = st.message();
+  return false;
+}
+
+void Supervisor::Cancel(const std::string& run_id, const std::string& vm_id, RunState& state) {
+  const std::string collected = state_dir_ + "/runs/" + run_id + "/collected";
+  (void)CollectWork(run_id, vm_id, collected, " (cancelled)", state);
+  (void)vms_.Destroy(vm_id);
   (void)RemoveTree(collected);
 }
 

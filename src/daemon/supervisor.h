@@ -30,8 +30,15 @@ class Supervisor {
   void Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
               const std::string& summary, const std::string& agent_verify,
               const std::function<void(const std::string&)>& progress);
+  // A cancelled run: what the agent did is collected and committed (as for a failed
+  // command), the VM destroyed; nothing is verified.
+  void Cancel(const std::string& run_id, const std::string& vm_id, RunState& state);
 
  private:
+  // Collects the agent's /workspace into `into` and commits it on trybox/<run-id>; false
+  // (with state.files_note saying why) if it could not.
+  bool CollectWork(const std::string& run_id, const std::string& vm_id, const std::string& into,
+                   const std::string& what, RunState& state);
   // The verification in a fresh VM from `tree`; fills `v`.
   void Verify(const RunState& state, const std::string& tree, Verification& v);
 

@@ -101,9 +101,26 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
                                                : ErrorReply(req.status()));
                    });
   }
-  t.AddUnary("agent_show", [&s](const Json& j, Connection&) -> Json {
+  t.AddStreaming("agent_show", [&s](channel::Stream& client, const Json& j, Connection&) {
     auto req = ParseRunRequest(j);
-    return req.ok() ? s.agents.Show(req->run) : ErrorReply(req.status());
+    (void)client.End(req.ok() ? s.agents.Show(req->run, req->follow, &client)
+                              : ErrorReply(req.status()));
+  });
+  t.AddUnary("agent_cancel", [&s](const Json& j, Connection&) -> Json {
+    auto req = ParseRunRequest(j);
+    return req.ok() ? s.agents.Cancel(req->run) : ErrorReply(req.status());
+  });
+  t.AddUnary("agent_ls", [&s](const Json& j, Connection&) -> Json {
+    auto limit = ParseListLimit(j);
+    return limit.ok() ? s.agents.List(*limit) : ErrorReply(limit.status());
+  });
+  t.AddStreaming("agent_transcript", [&s](channel::Stream& client, const Json& j, Connection&) {
+    auto req = ParseRunRequest(j);
+    if (!req.ok()) {
+      (void)client.End(ErrorReply(req.status()));
+      return;
+    }
+    s.agents.Transcript(req->run, client);
   });
 }
 

@@ -501,6 +501,29 @@ Result<std::optional<AgentRunRecord>> Store::GetAgentRun(const std::string& id) 
   return std::optional<AgentRunRecord>(std::move(r));
 }
 
+Result<std::vector<AgentRunRecord>> Store::ListAgentRuns(int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "SELECT id, created_at, updated_at, outcome, vm_id, state FROM agent_runs "
+         "ORDER BY created_at DESC, id LIMIT ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, limit);
+  std::vector<AgentRunRecord> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    AgentRunRecord r;
+    r.id = s.Text(0);
+    r.created_at = s.Double(1);
+    r.updated_at = s.Double(2);
+    r.outcome = s.Text(3);
+    r.vm_id = s.Text(4);
+    r.state = s.JsonCol(5);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 Result<int64_t> Store::InsertCollect(const CollectRecord& c) {
   std::lock_guard<std::mutex> lock(mu_);
   char* err = nullptr;

@@ -151,6 +151,8 @@ class Store {
   // Inserts or replaces the run.
   Status PutAgentRun(const AgentRunRecord& r);
   Result<std::optional<AgentRunRecord>> GetAgentRun(const std::string& id);
+  // The newest runs first, without their transcripts.
+  Result<std::vector<AgentRunRecord>> ListAgentRuns(int64_t limit);
 
   // The id of the VM's newest exec, if any.
   Result<std::optional<int>> LastExecId(const std::string& vm_id);
