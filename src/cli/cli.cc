@@ -749,7 +749,10 @@ Result<std::string> RenderAudit(const Json& rows) {
     ASSIGN_OR_RETURN(std::string address, e.StringOr("address", ""));
     ASSIGN_OR_RETURN(int64_t up, e.Int("bytes_up", 0));
     ASSIGN_OR_RETURN(int64_t down, e.Int("bytes_down", 0));
-    ASSIGN_OR_RETURN(int64_t duration, e.IntOr("duration_ms", 0, 0));
+    double duration = 0;  // milliseconds, fractional
+    if (e.Has("duration_ms")) {
+      ASSIGN_OR_RETURN(duration, e.Number("duration_ms"));
+    }
     ASSIGN_OR_RETURN(std::string reason, e.StringOr("reason", ""));
     ASSIGN_OR_RETURN(bool override_used, e.BoolOr("override", false));
     char when[32] = "?";
@@ -764,7 +767,7 @@ Result<std::string> RenderAudit(const Json& rows) {
     out += Format("%-19s %-12s %-8s %-4lld %-32s %-22s %9lld %9lld %8s %s\n", when, vm.c_str(),
                   verdict.c_str(), static_cast<long long>(status), Clip(target, 32).c_str(),
                   address.c_str(), static_cast<long long>(up), static_cast<long long>(down),
-                  ended == 0 ? "open" : std::to_string(duration).c_str(), reason.c_str());
+                  ended == 0 ? "open" : Format("%.0f", duration).c_str(), reason.c_str());
   }
   return out;
 }

@@ -29,7 +29,7 @@ Json Row(int64_t id) {
           {"status", 200},
           {"bytes_up", 1},
           {"bytes_down", 2},
-          {"duration_ms", 3}};
+          {"duration_ms", 3.5}};
 }
 
 // The paging daemon's audit: rows 1..n, at most `cap` per reply, newest first across pages.
