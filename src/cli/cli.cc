@@ -539,15 +539,15 @@ int CmdLs(Client& client, bool json, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
-// True if the destroy report says everything was cleaned up.
-Result<bool> DestroyedCleanly(const Json& body) {
+// "" if the destroy report says everything was cleaned up, else the report.
+Result<std::string> LeftBehind(const Json& body) {
   ASSIGN_OR_RETURN(ReplyView rep, ReplyView(body).Object("report"));
   bool clean = true;
   for (const char* k : {"process_gone", "sockets_removed", "dir_removed"}) {
     ASSIGN_OR_RETURN(bool b, rep.Bool(k));
     clean = clean && b;
   }
-  return clean;
+  return clean ? std::string() : rep.json().dump();
 }
 
 int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out,
@@ -560,15 +560,14 @@ int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out
       rc = 1;
       continue;
     }
-    auto clean = DestroyedCleanly(*r);
-    if (!clean.ok()) {
-      Fail(err, clean.status().Annotate("destroy " + id));
-      rc = kTryboxFailed;
+    auto left = LeftBehind(*r);
+    if (!left.ok()) {
+      rc = Fail(err, left.status().Annotate("destroy " + id));
       continue;
     }
     out << id << "\n";
-    if (!*clean) {
-      err << "trybox: " << id << " was not fully cleaned up: " << (*r)["report"].dump() << "\n";
+    if (!left->empty()) {
+      err << "trybox: " << id << " was not fully cleaned up: " << *left << "\n";
       rc = 1;
     }
   }
