@@ -1,17 +1,8 @@
 #include "cli/client.h"
 
-#include <fcntl.h>
-#include <grp.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-#include <cstring>
 
 #include "cli/testing.h"
 #include "util/private_dir.h"
@@ -21,27 +12,9 @@ namespace {
 
 using testing::Home;
 
-// A bound, listening socket at `path` that nobody serves: a connection attempt shows up as a
-// pending connection, which tells whether a client got that far.
-class Trap {
- public:
-  explicit Trap(const std::string& path) : fd_(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path;
-    EXPECT_EQ(::listen(fd_.get(), 8), 0);
-  }
-  bool Connected() {
-    pollfd p{fd_.get(), POLLIN, 0};
-    return ::poll(&p, 1, 0) == 1;
-  }
+using testing::Trap;
 
- private:
-  UniqueFd fd_;
-};
-
-void ExpectRefusedBeforeConnecting(const Home& home, Trap& trap, const std::string& why) {
+void ExpectRefusedBeforeConnecting(const Home& home, const Trap& trap, const std::string& why) {
   for (bool autostart : {false, true}) {
     auto c = Client::Connect(home.paths, autostart);
     ASSERT_FALSE(c.ok());
@@ -51,7 +24,7 @@ void ExpectRefusedBeforeConnecting(const Home& home, Trap& trap, const std::stri
     EXPECT_NE(c.status().message().find(why), std::string::npos) << c.status().message();
     EXPECT_NE(c.status().message().find("XDG_RUNTIME_DIR"), std::string::npos)
         << c.status().message();
-    EXPECT_FALSE(trap.Connected()) << "the client connected into a directory it refused";
+    EXPECT_FALSE(trap.connected()) << "the client connected into a directory it refused";
   }
 }
 
@@ -112,49 +85,17 @@ TEST(ClientTest, DaemonRunningAsAnotherUserIsRefusedAndHearsNothing) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to play another user";
   Home home;
   ASSERT_TRUE(MakePrivateDir(home.paths.runtime).ok());
-  UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, home.paths.socket().c_str(), sizeof addr.sun_path - 1);
-  ASSERT_EQ(::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  int ready[2], heard[2];
-  ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
-  ASSERT_EQ(::pipe2(heard, O_CLOEXEC), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // Only async-signal-safe calls: the test process has threads.
-    if (::syscall(SYS_setgroups, 0, nullptr) != 0 || ::syscall(SYS_setgid, 65534) != 0 ||
-        ::syscall(SYS_setuid, 65534) != 0 || ::listen(sock.get(), 8) != 0) {
-      ::_exit(1);
-    }
-    char one = 1;
-    if (::write(ready[1], &one, 1) != 1) ::_exit(1);
-    int c = ::accept(sock.get(), nullptr, nullptr);
-    long total = 0;
-    char buf[4096];
-    for (ssize_t n; c >= 0 && (n = ::read(c, buf, sizeof buf)) > 0;) total += n;
-    if (::write(heard[1], &total, sizeof total) != sizeof total) ::_exit(1);
-    ::_exit(0);
-  }
-  ::close(ready[1]);
-  ::close(heard[1]);
-  char one = 0;
-  ASSERT_EQ(::read(ready[0], &one, 1), 1) << "the child could not become uid 65534";
+  auto impostor = testing::ForeignListener::Start(home.paths.socket(), 65534);
+  ASSERT_TRUE(impostor.ok()) << impostor.status().ToString();
   auto c = Client::Connect(home.paths, /*autostart=*/false);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Code::kPermissionDenied);
   EXPECT_NE(c.status().message().find("runs as uid 65534"), std::string::npos)
       << c.status().message();
   EXPECT_NE(c.status().message().find(home.paths.socket()), std::string::npos);
-  long total = -1;
-  ASSERT_EQ(::read(heard[0], &total, sizeof total), static_cast<ssize_t>(sizeof total));
-  EXPECT_EQ(total, 0) << "the impostor received bytes";
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  ::close(ready[0]);
-  ::close(heard[0]);
+  auto heard = (*impostor)->BytesHeard();
+  ASSERT_TRUE(heard.ok()) << heard.status().ToString();
+  EXPECT_EQ(*heard, 0) << "the impostor received bytes";
 }
 
 }  // namespace

@@ -2,12 +2,18 @@
 // protocol on a real unix socket. Not used by trybox itself.
 #pragma once
 
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -55,6 +61,64 @@ class ScriptedDaemon {
   int handlers_ GUARDED_BY(mu_) = 0;
   std::vector<nlohmann::json> requests_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<channel::Mux>> muxes_ GUARDED_BY(mu_);
+};
+
+// The names in `dir` (not . and ..); empty if it cannot be read.
+std::set<std::string> Entries(const std::string& dir);
+// lstat(2)'s st_mode of `path`, or 0 if there is nothing there.
+mode_t ModeOf(const std::string& path);
+
+// Polls until some directory directly under `parent` holds at least `n` entries (a copy is
+// under way, into its temporary directory or its destination). False after `limit`.
+bool WaitForADirectoryWith(const std::string& parent, size_t n, std::chrono::seconds limit);
+
+// Runs `body` in a grandchild whose parent is a subreaper (PR_SET_CHILD_SUBREAPER) that
+// waits for every descendant, including what the grandchild leaves behind in another
+// session when it dies: WaitForAll() returns once they are all gone. `body` runs after
+// fork(2) in a process that has threads (exec, or do only what is safe there); _exit(0)
+// follows it.
+class Subreaper {
+ public:
+  static Result<std::unique_ptr<Subreaper>> Start(const std::function<void()>& body);
+  ~Subreaper();  // kills the grandchild if it is still there, then waits for all
+  pid_t child() const { return child_; }
+  Status WaitForAll();
+
+ private:
+  Subreaper(pid_t reaper, pid_t child) : reaper_(reaper), child_(child) {}
+  pid_t reaper_;
+  pid_t child_;
+};
+
+// A listening unix socket at `path` that no daemon serves: it takes each connection and
+// closes it at once (so an unchecked client fails rather than waits); connected() tells
+// whether anyone connected. The destructor stops it; it does not unlink the path.
+class Trap {
+ public:
+  explicit Trap(const std::string& path);
+  ~Trap();
+  bool connected() const { return connected_; }
+
+ private:
+  UniqueFd fd_;
+  std::atomic<bool> connected_{false};
+  std::thread thread_;
+};
+
+// A socket at `path` listened on by a child process running as uid and gid `uid` (needs
+// root): SO_PEERCRED on a connection to it reports `uid`, as for a daemon of another user.
+// The child reads once from the first connection it accepts, then exits.
+class ForeignListener {
+ public:
+  static Result<std::unique_ptr<ForeignListener>> Start(const std::string& path, uid_t uid);
+  ~ForeignListener();  // kills and reaps the child if it is still there
+  // Waits for the child: how many bytes its connection carried (0: closed without one).
+  Result<long> BytesHeard();
+
+ private:
+  ForeignListener(pid_t pid, UniqueFd heard) : pid_(pid), heard_(std::move(heard)) {}
+  pid_t pid_;
+  UniqueFd heard_;
 };
 
 // Runs the trybox binary (beside the running test binary, or in $TRYBOX_BIN_DIR to try

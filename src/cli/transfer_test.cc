@@ -5,13 +5,10 @@
 
 #include <archive.h>
 #include <archive_entry.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <set>
@@ -95,23 +92,8 @@ testing::ScriptedDaemon::Script ServeGet(const std::string& kind, mode_t mode, s
   };
 }
 
-std::set<std::string> Entries(const std::string& dir) {
-  std::set<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.insert(n);
-  }
-  ::closedir(d);
-  return names;
-}
-
-mode_t ModeOf(const std::string& p) {
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0) return 0;
-  return st.st_mode;
-}
+using testing::Entries;
+using testing::ModeOf;
 
 class GetPathTest : public ::testing::Test {
  protected:
@@ -287,40 +269,15 @@ TEST_F(GetPathTest, ATreeKilledMidwayLeavesNothing) {
   Serve(ServeGet("tar", 0755, data, data.size() / 2));
   client_.reset();  // the child makes its own connection
   std::string dst = dir_ + "/tree";
-  int report[2];
-  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
-  pid_t reaper = ::fork();
-  ASSERT_GE(reaper, 0);
-  if (reaper == 0) {
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-    pid_t cli = ::fork();
-    if (cli == 0) {
-      auto c = Client::Connect(home_.paths, false);
-      if (c.ok()) (void)GetPath(**c, "vm1", "/root/tree", dst);
-      ::_exit(0);
-    }
-    (void)!::write(report[1], &cli, sizeof cli);
-    while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
-    }
-    ::_exit(0);
-  }
-  ::close(report[1]);
-  pid_t cli = -1;
-  ASSERT_EQ(::read(report[0], &cli, sizeof cli), static_cast<ssize_t>(sizeof cli));
-  ::close(report[0]);
-  // Wait until files are being written (the temporary directory has entries), then kill.
-  std::string tmp;
-  for (int i = 0; i < 30000 && tmp.empty(); ++i) {
-    for (const auto& e : Entries(dir_)) {
-      if (e.rfind(".tree.trybox-tmp-", 0) == 0 && Entries(dir_ + "/" + e).size() >= 27) tmp = e;
-    }
-    if (tmp.empty()) ::usleep(1000);
-  }
-  ASSERT_FALSE(tmp.empty()) << "the copy never started writing; entries: "
-                            << ::testing::PrintToString(Entries(dir_));
-  ASSERT_EQ(::kill(cli, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(reaper, &status, 0), reaper);  // the CLI and its helper are gone
+  auto cli = testing::Subreaper::Start([&] {
+    auto c = Client::Connect(home_.paths, false);
+    if (c.ok()) (void)GetPath(**c, "vm1", "/root/tree", dst);
+  });
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString();
+  ASSERT_TRUE(testing::WaitForADirectoryWith(dir_, 27, std::chrono::seconds(60)))
+      << "the copy never started writing: " << ::testing::PrintToString(Entries(dir_));
+  ASSERT_EQ(::kill((*cli)->child(), SIGKILL), 0);
+  ASSERT_TRUE((*cli)->WaitForAll().ok());  // the CLI and its helper are gone
   EXPECT_EQ(Entries(dir_), std::set<std::string>{}) << "a killed copy left something behind";
 }
 

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "cli/testing.h"
 #include "tests/e2e/harness.h"
 #include "util/fd.h"
 #include "util/process.h"
@@ -29,22 +29,9 @@ namespace {
 
 constexpr mode_t kSpecialBits = S_ISUID | S_ISGID | S_ISVTX;
 
-std::set<std::string> Entries(const std::string& dir) {
-  std::set<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.insert(n);
-  }
-  ::closedir(d);
-  return names;
-}
-
-mode_t ModeOf(const std::string& p) {
-  struct stat st;
-  return ::lstat(p.c_str(), &st) == 0 ? st.st_mode : 0;
-}
+using cli::testing::Entries;
+using cli::testing::ModeOf;
+using cli::testing::Trap;
 
 // Every path below `root` (itself included) whose mode has a set-uid, set-gid or sticky bit.
 std::vector<std::string> SpecialModes(const std::string& root) {
@@ -71,43 +58,6 @@ std::vector<std::string> XdgEnv(const std::string& t) {
           "XDG_DATA_HOME=" + t + "/data",
           "XDG_CACHE_HOME=" + t + "/cache"};
 }
-
-// A socket bound at DIR/tryboxd.sock (not yet listening).
-UniqueFd BindDaemonSocket(const std::string& dir) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::string path = dir + "/tryboxd.sock";
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path;
-  return fd;
-}
-
-// A listening socket where the daemon's would be, that takes one connection and closes it
-// at once: whether anyone connected is the question (an old CLI then fails, not hangs).
-class Trap {
- public:
-  explicit Trap(const std::string& dir) : fd_(BindDaemonSocket(dir)) {
-    EXPECT_EQ(::listen(fd_.get(), 8), 0);
-    thread_ = std::thread([this] {
-      int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) {
-        connected_ = true;
-        ::close(c);
-      }
-    });
-  }
-  ~Trap() {
-    ::shutdown(fd_.get(), SHUT_RDWR);  // wakes the accept
-    thread_.join();
-  }
-  bool connected() const { return connected_; }
-
- private:
-  UniqueFd fd_;
-  std::atomic<bool> connected_{false};
-  std::thread thread_;
-};
 
 void ExpectSquatRefused(const std::string& t, const Trap& trap, const std::string& why) {
   std::string runtime = t + "/xdg/trybox";
@@ -266,8 +216,8 @@ TEST_F(CliHardeningE2E, TreeCopyKilledMidwayLeavesNothing) {
       "head -c 262144 /dev/urandom > /root/big/f$i; i=$((i+1)); done");
   std::string parent = tmp_->path() + "/p";
   ASSERT_EQ(::mkdir(parent.c_str(), 0755), 0);
-  // The CLI runs under a subreaper child of ours, which waits for every descendant: the
-  // CLI and the helper it leaves behind when killed. Built before fork: the test has threads.
+  // The CLI runs under a subreaper, which waits for every descendant: the CLI and the
+  // helper it leaves behind when killed. Built before fork: the test has threads.
   std::vector<std::string> args = {BinDir() + "/trybox", "cp", Vm() + ":/root/big",
                                    parent + "/out"};
   std::vector<std::string> env = h_->Env();
@@ -276,40 +226,20 @@ TEST_F(CliHardeningE2E, TreeCopyKilledMidwayLeavesNothing) {
   argv.push_back(nullptr);
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  int report[2];
-  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
-  pid_t reaper = ::fork();
-  ASSERT_GE(reaper, 0);
-  if (reaper == 0) {
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-    pid_t cli = ::fork();
-    if (cli == 0) {
-      int null = ::open("/dev/null", O_RDWR);
-      ::dup2(null, 0);
-      ::dup2(null, 1);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    (void)!::write(report[1], &cli, sizeof cli);
-    while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
-    }
-    ::_exit(0);
-  }
-  ::close(report[1]);
-  pid_t cli = -1;
-  ASSERT_EQ(::read(report[0], &cli, sizeof cli), static_cast<ssize_t>(sizeof cli));
-  ::close(report[0]);
+  auto cli = cli::testing::Subreaper::Start([&] {
+    int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  });
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString();
   // Mid-transfer: some directory under `parent` (the temporary one, or with the old CLI the
   // destination itself) holds 27 files.
-  bool midway = false;
-  for (int i = 0; i < 600000 && !midway; ++i) {
-    for (const auto& e : Entries(parent)) midway |= Entries(parent + "/" + e).size() >= 27;
-    if (!midway) ::usleep(500);
-  }
-  ASSERT_TRUE(midway) << "the copy never got going: " << ::testing::PrintToString(Entries(parent));
-  ASSERT_EQ(::kill(cli, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(reaper, &status, 0), reaper);
+  ASSERT_TRUE(cli::testing::WaitForADirectoryWith(parent, 27, std::chrono::seconds(300)))
+      << "the copy never got going: " << ::testing::PrintToString(Entries(parent));
+  ASSERT_EQ(::kill((*cli)->child(), SIGKILL), 0);
+  ASSERT_TRUE((*cli)->WaitForAll().ok());  // the CLI and the helper it left behind
   EXPECT_EQ(Entries(parent), std::set<std::string>{}) << "a killed copy left something behind";
   // The VM is fine and the same copy, uninterrupted, completes.
   CliResult cp = h_->Cli({"cp", Vm() + ":/root/big", parent + "/out"});
@@ -322,13 +252,13 @@ TEST_F(CliHardeningE2E, SquattedRuntimeDirThatIsASymlinkIsRefused) {
   std::string theirs = tmp_->path() + "/theirs";
   ASSERT_EQ(::mkdir(theirs.c_str(), 0700), 0);
   ASSERT_EQ(::symlink(theirs.c_str(), Runtime(tmp_->path()).c_str()), 0);
-  Trap trap(theirs);
+  Trap trap(theirs + "/tryboxd.sock");
   ExpectSquatRefused(tmp_->path(), trap, "it is a symbolic link");
 }
 
 TEST_F(CliHardeningE2E, SquattedRuntimeDirOfAnotherUserIsRefused) {
   ASSERT_EQ(::mkdir(Runtime(tmp_->path()).c_str(), 0700), 0);
-  Trap trap(Runtime(tmp_->path()));
+  Trap trap(Runtime(tmp_->path()) + "/tryboxd.sock");
   ASSERT_EQ(::chown(Runtime(tmp_->path()).c_str(), 65534, 65534), 0);
   ExpectSquatRefused(tmp_->path(), trap, "it is owned by uid 65534");
 }
@@ -336,7 +266,7 @@ TEST_F(CliHardeningE2E, SquattedRuntimeDirOfAnotherUserIsRefused) {
 TEST_F(CliHardeningE2E, SquattedRuntimeDirOpenToEveryoneIsRefused) {
   ASSERT_EQ(::mkdir(Runtime(tmp_->path()).c_str(), 0700), 0);
   ASSERT_EQ(::chmod(Runtime(tmp_->path()).c_str(), 0777), 0);
-  Trap trap(Runtime(tmp_->path()));
+  Trap trap(Runtime(tmp_->path()) + "/tryboxd.sock");
   ExpectSquatRefused(tmp_->path(), trap, "its mode is 0777");
 }
 
@@ -344,40 +274,15 @@ TEST_F(CliHardeningE2E, SquattedRuntimeDirOpenToEveryoneIsRefused) {
 // before the directory was ours, or it was handed the socket): refused, and it hears nothing.
 TEST_F(CliHardeningE2E, SquattedDaemonOfAnotherUserIsRefusedAndHearsNothing) {
   ASSERT_EQ(::mkdir(Runtime(tmp_->path()).c_str(), 0700), 0);
-  UniqueFd sock = BindDaemonSocket(Runtime(tmp_->path()));
-  int ready[2], heard[2];
-  ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
-  ASSERT_EQ(::pipe2(heard, O_CLOEXEC), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // SO_PEERCRED reports the listener's credentials as of listen(2).
-    if (::syscall(SYS_setgroups, 0, nullptr) != 0 || ::syscall(SYS_setgid, 65534) != 0 ||
-        ::syscall(SYS_setuid, 65534) != 0 || ::listen(sock.get(), 8) != 0) {
-      ::_exit(1);
-    }
-    char one = 1;
-    if (::write(ready[1], &one, 1) != 1) ::_exit(1);
-    // One read: the request, if one is sent, or end of file. Closing then fails an old CLI.
-    int c = ::accept(sock.get(), nullptr, nullptr);
-    char buf[4096];
-    long total = c >= 0 ? ::read(c, buf, sizeof buf) : -1;
-    if (::write(heard[1], &total, sizeof total) != sizeof total) ::_exit(1);
-    ::_exit(0);
-  }
-  ::close(ready[1]);
-  ::close(heard[1]);
-  char one = 0;
-  ASSERT_EQ(::read(ready[0], &one, 1), 1);
+  auto impostor =
+      cli::testing::ForeignListener::Start(Runtime(tmp_->path()) + "/tryboxd.sock", 65534);
+  ASSERT_TRUE(impostor.ok()) << impostor.status().ToString();
   CliResult r = RunProgram({BinDir() + "/trybox", "ls"}, XdgEnv(tmp_->path()));
   EXPECT_EQ(r.code, 125);
   EXPECT_NE(r.err.find("runs as uid 65534"), std::string::npos) << r.err;
-  long total = -1;
-  ASSERT_EQ(::read(heard[0], &total, sizeof total), static_cast<ssize_t>(sizeof total));
-  EXPECT_EQ(total, 0) << "the impostor received the request";
-  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
-  ::close(ready[0]);
-  ::close(heard[0]);
+  auto heard = (*impostor)->BytesHeard();
+  ASSERT_TRUE(heard.ok()) << heard.status().ToString();
+  EXPECT_EQ(*heard, 0) << "the impostor received the request";
 }
 
 }  // namespace
