@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <iosfwd>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
@@ -18,13 +19,15 @@ constexpr int kAgentInProgress = 4;
 constexpr int kAgentError = 5;
 
 // Runs an agent verb (`request` names it) and returns its END body, passing each EVENT to
-// `on_event` as it arrives. An error END is returned as a Status.
+// `on_event` as it arrives; an error from `on_event` (a malformed event) resets the stream
+// and is returned. An error END is returned as a Status.
 Result<nlohmann::json> CallAgentVerb(Client& client, const nlohmann::json& request,
-                                     const std::function<void(const nlohmann::json&)>& on_event);
+                                     const std::function<Status(const nlohmann::json&)>& on_event);
 
-// The exit code for a report.
+// The exit code for a report (kAgentError for one without a string `outcome`).
 int AgentExitCode(const nlohmann::json& report);
 
-int CmdAgent(Client& client, const Invocation& inv);
+// The report to `out` (text, or JSON with --json), progress to `err`.
+int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostream& err);
 
 }  // namespace trybox::cli

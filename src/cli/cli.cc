@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cstdarg>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -17,26 +18,58 @@
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
 #include "cli/mcp.h"
+#include "cli/reply.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
 #include "image/image.h"
 #include "util/fd.h"
 #include "util/names.h"
+#include "util/numbers.h"
 #include "util/paths.h"
 #include "util/process.h"
 #include "vmm/template.h"
 #include "workspace/workspace.h"
+
+#ifndef TRYBOX_VERSION
+#define TRYBOX_VERSION "0"
+#endif
 
 namespace trybox::cli {
 namespace {
 
 using Kind = channel::Stream::Message::Kind;
 constexpr int kTryboxFailed = 125;
+// Pages asked of a paging daemon: its own caps (docs/protocol/daemon.md).
+constexpr int64_t kDiffPage = 2000;
 
-void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
+// Numeric flags arrive as text and are parsed by Parse() with their bounds; CLI11's own
+// conversion would wrap 4294967808 to 512 and read 1e20 as a double.
+struct NumberFlags {
+  std::string memory, cpus, exec_timeout, agent_timeout, max_turns, max_tokens, limit;
+};
+
+std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string Format(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char small[512];
+  int n = std::vsnprintf(small, sizeof small, fmt, ap);
+  va_end(ap);
+  if (n < 0) return "";
+  if (static_cast<size_t>(n) < sizeof small) return std::string(small, static_cast<size_t>(n));
+  std::string big(static_cast<size_t>(n) + 1, '\0');
+  va_start(ap, fmt);
+  std::vsnprintf(big.data(), big.size(), fmt, ap);
+  va_end(ap);
+  big.resize(static_cast<size_t>(n));
+  return big;
+}
+
+void AddVmOptions(CLI::App* cmd, VmOptions& vm, NumberFlags& nf) {
   cmd->add_option("--image", vm.image, "Image to boot")->capture_default_str();
-  cmd->add_option("--memory", vm.memory_mib, "Guest memory in MiB")->capture_default_str();
-  cmd->add_option("--cpus", vm.cpus, "Guest vCPUs")->capture_default_str();
+  cmd->add_option("--memory", nf.memory, "Guest memory in MiB, 128 to 65536 (default 512)")
+      ->option_text("MIB");
+  cmd->add_option("--cpus", nf.cpus, "Guest vCPUs, 1 to 64 (default 1)")->option_text("N");
   cmd->add_flag("--cold", vm.cold,
                 "Boot the kernel instead of restoring the image's saved template");
   cmd->add_flag("--privileged", vm.privileged,
@@ -53,29 +86,75 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm) {
   cmd->add_option("--workspace", vm.workspace,
                   "Copy this git working tree into /workspace (the default working directory)");
   cmd->add_option("--workspace-quota", vm.workspace_quota,
-                  "Most the workspace may hold, each way (bytes, or K/M/G; default 1G)");
+                  "Most the workspace may hold, each way (bytes, or K/M/G/T; default 1G, at "
+                  "most 1T)");
 }
 
-void AddAgentModelOptions(CLI::App* cmd, ModelFlags& m, AgentOptions& a) {
+void AddAgentModelOptions(CLI::App* cmd, ModelFlags& m, NumberFlags& nf) {
   cmd->add_option("--provider", m.provider,
                   "anthropic or openai (default: from ANTHROPIC_*/OPENAI_* or agent.json)");
   cmd->add_option("--model", m.model, "Model name (default: ANTHROPIC_MODEL / OPENAI_MODEL)");
-  cmd->add_option("--max-turns", a.max_turns, "Most model turns for this call");
-  cmd->add_option("--timeout", a.timeout_s, "Wall clock for this call, in seconds");
-  cmd->add_option("--max-tokens", a.max_tokens, "Most tokens (input + output) for this call");
+  cmd->add_option("--max-turns", nf.max_turns, "Most model turns for this call, 1 to 1000")
+      ->option_text("N");
+  cmd->add_option("--timeout", nf.agent_timeout,
+                  "Wall clock for this call in seconds, at most 86400 (rounded up to whole "
+                  "seconds)")
+      ->option_text("SECONDS");
+  cmd->add_option("--max-tokens", nf.max_tokens,
+                  "Most tokens (input + output) for this call, 1000 to 2^40")
+      ->option_text("N");
 }
 
-void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
+void AddExecOptions(CLI::App* cmd, ExecOptions& ex, NumberFlags& nf) {
   // One value per flag: a vector option would otherwise swallow "--" and the command.
   cmd->add_option("-e,--env", ex.env, "Set an environment variable K=V (repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("-w,--workdir", ex.workdir, "Working directory inside the VM");
-  cmd->add_option("--timeout", ex.timeout_s, "Kill the command after SECONDS");
+  cmd->add_option("--timeout", nf.exec_timeout,
+                  "Kill the command after SECONDS (fractions allowed; at most 604800, 7 days)")
+      ->option_text("SECONDS");
   cmd->add_flag("-i,--interactive", ex.interactive, "Forward standard input to the command");
 }
 
-int Fail(const Status& st) {
-  std::cerr << "trybox: " << st.message() << "\n";
+// Converts the numeric flags that were given; the others keep their defaults.
+Status ParseNumberFlags(const NumberFlags& nf, Invocation* inv) {
+  if (!nf.memory.empty()) {
+    ASSIGN_OR_RETURN(inv->vm.memory_mib,
+                     ParseBoundedInt(nf.memory, kMinMemoryMib, kMaxMemoryMib, "--memory", "MiB"));
+  }
+  if (!nf.cpus.empty()) {
+    ASSIGN_OR_RETURN(inv->vm.cpus, ParseBoundedInt(nf.cpus, 1, kMaxCpus, "--cpus"));
+  }
+  if (!nf.exec_timeout.empty()) {
+    ASSIGN_OR_RETURN(inv->exec.timeout_ms,
+                     ParseSecondsToMs(nf.exec_timeout, kMaxExecTimeoutMs, "--timeout"));
+  }
+  if (!nf.agent_timeout.empty()) {
+    ASSIGN_OR_RETURN(int64_t ms,
+                     ParseSecondsToMs(nf.agent_timeout, kMaxAgentWallClockS * 1000, "--timeout"));
+    inv->agent.wall_clock_s = (ms + 999) / 1000;
+  }
+  if (!nf.max_turns.empty()) {
+    ASSIGN_OR_RETURN(inv->agent.max_turns,
+                     ParseBoundedInt(nf.max_turns, 1, kMaxAgentTurns, "--max-turns"));
+  }
+  if (!nf.max_tokens.empty()) {
+    ASSIGN_OR_RETURN(inv->agent.max_tokens, ParseBoundedInt(nf.max_tokens, kMinAgentTokens,
+                                                            kMaxAgentTokens, "--max-tokens"));
+  }
+  if (!nf.limit.empty()) {
+    ASSIGN_OR_RETURN(inv->limit, ParseBoundedInt(nf.limit, 1, kMaxAuditRows, "--limit", "rows"));
+  }
+  if (!inv->vm.workspace_quota.empty()) {
+    ASSIGN_OR_RETURN(
+        inv->vm.quota_bytes,
+        ParseByteSize(inv->vm.workspace_quota, 1, kMaxWorkspaceQuotaBytes, "--workspace-quota"));
+  }
+  return Status::Ok();
+}
+
+int Fail(std::ostream& err, const Status& st) {
+  err << "trybox: " << st.message() << "\n";
   return kTryboxFailed;
 }
 
@@ -97,18 +176,53 @@ std::string CpPathVm(const std::string& s, std::string* path) {
   return s.substr(0, colon);
 }
 
+// The exit code an exec result stands for; `message` gets what to tell the user.
+Result<int> ExitCodeOf(const ReplyView& r, std::string* message) {
+  ASSIGN_OR_RETURN(std::string outcome, r.StringOr("outcome", ""));
+  if (outcome == "exited" && r.Has("exit_code")) {
+    ASSIGN_OR_RETURN(int64_t code, r.Int("exit_code", 0, 255));
+    return static_cast<int>(code);
+  }
+  if (outcome == "signaled" && r.Has("signal")) {
+    ASSIGN_OR_RETURN(int64_t sig, r.Int("signal", 1, 127));
+    *message = "command killed by signal " + std::to_string(sig);
+    return 128 + static_cast<int>(sig);
+  }
+  if (outcome == "timed_out") {
+    ASSIGN_OR_RETURN(int64_t ms, r.IntOr("timeout_ms", 0, 0));
+    *message = "command timed out after " + Format("%.3f", static_cast<double>(ms) / 1000) + " s";
+    return 124;
+  }
+  if (outcome == "error") {
+    ASSIGN_OR_RETURN(std::string err, r.StringOr("error", ""));
+    ASSIGN_OR_RETURN(*message, r.StringOr("message", err));
+    if (err == "not_found") return 127;
+    if (err == "not_executable" || err == "bad_cwd") return 126;
+    return kTryboxFailed;
+  }
+  if (outcome == "channel_lost" || outcome == "cancelled") {
+    ASSIGN_OR_RETURN(std::string why, r.StringOr("message", ""));
+    *message = (outcome == "cancelled" ? "the command was cancelled: "
+                                       : "lost the guest before the command finished: ") +
+               why;
+    return kTryboxFailed;
+  }
+  *message = "unexpected exec result: " + QuoteForMessage(r.json().dump(), 400);
+  return kTryboxFailed;
+}
+
 // Streams one exec, forwarding stdout/stderr as they arrive. Returns the exit code.
 int StreamExec(Client& client, const std::string& vm, const std::vector<std::string>& argv,
-               const ExecOptions& ex) {
+               const ExecOptions& ex, std::ostream& err) {
   Json req = {{"verb", "exec"},
               {"vm", vm},
               {"argv", argv},
               {"env", EnvObject(ex.env)},
-              {"timeout_ms", static_cast<int64_t>(ex.timeout_s * 1000)},
+              {"timeout_ms", ex.timeout_ms},
               {"stdin", ex.interactive}};
   if (!ex.workdir.empty()) req["cwd"] = ex.workdir;
   auto s = client.Open(req);
-  if (!s.ok()) return Fail(s.status());
+  if (!s.ok()) return Fail(err, s.status());
   std::thread input;
   if (ex.interactive) {
     input = std::thread([st = *s] {
@@ -124,7 +238,7 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
   }
   for (;;) {
     auto m = (*s)->Next();
-    if (!m.ok()) return Fail(m.status().Annotate("lost tryboxd"));
+    if (!m.ok()) return Fail(err, m.status().Annotate("lost tryboxd"));
     switch (m->kind) {
       case Kind::kData: {
         int fd = m->channel == channel::kChanErr ? 2 : 1;
@@ -136,14 +250,17 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
       }
       case Kind::kEnd: {
         Status st = StatusFromReply(m->body);
-        if (!st.ok()) return Fail(st);
+        if (!st.ok()) return Fail(err, st);
+        auto result = ReplyView(m->body).Object("result");
+        if (!result.ok()) return Fail(err, result.status());
         std::string msg;
-        int code = ExitCodeFor(m->body["result"], &msg);
-        if (!msg.empty()) std::cerr << "trybox: " << msg << "\n";
-        return code;
+        auto code = ExitCodeOf(*result, &msg);
+        if (!code.ok()) return Fail(err, code.status());
+        if (!msg.empty()) err << "trybox: " << msg << "\n";
+        return *code;
       }
       case Kind::kReset:
-        return Fail(Unavailable("tryboxd aborted the exec: " + m->body.value("reason", "")));
+        return Fail(err, StatusFromReset(m->body, "the exec"));
       default:
         break;
     }
@@ -152,7 +269,8 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
 
 // `ephemeral`: the daemon destroys the VM when this connection closes, so a `run` that is
 // interrupted or killed never leaves its VM behind.
-Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral) {
+Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral,
+                             std::ostream& err) {
   ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "create"},
                                         {"image", vm.image},
                                         {"memory_mib", vm.memory_mib},
@@ -162,51 +280,73 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
                                         {"allow", vm.allow},
                                         {"profiles", vm.profiles},
                                         {"ephemeral", ephemeral}}));
-  // A fallback (template unusable, booted cold) is news; --cold is not.
-  const Json& start = r["vm"]["start"];
-  if (!vm.cold && start.is_object() && start.contains("note")) {
-    std::cerr << "trybox: " << start["note"].get<std::string>() << "\n";
+  ASSIGN_OR_RETURN(ReplyView v, ReplyView(r).Object("vm"));
+  ASSIGN_OR_RETURN(std::string id, v.String("id"));
+  if (!ValidateName("VM id", id).ok()) {
+    return MalformedReply("vm.id", "must be a VM id ([A-Za-z0-9_-], 1 to 64 characters)");
   }
-  return r["vm"]["id"].get<std::string>();
+  ASSIGN_OR_RETURN(auto start, v.OptionalObject("start"));
+  std::optional<std::string> note;
+  if (start) {
+    ASSIGN_OR_RETURN(note, start->OptionalString("note"));
+  }
+  // A fallback (template unusable, booted cold) is news; --cold is not.
+  if (note && !vm.cold) err << "trybox: " << *note << "\n";
+  return id;
+}
+
+// The messages of a workspace_in END, and the setup hook's exit code (0 without a hook).
+Result<int> ReadWorkspaceIn(const Json& body, std::string* text) {
+  ReplyView r(body);
+  ASSIGN_OR_RETURN(ReplyView w, r.Object("workspace"));
+  ASSIGN_OR_RETURN(auto skipped, w.ObjectsOrEmpty("skipped"));
+  for (const auto& sk : skipped) {
+    ASSIGN_OR_RETURN(std::string path, sk.String("path"));
+    ASSIGN_OR_RETURN(std::string reason, sk.String("reason"));
+    *text += "trybox: workspace: not copied: " + path + ": " + reason + "\n";
+  }
+  ASSIGN_OR_RETURN(auto setup, r.OptionalObject("setup"));
+  if (!setup) return 0;
+  ASSIGN_OR_RETURN(ReplyView result, setup->Object("result"));
+  std::string msg;
+  ASSIGN_OR_RETURN(int code, ExitCodeOf(result, &msg));
+  if (code != 0) {
+    *text += std::string("trybox: ") + workspace::kSetupScript + " failed" +
+             (msg.empty() ? " with exit code " + std::to_string(code) : ": " + msg) +
+             "; the command was not run\n";
+  }
+  return code;
 }
 
 // Copies the working tree `dir` into the VM and runs the project's setup hook, whose output
 // goes to our stderr. Returns 0, or the exit code to stop with.
-int InjectWorkspace(Client& client, const std::string& vm, const VmOptions& opts) {
+int InjectWorkspace(Client& client, const std::string& vm, const VmOptions& opts,
+                    std::ostream& err) {
   char real[PATH_MAX];
   if (!::realpath(opts.workspace.c_str(), real)) {
-    return Fail(ErrnoError("--workspace " + opts.workspace));
+    return Fail(err, ErrnoError("--workspace " + opts.workspace));
   }
   Json req = {{"verb", "workspace_in"}, {"vm", vm}, {"dir", real}};
   if (opts.quota_bytes) req["quota_bytes"] = opts.quota_bytes;
   auto s = client.Open(req);
-  if (!s.ok()) return Fail(s.status());
+  if (!s.ok()) return Fail(err, s.status());
   for (;;) {
     auto m = (*s)->Next();
-    if (!m.ok()) return Fail(m.status().Annotate("lost tryboxd"));
+    if (!m.ok()) return Fail(err, m.status().Annotate("lost tryboxd"));
     if (m->kind == Kind::kData) {
+      err.flush();
       (void)WriteFull(2, m->data);
       continue;
     }
-    if (m->kind == Kind::kReset) return Fail(Unavailable("tryboxd aborted the workspace copy"));
+    if (m->kind == Kind::kReset) return Fail(err, StatusFromReset(m->body, "the workspace copy"));
     if (m->kind != Kind::kEnd) continue;
     Status st = StatusFromReply(m->body);
-    if (!st.ok()) return Fail(st);
-    const Json& w = m->body["workspace"];
-    for (const auto& sk : w["skipped"]) {
-      std::cerr << "trybox: workspace: not copied: " << sk["path"].get<std::string>() << ": "
-                << sk["reason"].get<std::string>() << "\n";
-    }
-    const Json& setup = m->body["setup"];
-    if (setup.is_null()) return 0;
-    std::string msg;
-    int code = ExitCodeFor(setup["result"], &msg);
-    if (code != 0) {
-      std::cerr << "trybox: " << workspace::kSetupScript << " failed"
-                << (msg.empty() ? " with exit code " + std::to_string(code) : ": " + msg)
-                << "; the command was not run\n";
-    }
-    return code;
+    if (!st.ok()) return Fail(err, st);
+    std::string text;
+    auto code = ReadWorkspaceIn(m->body, &text);
+    if (!code.ok()) return Fail(err, code.status());
+    err << text;
+    return *code;
   }
 }
 
@@ -223,83 +363,136 @@ Status CheckWorkspaceDir(const std::string& dir) {
   return Status::Ok();
 }
 
-void PrintCollect(std::ostream& out, const Json& c) {
-  const Json& n = c["counts"];
-  size_t total = c["changes"].size();
-  out << "collected /workspace of VM " << c["vm"].get<std::string>() << ": " << total << " file"
-      << (total == 1 ? "" : "s") << " changed (" << n["added"] << " added, " << n["modified"]
-      << " modified, " << n["deleted"] << " deleted, " << n["renamed"] << " renamed, "
-      << n["mode_changed"] << " mode changes)\n";
-  for (const auto& sk : c["skipped"]) {
-    out << "skipped " << sk["path"].get<std::string>() << ": " << sk["reason"].get<std::string>()
-        << "\n";
+// The human summary of a collect (the `collect` object of a collect or diff reply).
+Result<std::string> RenderCollect(const ReplyView& c) {
+  ASSIGN_OR_RETURN(std::string vm, c.String("vm"));
+  ASSIGN_OR_RETURN(ReplyView n, c.Object("counts"));
+  int64_t counts[5];
+  const char* kinds[5] = {"added", "modified", "deleted", "renamed", "mode_changed"};
+  for (int i = 0; i < 5; ++i) {
+    ASSIGN_OR_RETURN(counts[i], n.Int(kinds[i], 0));
   }
-  if (!c["commit"].get<std::string>().empty()) {
-    out << "committed " << c["commit"].get<std::string>() << " on branch "
-        << c["branch"].get<std::string>();
-    if (c.contains("dir")) out << " in " << c["dir"].get<std::string>();
-    out << "\n";
-  } else if (!c["note"].get<std::string>().empty()) {
-    out << c["note"].get<std::string>() << "\n";
+  ASSIGN_OR_RETURN(const Json* changes, c.Array("changes"));
+  const int64_t listed = static_cast<int64_t>(changes->size());
+  ASSIGN_OR_RETURN(int64_t total, c.IntOr("changes_total", listed, 0));
+  ASSIGN_OR_RETURN(bool truncated, c.BoolOr("changes_truncated", false));
+  ASSIGN_OR_RETURN(auto skipped, c.ObjectsOrEmpty("skipped"));
+  ASSIGN_OR_RETURN(std::string commit, c.StringOr("commit", ""));
+  ASSIGN_OR_RETURN(std::string branch, c.StringOr("branch", ""));
+  ASSIGN_OR_RETURN(std::string note, c.StringOr("note", ""));
+  ASSIGN_OR_RETURN(auto dir, c.OptionalString("dir"));
+  std::string out = Format(
+      "collected /workspace of VM %s: %lld file%s changed (%lld added, %lld "
+      "modified, %lld deleted, %lld renamed, %lld mode changes)\n",
+      vm.c_str(), static_cast<long long>(total), total == 1 ? "" : "s",
+      static_cast<long long>(counts[0]), static_cast<long long>(counts[1]),
+      static_cast<long long>(counts[2]), static_cast<long long>(counts[3]),
+      static_cast<long long>(counts[4]));
+  if (truncated || total > listed) {
+    out += Format(
+        "%lld of these changes are not shown in this reply; trybox diff %s lists "
+        "them all\n",
+        static_cast<long long>(total - listed), vm.c_str());
   }
+  for (const auto& sk : skipped) {
+    ASSIGN_OR_RETURN(std::string path, sk.String("path"));
+    ASSIGN_OR_RETURN(std::string reason, sk.String("reason"));
+    out += "skipped " + path + ": " + reason + "\n";
+  }
+  if (!commit.empty()) {
+    out += "committed " + commit + " on branch " + branch;
+    if (dir) out += " in " + *dir;
+    out += "\n";
+  } else if (!note.empty()) {
+    out += note + "\n";
+  }
+  return out;
 }
 
-// Runs the collect verb; prints to `out` (text) or stdout (JSON). Returns the exit code.
+// Runs the collect verb; prints to `out` (text or JSON). Returns the exit code.
 int CollectWorkspace(Client& client, const std::string& vm, const std::string& into, bool commit,
-                     const std::string& command, bool json, std::ostream& out) {
+                     const std::string& command, bool json, std::ostream& out, std::ostream& err) {
   Json req = {{"verb", "collect"}, {"vm", vm}, {"commit", commit}, {"command", command}};
   if (!into.empty()) {
     std::string abs = into;
     if (abs[0] != '/') {
       char cwd[PATH_MAX];
-      if (!::getcwd(cwd, sizeof cwd)) return Fail(ErrnoError("getcwd"));
+      if (!::getcwd(cwd, sizeof cwd)) return Fail(err, ErrnoError("getcwd"));
       abs = std::string(cwd) + "/" + into;
     }
     req["into"] = abs;
   }
   auto r = client.Call(req);
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return Fail(err, r.status());
+  auto c = ReplyView(*r).Object("collect");
+  if (!c.ok()) return Fail(err, c.status());
   if (json) {
-    std::cout << (*r)["collect"].dump(2) << "\n";
-  } else {
-    PrintCollect(out, (*r)["collect"]);
+    out << c->json().dump(2) << "\n";
+    return 0;
   }
+  auto text = RenderCollect(*c);
+  if (!text.ok()) return Fail(err, text.status());
+  out << *text;
   return 0;
 }
 
-int CmdDiff(Client& client, const std::string& vm, bool json) {
-  auto r = client.Call({{"verb", "diff"}, {"vm", vm}});
-  if (!r.ok()) return Fail(r.status());
-  const Json& c = (*r)["collect"];
-  if (json) {
-    std::cout << c.dump(2) << "\n";
-    return 0;
-  }
-  if (c["outcome"] != "ok") {
-    std::cout << "the last collect of VM " << vm << " failed: " << c["error"].get<std::string>()
-              << "\n";
-    return 1;
-  }
-  for (const auto& ch : c["changes"]) {
-    std::string k = ch["change"];
-    std::string path = ch["path"];
+// One line of `trybox diff` per change; unknown kinds are left out.
+Result<std::string> RenderChanges(const ReplyView& c) {
+  ASSIGN_OR_RETURN(auto changes, c.Objects("changes"));
+  std::string out;
+  for (const auto& ch : changes) {
+    ASSIGN_OR_RETURN(std::string k, ch.String("change"));
+    ASSIGN_OR_RETURN(std::string path, ch.String("path"));
+    auto size = [&](const char* key) -> Result<long long> {
+      ASSIGN_OR_RETURN(int64_t v, ch.Int(key, 0));
+      return static_cast<long long>(v);
+    };
     if (k == "added") {
-      std::printf("A  %s (%lld bytes)\n", path.c_str(), ch["new_size"].get<long long>());
+      ASSIGN_OR_RETURN(long long n, size("new_size"));
+      out += Format("A  %s (%lld bytes)\n", path.c_str(), n);
     } else if (k == "deleted") {
-      std::printf("D  %s (%lld bytes)\n", path.c_str(), ch["old_size"].get<long long>());
+      ASSIGN_OR_RETURN(long long n, size("old_size"));
+      out += Format("D  %s (%lld bytes)\n", path.c_str(), n);
     } else if (k == "modified") {
-      std::printf("M  %s (%lld -> %lld bytes)\n", path.c_str(), ch["old_size"].get<long long>(),
-                  ch["new_size"].get<long long>());
+      ASSIGN_OR_RETURN(long long o, size("old_size"));
+      ASSIGN_OR_RETURN(long long n, size("new_size"));
+      out += Format("M  %s (%lld -> %lld bytes)\n", path.c_str(), o, n);
     } else if (k == "renamed") {
-      std::printf("R  %s -> %s (%lld bytes)\n", ch["from"].get<std::string>().c_str(), path.c_str(),
-                  ch["new_size"].get<long long>());
+      ASSIGN_OR_RETURN(std::string from, ch.String("from"));
+      ASSIGN_OR_RETURN(long long n, size("new_size"));
+      out += Format("R  %s -> %s (%lld bytes)\n", from.c_str(), path.c_str(), n);
     } else if (k == "mode_changed") {
-      std::printf("T  %s (mode %o -> %o)\n", path.c_str(), ch["old_mode"].get<unsigned>(),
-                  ch["new_mode"].get<unsigned>());
+      ASSIGN_OR_RETURN(int64_t o, ch.Int("old_mode", 0, 07777));
+      ASSIGN_OR_RETURN(int64_t n, ch.Int("new_mode", 0, 07777));
+      out += Format("T  %s (mode %o -> %o)\n", path.c_str(), static_cast<unsigned>(o),
+                    static_cast<unsigned>(n));
     }
   }
-  std::fflush(stdout);
-  PrintCollect(std::cout, c);
+  return out;
+}
+
+int CmdDiff(Client& client, const std::string& vm, bool json, std::ostream& out,
+            std::ostream& err) {
+  auto c = FetchDiff(client, vm);
+  if (!c.ok()) return Fail(err, c.status());
+  if (json) {
+    out << c->dump(2) << "\n";
+    return 0;
+  }
+  ReplyView v(*c, "collect");
+  auto outcome = v.StringOr("outcome", "ok");
+  if (!outcome.ok()) return Fail(err, outcome.status());
+  if (*outcome != "ok") {
+    auto why = v.StringOr("error", "");
+    if (!why.ok()) return Fail(err, why.status());
+    out << "the last collect of VM " << vm << " failed: " << *why << "\n";
+    return 1;
+  }
+  auto lines = RenderChanges(v);
+  if (!lines.ok()) return Fail(err, lines.status());
+  auto summary = RenderCollect(v);
+  if (!summary.ok()) return Fail(err, summary.status());
+  out << *lines << *summary;
   return 0;
 }
 
@@ -311,64 +504,93 @@ std::string JoinCommand(const std::vector<std::string>& argv) {
 
 std::string FormatAge(double created) {
   double age = static_cast<double>(::time(nullptr)) - created;
-  if (age < 120) return std::to_string(static_cast<int>(age)) + "s";
-  if (age < 7200) return std::to_string(static_cast<int>(age / 60)) + "m";
-  return std::to_string(static_cast<int>(age / 3600)) + "h";
+  if (age < 120) return std::to_string(static_cast<int64_t>(age)) + "s";
+  if (age < 7200) return std::to_string(static_cast<int64_t>(age / 60)) + "m";
+  return std::to_string(static_cast<int64_t>(age / 3600)) + "h";
 }
 
-int CmdLs(Client& client, bool json) {
+Result<std::string> RenderLs(const ReplyView& r) {
+  ASSIGN_OR_RETURN(auto vms, r.Objects("vms"));
+  std::string out = Format("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", "ID", "IMAGE", "STATE", "ACCEL",
+                           "MEMORY", "AGE", "NOTE");
+  for (const auto& v : vms) {
+    ASSIGN_OR_RETURN(std::string id, v.String("id"));
+    ASSIGN_OR_RETURN(std::string image, v.String("image"));
+    ASSIGN_OR_RETURN(std::string state, v.String("state"));
+    ASSIGN_OR_RETURN(std::string accel, v.StringOr("accel", ""));
+    ASSIGN_OR_RETURN(int64_t memory, v.Int("memory_mib", 0));
+    ASSIGN_OR_RETURN(double created, v.Number("created_at"));
+    ASSIGN_OR_RETURN(std::string note, v.StringOr("note", ""));
+    out += Format("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", id.c_str(), image.c_str(), state.c_str(),
+                  accel.c_str(), (std::to_string(memory) + "M").c_str(), FormatAge(created).c_str(),
+                  note.c_str());
+  }
+  return out;
+}
+
+int CmdLs(Client& client, bool json, std::ostream& out, std::ostream& err) {
   auto r = client.Call({{"verb", "list"}});
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return Fail(err, r.status());
+  ReplyView v(*r);
   if (json) {
-    std::cout << (*r)["vms"].dump(2) << "\n";
+    auto vms = v.Array("vms");
+    if (!vms.ok()) return Fail(err, vms.status());
+    out << (*vms)->dump(2) << "\n";
     return 0;
   }
-  std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", "ID", "IMAGE", "STATE", "ACCEL", "MEMORY",
-              "AGE", "NOTE");
-  for (const auto& v : (*r)["vms"]) {
-    std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", v["id"].get<std::string>().c_str(),
-                v["image"].get<std::string>().c_str(), v["state"].get<std::string>().c_str(),
-                v["accel"].get<std::string>().c_str(),
-                (std::to_string(v["memory_mib"].get<int>()) + "M").c_str(),
-                FormatAge(v["created_at"].get<double>()).c_str(),
-                v["note"].get<std::string>().c_str());
-  }
+  auto text = RenderLs(v);
+  if (!text.ok()) return Fail(err, text.status());
+  out << *text;
   return 0;
 }
 
-int CmdRm(Client& client, const std::vector<std::string>& ids) {
+// "" if the destroy report says everything was cleaned up, else the report.
+Result<std::string> LeftBehind(const Json& body) {
+  ASSIGN_OR_RETURN(ReplyView rep, ReplyView(body).Object("report"));
+  bool clean = true;
+  for (const char* k : {"process_gone", "sockets_removed", "dir_removed"}) {
+    ASSIGN_OR_RETURN(bool b, rep.Bool(k));
+    clean = clean && b;
+  }
+  return clean ? std::string() : rep.json().dump();
+}
+
+int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out,
+          std::ostream& err) {
   int rc = 0;
   for (const auto& id : ids) {
     auto r = client.Call({{"verb", "destroy"}, {"vm", id}});
     if (!r.ok()) {
-      std::cerr << "trybox: " << r.status().message() << "\n";
+      err << "trybox: " << r.status().message() << "\n";
       rc = 1;
       continue;
     }
-    const Json& rep = (*r)["report"];
-    bool clean = rep["process_gone"].get<bool>() && rep["sockets_removed"].get<bool>() &&
-                 rep["dir_removed"].get<bool>();
-    std::cout << id << "\n";
-    if (!clean) {
-      std::cerr << "trybox: " << id << " was not fully cleaned up: " << rep.dump() << "\n";
+    auto left = LeftBehind(*r);
+    if (!left.ok()) {
+      rc = Fail(err, left.status().Annotate("destroy " + id));
+      continue;
+    }
+    out << id << "\n";
+    if (!left->empty()) {
+      err << "trybox: " << id << " was not fully cleaned up: " << *left << "\n";
       rc = 1;
     }
   }
   return rc;
 }
 
-int CmdCp(Client& client, const std::string& src, const std::string& dst) {
+int CmdCp(Client& client, const std::string& src, const std::string& dst, std::ostream& err) {
   std::string src_path, dst_path;
   std::string src_vm = CpPathVm(src, &src_path);
   std::string dst_vm = CpPathVm(dst, &dst_path);
   if (src_vm.empty() == dst_vm.empty()) {
-    return Fail(InvalidArgument("exactly one of SRC and DST must be ID:/path"));
+    return Fail(err, InvalidArgument("exactly one of SRC and DST must be ID:/path"));
   }
   const std::string& vm = src_vm.empty() ? dst_vm : src_vm;
   Status st = ValidateName("VM id", vm);
-  if (!st.ok()) return Fail(st);
+  if (!st.ok()) return Fail(err, st);
   auto r = src_vm.empty() ? PutPath(client, vm, src, dst_path) : GetPath(client, vm, src_path, dst);
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return Fail(err, r.status());
   return 0;
 }
 
@@ -403,7 +625,7 @@ int CmdImageBuild(const Invocation& inv) {
   }).detach();
   Status st = image::BuildImage(o);
   if (interrupted) return 130;
-  if (!st.ok()) return Fail(st);
+  if (!st.ok()) return Fail(std::cerr, st);
   std::cout << "image " << inv.image_name << " built in " << paths.images << "/" << inv.image_name
             << "\n";
   return 0;
@@ -425,7 +647,7 @@ Json DescribeTemplate(const Paths& paths, const std::string& name, const std::st
 int CmdImageLs(bool json) {
   Paths paths = Paths::FromEnvironment();
   auto list = image::ListImages(paths.images);
-  if (!list.ok()) return Fail(list.status());
+  if (!list.ok()) return Fail(std::cerr, list.status());
   Json out = Json::array();
   for (const auto& im : *list) {
     Json tpl = im.valid ? DescribeTemplate(paths, im.name, im.dir)
@@ -458,36 +680,57 @@ int CmdImageLs(bool json) {
   return 0;
 }
 
-int CmdDoctor(Client& client) {
-  auto r = client.Call({{"verb", "doctor"}});
-  if (!r.ok()) return Fail(r.status());
-  const Json& a = (*r)["accel"];
-  std::cout << "acceleration: "
-            << (a["accel"].is_null() ? "unknown" : a["accel"].get<std::string>())
-            << "\n  why: " << a["reason"].get<std::string>() << "\n";
-  std::cout << "qemu: " << (*r)["qemu"].get<std::string>() << "\n";
-  std::cout << "daemon: pid " << (*r)["daemon_pid"] << ", socket "
-            << (*r)["paths"]["socket"].get<std::string>() << "\n";
-  if (r->contains("spares") && !(*r)["spares"].empty()) {
-    std::cout << "spare clones ready:";
-    for (const auto& [shape, n] : (*r)["spares"].items()) std::cout << " " << shape << "=" << n;
-    std::cout << "\n";
-  }
-  std::cout << "images (" << (*r)["paths"]["images"].get<std::string>() << "):\n";
-  if ((*r)["images"].empty()) std::cout << "  none; run: trybox image build\n";
-  for (const auto& im : (*r)["images"]) {
-    std::cout << "  " << im["name"].get<std::string>() << ": "
-              << (im["valid"].get<bool>() ? "ok" : "invalid: " + im["problem"].get<std::string>())
-              << "\n";
-    if (im.contains("template")) {
-      const Json& t = im["template"];
-      std::cout << "    template (" << t.value("memory_mib", 0) << " MiB, " << t.value("cpus", 0)
-                << " cpu): " << t.value("state", "?");
-      if (t.contains("reason")) std::cout << " (" << t["reason"].get<std::string>() << ")";
-      if (t.contains("created")) std::cout << ", built " << t["created"].get<std::string>();
-      std::cout << "\n";
+Result<std::string> RenderDoctor(const ReplyView& r) {
+  ASSIGN_OR_RETURN(ReplyView a, r.Object("accel"));
+  ASSIGN_OR_RETURN(auto accel, a.OptionalString("accel"));
+  ASSIGN_OR_RETURN(std::string why, a.String("reason"));
+  ASSIGN_OR_RETURN(std::string qemu, r.String("qemu"));
+  ASSIGN_OR_RETURN(int64_t pid, r.Int("daemon_pid", 0));
+  ASSIGN_OR_RETURN(ReplyView paths, r.Object("paths"));
+  ASSIGN_OR_RETURN(std::string socket, paths.String("socket"));
+  ASSIGN_OR_RETURN(std::string images_dir, paths.String("images"));
+  std::string out = "acceleration: " + accel.value_or("unknown") + "\n  why: " + why + "\n";
+  out += "qemu: " + qemu + "\n";
+  out += "daemon: pid " + std::to_string(pid) + ", socket " + socket + "\n";
+  ASSIGN_OR_RETURN(auto spares, r.OptionalObject("spares"));
+  if (spares && !spares->json().empty()) {
+    out += "spare clones ready:";
+    for (const auto& [shape, n] : spares->json().items()) {
+      ASSIGN_OR_RETURN(int64_t count, spares->Int(shape, 0));
+      out += " " + shape + "=" + std::to_string(count);
     }
+    out += "\n";
   }
+  ASSIGN_OR_RETURN(auto images, r.Objects("images"));
+  out += "images (" + images_dir + "):\n";
+  if (images.empty()) out += "  none; run: trybox image build\n";
+  for (const auto& im : images) {
+    ASSIGN_OR_RETURN(std::string name, im.String("name"));
+    ASSIGN_OR_RETURN(bool valid, im.Bool("valid"));
+    ASSIGN_OR_RETURN(std::string problem, im.StringOr("problem", ""));
+    out += "  " + name + ": " + (valid ? "ok" : "invalid: " + problem) + "\n";
+    ASSIGN_OR_RETURN(auto t, im.OptionalObject("template"));
+    if (!t) continue;
+    ASSIGN_OR_RETURN(int64_t memory, t->IntOr("memory_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t cpus, t->IntOr("cpus", 0, 0));
+    ASSIGN_OR_RETURN(std::string state, t->StringOr("state", "?"));
+    ASSIGN_OR_RETURN(auto reason, t->OptionalString("reason"));
+    ASSIGN_OR_RETURN(auto created, t->OptionalString("created"));
+    out += "    template (" + std::to_string(memory) + " MiB, " + std::to_string(cpus) +
+           " cpu): " + state;
+    if (reason) out += " (" + *reason + ")";
+    if (created) out += ", built " + *created;
+    out += "\n";
+  }
+  return out;
+}
+
+int CmdDoctor(Client& client, std::ostream& out, std::ostream& err) {
+  auto r = client.Call({{"verb", "doctor"}});
+  if (!r.ok()) return Fail(err, r.status());
+  auto text = RenderDoctor(ReplyView(*r));
+  if (!text.ok()) return Fail(err, text.status());
+  out << *text;
   return 0;
 }
 
@@ -495,37 +738,136 @@ std::string Clip(const std::string& s, size_t n) {
   return s.size() <= n ? s : s.substr(0, n - 3) + "...";
 }
 
-int CmdAudit(Client& client, const std::string& vm, int64_t limit, bool json) {
-  Json req = {{"verb", "audit"}, {"limit", limit}};
-  if (!vm.empty()) req["vm"] = vm;
-  auto r = client.Call(req);
-  if (!r.ok()) return Fail(r.status());
+Result<std::string> RenderAudit(const Json& rows) {
+  std::string out = Format("%-19s %-12s %-8s %-4s %-32s %-22s %9s %9s %8s %s\n", "TIME", "VM",
+                           "VERDICT", "HTTP", "HOST:PORT", "ADDRESS", "UP", "DOWN", "MS", "REASON");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ReplyView e(rows[i], "egress[" + std::to_string(i) + "]");
+    ASSIGN_OR_RETURN(double started, e.Number("started_at"));
+    ASSIGN_OR_RETURN(double ended, e.Number("ended_at"));
+    ASSIGN_OR_RETURN(std::string vm, e.String("vm"));
+    ASSIGN_OR_RETURN(std::string verdict, e.String("verdict"));
+    ASSIGN_OR_RETURN(int64_t status, e.Int("status"));
+    ASSIGN_OR_RETURN(std::string host, e.String("host"));
+    ASSIGN_OR_RETURN(int64_t port, e.Int("port", 0, 65535));
+    ASSIGN_OR_RETURN(std::string address, e.StringOr("address", ""));
+    ASSIGN_OR_RETURN(int64_t up, e.Int("bytes_up", 0));
+    ASSIGN_OR_RETURN(int64_t down, e.Int("bytes_down", 0));
+    double duration = 0;  // milliseconds, fractional
+    if (e.Has("duration_ms")) {
+      ASSIGN_OR_RETURN(duration, e.Number("duration_ms"));
+    }
+    ASSIGN_OR_RETURN(std::string reason, e.StringOr("reason", ""));
+    ASSIGN_OR_RETURN(bool override_used, e.BoolOr("override", false));
+    char when[32] = "?";
+    // Outside what gmtime can show, the time is left as "?" rather than converted wrongly.
+    if (started >= 0 && started < 253402300800.0) {
+      time_t t = static_cast<time_t>(started);
+      struct tm tm;
+      if (::gmtime_r(&t, &tm)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    }
+    if (override_used) reason = "[override] " + reason;
+    std::string target = host + ":" + std::to_string(port);
+    out += Format("%-19s %-12s %-8s %-4lld %-32s %-22s %9lld %9lld %8s %s\n", when, vm.c_str(),
+                  verdict.c_str(), static_cast<long long>(status), Clip(target, 32).c_str(),
+                  address.c_str(), static_cast<long long>(up), static_cast<long long>(down),
+                  ended == 0 ? "open" : Format("%.0f", duration).c_str(), reason.c_str());
+  }
+  return out;
+}
+
+int CmdAudit(Client& client, const std::string& vm, int64_t limit, bool json, std::ostream& out,
+             std::ostream& err) {
+  auto rows = FetchAudit(client, vm, limit);
+  if (!rows.ok()) return Fail(err, rows.status());
   if (json) {
-    std::cout << (*r)["egress"].dump(2) << "\n";
+    out << rows->dump(2) << "\n";
     return 0;
   }
-  std::printf("%-19s %-12s %-8s %-4s %-32s %-22s %9s %9s %8s %s\n", "TIME", "VM", "VERDICT", "HTTP",
-              "HOST:PORT", "ADDRESS", "UP", "DOWN", "MS", "REASON");
-  for (const auto& e : (*r)["egress"]) {
-    char when[32];
-    time_t t = static_cast<time_t>(e["started_at"].get<double>());
-    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
-    std::string target = e["host"].get<std::string>() + ":" + std::to_string(e["port"].get<int>());
-    std::string reason = e["reason"].get<std::string>();
-    if (e["override"].get<bool>()) reason = "[override] " + reason;
-    bool open = e["ended_at"].get<double>() == 0;
-    std::printf(
-        "%-19s %-12s %-8s %-4d %-32s %-22s %9lld %9lld %8s %s\n", when,
-        e["vm"].get<std::string>().c_str(), e["verdict"].get<std::string>().c_str(),
-        e["status"].get<int>(), Clip(target, 32).c_str(), e["address"].get<std::string>().c_str(),
-        static_cast<long long>(e["bytes_up"].get<int64_t>()),
-        static_cast<long long>(e["bytes_down"].get<int64_t>()),
-        open ? "open" : std::to_string(e["duration_ms"].get<int64_t>()).c_str(), reason.c_str());
-  }
+  auto text = RenderAudit(*rows);
+  if (!text.ok()) return Fail(err, text.status());
+  out << *text;
   return 0;
 }
 
 }  // namespace
+
+Result<Json> FetchAudit(Client& client, const std::string& vm, int64_t limit) {
+  // Pages come newest first, each oldest first inside; `before_id` walks back in time.
+  std::vector<Json> pages;
+  int64_t remaining = limit;
+  std::optional<int64_t> before;
+  while (remaining > 0) {
+    Json req = {{"verb", "audit"}, {"limit", remaining}};
+    if (!vm.empty()) req["vm"] = vm;
+    if (before) req["before_id"] = *before;
+    ASSIGN_OR_RETURN(Json r, client.Call(req));
+    ReplyView v(r);
+    ASSIGN_OR_RETURN(const Json* page, v.Array("egress"));
+    for (size_t i = 0; i < page->size(); ++i) {
+      if (!(*page)[i].is_object()) {
+        return MalformedReply("egress[" + std::to_string(i) + "]", "must be an object");
+      }
+    }
+    Json rows = *page;
+    if (static_cast<int64_t>(rows.size()) > remaining) {
+      // More than asked for: the newest `remaining` of them, which are the last.
+      rows.erase(rows.begin(), rows.end() - remaining);
+    }
+    remaining -= static_cast<int64_t>(rows.size());
+    pages.push_back(std::move(rows));
+    if (!v.Has("next_before_id") || remaining == 0) break;
+    ASSIGN_OR_RETURN(int64_t next, v.Int("next_before_id"));
+    if (pages.back().empty() || (before && next >= *before)) {
+      return MalformedReply("next_before_id",
+                            "must move back from the last page's before_id (and follow a "
+                            "non-empty page)");
+    }
+    before = next;
+  }
+  Json all = Json::array();
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+    for (auto& row : *it) all.push_back(std::move(row));
+  }
+  return all;
+}
+
+Result<Json> FetchDiff(Client& client, const std::string& vm) {
+  ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "diff"}, {"vm", vm}}));
+  ASSIGN_OR_RETURN(ReplyView first, ReplyView(r).Object("collect"));
+  Json c = first.json();
+  ASSIGN_OR_RETURN(const Json* changes, first.Array("changes"));
+  Json all = *changes;
+  ASSIGN_OR_RETURN(int64_t total,
+                   first.IntOr("changes_total", static_cast<int64_t>(all.size()), 0));
+  if (static_cast<int64_t>(all.size()) > total) {
+    return MalformedReply("collect.changes_total", "is smaller than the changes listed");
+  }
+  const Json id = c.contains("id") ? c["id"] : Json();
+  while (static_cast<int64_t>(all.size()) < total) {
+    const int64_t offset = static_cast<int64_t>(all.size());
+    ASSIGN_OR_RETURN(Json p, client.Call({{"verb", "diff"},
+                                          {"vm", vm},
+                                          {"offset", offset},
+                                          {"limit", std::min(kDiffPage, total - offset)}}));
+    ASSIGN_OR_RETURN(ReplyView page, ReplyView(p).Object("collect"));
+    // Another collect of the VM between two pages would mix two lists.
+    if ((page.json().contains("id") ? page.json()["id"] : Json()) != id) {
+      return FailedPrecondition("the last collect of VM " + vm +
+                                " changed while its changes were read; run the command again");
+    }
+    ASSIGN_OR_RETURN(const Json* more, page.Array("changes"));
+    if (more->empty() || offset + static_cast<int64_t>(more->size()) > total) {
+      return MalformedReply("collect.changes", "at offset " + std::to_string(offset) +
+                                                   " must hold between 1 and " +
+                                                   std::to_string(total - offset) + " entries");
+    }
+    for (const auto& ch : *more) all.push_back(ch);
+  }
+  c["changes"] = std::move(all);
+  if (c.contains("changes_total")) c["changes_truncated"] = false;
+  return c;
+}
 
 Status ValidateEnvAssignment(const std::string& kv) {
   size_t eq = kv.find('=');
@@ -546,52 +888,32 @@ Status ValidateEnvAssignment(const std::string& kv) {
 }
 
 int ExitCodeFor(const nlohmann::json& result, std::string* message) {
-  std::string outcome = result.value("outcome", "");
   message->clear();
-  if (outcome == "exited" && result.contains("exit_code") && result["exit_code"].is_number()) {
-    return result["exit_code"].get<int>();
-  }
-  if (outcome == "signaled" && result.contains("signal") && result["signal"].is_number()) {
-    int sig = result["signal"].get<int>();
-    *message = std::string("command killed by signal ") + std::to_string(sig);
-    return 128 + sig;
-  }
-  if (outcome == "timed_out") {
-    *message = "command timed out after " +
-               std::to_string(result.value("timeout_ms", int64_t{0}) / 1000.0).substr(0, 6) + " s";
-    return 124;
-  }
-  if (outcome == "error") {
-    std::string err = result.value("error", "");
-    *message = result.value("message", err);
-    if (err == "not_found") return 127;
-    if (err == "not_executable" || err == "bad_cwd") return 126;
-    return kTryboxFailed;
-  }
-  if (outcome == "channel_lost") {
-    *message = "lost the guest before the command finished: " + result.value("message", "");
-    return kTryboxFailed;
-  }
-  *message = "unexpected exec result: " + result.dump();
+  auto code = ExitCodeOf(ReplyView(result, "result"), message);
+  if (code.ok()) return *code;
+  *message = code.status().message();
   return kTryboxFailed;
 }
 
 Result<Invocation> Parse(const std::vector<std::string>& args) {
   Invocation inv;
+  NumberFlags nf;
   CLI::App app{"trybox: throwaway Linux microVMs for trying things"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
+  app.set_version_flag("--version", std::string("trybox ") + TRYBOX_VERSION,
+                       "Print the version and exit");
 
   auto* run = app.add_subcommand("run", "Create a VM, run a command in it, destroy it");
-  AddVmOptions(run, inv.vm);
-  AddExecOptions(run, inv.exec);
+  AddVmOptions(run, inv.vm, nf);
+  AddExecOptions(run, inv.exec, nf);
   run->add_option("command", inv.argv, "Command and arguments (after --)")->required();
 
   auto* create = app.add_subcommand("create", "Create a VM and print its id");
-  AddVmOptions(create, inv.vm);
+  AddVmOptions(create, inv.vm, nf);
 
   auto* exec = app.add_subcommand("exec", "Run a command in a running VM");
-  AddExecOptions(exec, inv.exec);
+  AddExecOptions(exec, inv.exec, nf);
   exec->add_option("id", inv.id, "VM id")->required();
   exec->add_option("command", inv.argv, "Command and arguments (after --)")->required();
 
@@ -606,7 +928,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   diff->add_option("id", inv.id, "VM id")->required();
   diff->add_flag("--json", inv.json, "JSON output");
 
-  auto* cp = app.add_subcommand("cp", "Copy files: trybox cp SRC ID:/path, or ID:/path DST");
+  auto* cp = app.add_subcommand(
+      "cp",
+      "Copy files: trybox cp SRC ID:/path, or ID:/path DST (DST must not be a symbolic link; a "
+      "copied directory must not exist yet)");
   cp->add_option("src", inv.src)->required();
   cp->add_option("dst", inv.dst)->required();
 
@@ -628,8 +953,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
 
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
-  audit->add_option("--limit", inv.limit, "At most this many rows (the newest)")
-      ->capture_default_str();
+  audit
+      ->add_option("--limit", nf.limit,
+                   "At most this many rows, the newest (1 to 1000000; default 1000)")
+      ->option_text("N");
   audit->add_flag("--json", inv.json, "JSON output");
 
   auto* agent = app.add_subcommand(
@@ -645,17 +972,17 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       ->allow_extra_args(false);
   agent->add_option("--profile", inv.vm.profiles, "Add a named allow-list (repeatable)")
       ->allow_extra_args(false);
-  AddAgentModelOptions(agent, inv.model, inv.agent);
+  AddAgentModelOptions(agent, inv.model, nf);
   agent->add_flag("--json", inv.json, "Print the report as JSON");
   agent->add_option("task", inv.agent.task, "The task, in words");
   auto* answer = agent->add_subcommand("answer", "Answer a run's question; it continues");
   answer->add_option("run", inv.agent.run_id, "Run id")->required();
   answer->add_option("text", inv.agent.answer, "The answer")->required();
-  AddAgentModelOptions(answer, inv.model, inv.agent);
+  AddAgentModelOptions(answer, inv.model, nf);
   answer->add_flag("--json", inv.json, "Print the report as JSON");
   auto* resume = agent->add_subcommand("resume", "Continue a run that ran past a limit");
   resume->add_option("run", inv.agent.run_id, "Run id")->required();
-  AddAgentModelOptions(resume, inv.model, inv.agent);
+  AddAgentModelOptions(resume, inv.model, nf);
   resume->add_flag("--json", inv.json, "Print the report as JSON");
   auto* show = agent->add_subcommand("show", "Print a run's report again");
   show->add_option("run", inv.agent.run_id, "Run id")->required();
@@ -676,6 +1003,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   } catch (const CLI::CallForAllHelp&) {
     inv.command = "help";
     inv.help = app.help("", CLI::AppFormatMode::All);
+    return inv;
+  } catch (const CLI::CallForVersion& v) {
+    inv.command = "version";
+    inv.help = std::string(v.what()) + "\n";
     return inv;
   } catch (const CLI::ParseError& e) {
     return InvalidArgument(e.what());
@@ -701,20 +1032,16 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       return InvalidArgument("agent: give the task, e.g. trybox agent \"make the tests pass\"");
     }
     if (inv.command != "agent") RETURN_IF_ERROR(ValidateName("run id", inv.agent.run_id));
-    if (inv.agent.max_turns < 0 || inv.agent.timeout_s < 0 || inv.agent.max_tokens < 0) {
-      return InvalidArgument("agent: limits must not be negative");
-    }
   }
   if (mcp->parsed()) inv.command = "mcp";
+  RETURN_IF_ERROR(ParseNumberFlags(nf, &inv));
   for (const auto& a : inv.vm.allow) {
     auto e = egress::ParseAllowEntry(a);
     if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
   }
   for (const auto& p : inv.vm.profiles) RETURN_IF_ERROR(ValidateName("profile name", p));
   if (inv.command == "audit" && !inv.id.empty()) RETURN_IF_ERROR(ValidateName("VM id", inv.id));
-  if (inv.limit < 1) return InvalidArgument("--limit must be at least 1");
   for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
-  if (inv.exec.timeout_s < 0) return InvalidArgument("--timeout must not be negative");
   if (inv.command == "run" || inv.command == "create" || inv.command == "image-build") {
     RETURN_IF_ERROR(
         ValidateName("image name", inv.command == "image-build" ? inv.image_name : inv.vm.image));
@@ -722,17 +1049,65 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (inv.command == "exec" || inv.command == "collect" || inv.command == "diff") {
     RETURN_IF_ERROR(ValidateName("VM id", inv.id));
   }
-  if (!inv.vm.workspace_quota.empty()) {
-    auto q = workspace::ParseSize(inv.vm.workspace_quota);
-    if (!q.ok()) return q.status().Annotate("--workspace-quota");
-    inv.vm.quota_bytes = *q;
-  }
   for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));
   return inv;
 }
 
+int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostream& err) {
+  if (inv.command == "ls") return CmdLs(c, inv.json, out, err);
+  if (inv.command == "rm") return CmdRm(c, inv.ids, out, err);
+  if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst, err);
+  if (inv.command == "doctor") return CmdDoctor(c, out, err);
+  if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
+  if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec, err);
+  if (inv.command == "collect") {
+    return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, out, err);
+  }
+  if (inv.command == "diff") return CmdDiff(c, inv.id, inv.json, out, err);
+  if (inv.command.rfind("agent", 0) == 0) return CmdAgent(c, inv, out, err);
+  if (!inv.vm.workspace.empty()) {
+    Status st = CheckWorkspaceDir(inv.vm.workspace);
+    if (!st.ok()) return Fail(err, st);
+  }
+  if (inv.command == "create") {
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false, err);
+    if (!id.ok()) return Fail(err, id.status());
+    if (!inv.vm.workspace.empty()) {
+      int code = InjectWorkspace(c, *id, inv.vm, err);
+      if (code != 0) {
+        (void)c.Call({{"verb", "destroy"}, {"vm", *id}});
+        return code;
+      }
+    }
+    out << *id << "\n";
+    return 0;
+  }
+  if (inv.command == "run") {
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true, err);
+    if (!id.ok()) return Fail(err, id.status());
+    int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm, err);
+    bool ran = code == 0;
+    if (ran) code = StreamExec(c, *id, inv.argv, inv.exec, err);
+    if (ran && !inv.vm.workspace.empty()) {
+      // The work comes back whatever the command's exit code: a failed try is a result too.
+      std::ostringstream text;
+      int cc = CollectWorkspace(c, *id, "", true, JoinCommand(inv.argv), false, text, err);
+      std::istringstream lines(text.str());
+      for (std::string line; std::getline(lines, line);) err << "trybox: " << line << "\n";
+      if (cc != 0 && code == 0) code = cc;
+    }
+    auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});
+    if (!r.ok()) {
+      err << "trybox: could not destroy VM " << *id << ": " << r.status().message() << "\n";
+      if (code == 0) code = kTryboxFailed;
+    }
+    return code;
+  }
+  return Fail(err, InvalidArgument("unknown command " + inv.command));
+}
+
 int Run(const Invocation& inv) {
-  if (inv.command == "help") {
+  if (inv.command == "help" || inv.command == "version") {
     std::cout << inv.help;
     return 0;
   }
@@ -741,58 +1116,8 @@ int Run(const Invocation& inv) {
   if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
   ::signal(SIGPIPE, SIG_IGN);
   auto client = Client::Connect(Paths::FromEnvironment());
-  if (!client.ok()) return Fail(client.status());
-  Client& c = **client;
-  if (inv.command == "ls") return CmdLs(c, inv.json);
-  if (inv.command == "rm") return CmdRm(c, inv.ids);
-  if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst);
-  if (inv.command == "doctor") return CmdDoctor(c);
-  if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json);
-  if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
-  if (inv.command == "collect") {
-    return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, std::cout);
-  }
-  if (inv.command == "diff") return CmdDiff(c, inv.id, inv.json);
-  if (inv.command.rfind("agent", 0) == 0) return CmdAgent(c, inv);
-  if (!inv.vm.workspace.empty()) {
-    Status st = CheckWorkspaceDir(inv.vm.workspace);
-    if (!st.ok()) return Fail(st);
-  }
-  if (inv.command == "create") {
-    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false);
-    if (!id.ok()) return Fail(id.status());
-    if (!inv.vm.workspace.empty()) {
-      int code = InjectWorkspace(c, *id, inv.vm);
-      if (code != 0) {
-        (void)c.Call({{"verb", "destroy"}, {"vm", *id}});
-        return code;
-      }
-    }
-    std::cout << *id << "\n";
-    return 0;
-  }
-  if (inv.command == "run") {
-    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true);
-    if (!id.ok()) return Fail(id.status());
-    int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm);
-    bool ran = code == 0;
-    if (ran) code = StreamExec(c, *id, inv.argv, inv.exec);
-    if (ran && !inv.vm.workspace.empty()) {
-      // The work comes back whatever the command's exit code: a failed try is a result too.
-      std::ostringstream text;
-      int cc = CollectWorkspace(c, *id, "", true, JoinCommand(inv.argv), false, text);
-      std::istringstream lines(text.str());
-      for (std::string line; std::getline(lines, line);) std::cerr << "trybox: " << line << "\n";
-      if (cc != 0 && code == 0) code = cc;
-    }
-    auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});
-    if (!r.ok()) {
-      std::cerr << "trybox: could not destroy VM " << *id << ": " << r.status().message() << "\n";
-      if (code == 0) code = kTryboxFailed;
-    }
-    return code;
-  }
-  return Fail(InvalidArgument("unknown command " + inv.command));
+  if (!client.ok()) return Fail(std::cerr, client.status());
+  return RunWithClient(**client, inv, std::cout, std::cerr);
 }
 
 }  // namespace trybox::cli

@@ -5,6 +5,8 @@
 // could not be invoked; 127 when it was not found.
 #pragma once
 
+#include <cstdint>
+#include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,10 +16,25 @@
 
 namespace trybox::cli {
 
+class Client;
+
+// The bounds of the numeric flags. Each is parsed as a 64-bit value and refused outside
+// its range, naming the flag and the range, before anything is sent.
+inline constexpr int64_t kMinMemoryMib = 128;  // --memory: as tryboxd's create
+inline constexpr int64_t kMaxMemoryMib = 65536;
+inline constexpr int64_t kMaxCpus = 64;                             // --cpus: 1 to 64
+inline constexpr int64_t kMaxExecTimeoutMs = 7 * 24 * 3600 * 1000;  // run/exec --timeout: 7 days
+inline constexpr int64_t kMaxAgentWallClockS = 86400;  // agent --timeout: a day, as tryboxd
+inline constexpr int64_t kMaxAgentTurns = 1000;        // agent --max-turns
+inline constexpr int64_t kMinAgentTokens = 1000;       // agent --max-tokens
+inline constexpr int64_t kMaxAgentTokens = int64_t{1} << 40;
+inline constexpr int64_t kMaxAuditRows = 1000000;                // audit --limit
+inline constexpr uint64_t kMaxWorkspaceQuotaBytes = 1ull << 40;  // --workspace-quota: 1 TiB
+
 struct VmOptions {
   std::string image = "debian-12";
-  int memory_mib = 512;
-  int cpus = 1;
+  int64_t memory_mib = 512;
+  int64_t cpus = 1;
   bool cold = false;                  // boot instead of restoring from the template
   bool privileged = false;            // commands keep every capability (docs/security.md)
   std::vector<std::string> allow;     // egress allow-list entries HOST[:PORT], validated
@@ -30,7 +47,7 @@ struct VmOptions {
 struct ExecOptions {
   std::vector<std::string> env;  // K=V, validated
   std::string workdir;
-  double timeout_s = 0;      // 0: none
+  int64_t timeout_ms = 0;    // 0: none; --timeout SECONDS (fractions rounded up to 1 ms)
   bool interactive = false;  // forward our stdin
 };
 
@@ -40,14 +57,14 @@ struct AgentOptions {
   std::string verify;
   std::string run_id;  // answer, resume, show
   std::string answer;
-  int max_turns = 0;  // 0: the daemon's default
-  int timeout_s = 0;  // wall clock per call; 0: the daemon's default
-  int64_t max_tokens = 0;
+  int64_t max_turns = 0;     // 0: the daemon's default
+  int64_t wall_clock_s = 0;  // --timeout, rounded up to whole seconds; 0: the daemon's default
+  int64_t max_tokens = 0;    // 0: the daemon's default
 };
 
 struct Invocation {
-  std::string
-      command;  // run create exec cp rm ls collect diff image-build image-ls doctor audit mcp help
+  // run create exec cp rm ls collect diff image-build image-ls doctor audit mcp help version
+  std::string command;
   VmOptions vm;
   ExecOptions exec;
   AgentOptions agent;             // agent, agent-answer, agent-resume, agent-show
@@ -61,7 +78,7 @@ struct Invocation {
   bool json = false;
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
-  std::string help;  // command == "help": the text to print
+  std::string help;  // command == "help" or "version": the text to print
   ModelFlags model;  // agent, mcp: --provider, --model
 };
 
@@ -72,9 +89,22 @@ Result<Invocation> Parse(const std::vector<std::string>& args);
 Status ValidateEnvAssignment(const std::string& kv);
 
 // The exit code for an exec result body from tryboxd, and a message for stderr (may be "").
+// A malformed result is 125 with a message naming the field.
 int ExitCodeFor(const nlohmann::json& result, std::string* message);
 
 // Runs a parsed invocation; returns the process exit code.
 int Run(const Invocation& inv);
+
+// Runs a command that talks to tryboxd over `client` (everything but help, version, image
+// and mcp): its output goes to `out`, its messages to `err`, except an exec's own output,
+// which goes to file descriptors 1 and 2 as it arrives. A malformed reply is exit code 125
+// with a message naming the field, never an exception.
+int RunWithClient(Client& client, const Invocation& inv, std::ostream& out, std::ostream& err);
+
+// Paged replies (docs/protocol/daemon.md): every page of `audit` (the newest `limit` rows,
+// oldest first) and the newest collect of `vm` with every page of its `changes`. A daemon
+// that does not page answers in one reply, which is taken as it is.
+Result<nlohmann::json> FetchAudit(Client& client, const std::string& vm, int64_t limit);
+Result<nlohmann::json> FetchDiff(Client& client, const std::string& vm);
 
 }  // namespace trybox::cli

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli/testing.h"
+
 namespace trybox::cli {
 namespace {
 
@@ -19,7 +21,7 @@ TEST(CliParseTest, RunTakesOptionsThenCommandAfterDashes) {
   EXPECT_EQ(inv->vm.cpus, 2);
   EXPECT_EQ(inv->exec.env, (std::vector<std::string>{"A=1", "B=x=y"}));
   EXPECT_EQ(inv->exec.workdir, "/tmp");
-  EXPECT_EQ(inv->exec.timeout_s, 5);
+  EXPECT_EQ(inv->exec.timeout_ms, 5000);
   EXPECT_EQ(inv->argv, (std::vector<std::string>{"sh", "-c", "echo hi"}));
 }
 
@@ -98,6 +100,90 @@ TEST(CliParseTest, LsAndImageCommands) {
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->command, "help");
   EXPECT_NE(h->help.find("--memory"), std::string::npos);
+}
+
+TEST(CliParseTest, NumericFlagsAreRangeCheckedSixtyFourBitValues) {
+  auto run = P({"run", "--memory", "65536", "--cpus", "64", "--timeout", "2.5", "--", "true"});
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_EQ(run->vm.memory_mib, 65536);
+  EXPECT_EQ(run->vm.cpus, 64);
+  EXPECT_EQ(run->exec.timeout_ms, 2500);
+  auto tiny = P({"exec", "vm1", "--timeout", "0.0001", "--", "true"});
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->exec.timeout_ms, 1);  // never 0, which means no timeout
+  auto agent = P({"agent", "--timeout", "1.5", "--max-turns", "1000", "--max-tokens",
+                  "1099511627776", "do it"});
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  EXPECT_EQ(agent->agent.wall_clock_s, 2);
+  EXPECT_EQ(agent->agent.max_turns, 1000);
+  EXPECT_EQ(agent->agent.max_tokens, int64_t{1} << 40);
+  auto quota = P({"create", "--workspace-quota", "1T"});
+  ASSERT_TRUE(quota.ok());
+  EXPECT_EQ(quota->vm.quota_bytes, 1ull << 40);
+  EXPECT_EQ(P({"audit", "--limit", "1000000"})->limit, 1000000);
+
+  struct Bad {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  std::vector<Bad> bad = {
+      {{"create", "--memory", "4294967808"}, "--memory must be a whole number from 128 to 65536"},
+      {{"create", "--memory", "512.5"}, "--memory"},
+      {{"create", "--cpus", "4294967297"}, "--cpus must be a whole number from 1 to 64"},
+      {{"create", "--cpus", "0"}, "--cpus"},
+      {{"run", "--timeout", "4294967.297", "--", "true"}, "--timeout must be a number of seconds"},
+      {{"run", "--timeout", "1e20", "--", "true"}, "at most 604800"},
+      {{"exec", "vm1", "--timeout", "-1", "--", "true"}, "--timeout"},
+      {{"exec", "vm1", "--timeout", "nan", "--", "true"}, "--timeout"},
+      {{"exec", "vm1", "--timeout", "0", "--", "true"}, "greater than 0"},
+      {{"agent", "--timeout", "86400.5", "x"}, "at most 86400"},
+      {{"agent", "--max-turns", "4294967297", "x"},
+       "--max-turns must be a whole number from 1 "
+       "to 1000"},
+      {{"agent", "resume", "r1", "--max-tokens", "999"},
+       "--max-tokens must be a whole number "
+       "from 1000 to 1099511627776"},
+      {{"audit", "--limit", "1e3"}, "--limit must be a whole number from 1 to 1000000"},
+      {{"audit", "--limit", "0"}, "--limit"},
+      {{"create", "--workspace-quota", "-1"}, "--workspace-quota must be a size from 1 to"},
+      {{"create", "--workspace-quota", "18014398509481984G"}, "--workspace-quota"},
+  };
+  for (const auto& b : bad) {
+    auto r = P(b.args);
+    ASSERT_FALSE(r.ok()) << ::testing::PrintToString(b.args);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(b.says), std::string::npos) << r.status().message();
+  }
+}
+
+// Through the real binary, against a scripted daemon: a number out of range is refused
+// before anything is sent. Before, the first two were sent as 512 MiB and 1 ms.
+TEST(CliNumbersTest, OutOfRangeNumbersNeverReachTheDaemon) {
+  testing::Home home;
+  auto daemon = testing::ScriptedDaemon::Start(
+      home.paths, [](std::shared_ptr<channel::Stream> s, const nlohmann::json&) {
+        (void)s->End({{"ok", false}, {"error", {{"code", "INTERNAL"}, {"message", "sent"}}}});
+      });
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"create", "--memory", "4294967808"},
+           {"exec", "vm1", "--timeout", "4294967.297", "--", "true"},
+           {"run", "--timeout", "1e20", "--", "true"},
+           {"audit", "--limit", "4294967297"}}) {
+    auto r = testing::RunTryboxBinary(home, args);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->exit.code, 125) << ::testing::PrintToString(args) << r->err;
+    EXPECT_NE(r->err.find(args[args[0] == "exec" ? 2 : 1]), std::string::npos) << r->err;
+  }
+  EXPECT_EQ((*daemon)->requests().size(), 0u) << (*daemon)->requests()[0].dump();
+}
+
+TEST(CliParseTest, VersionPrintsTheProjectVersion) {
+  auto v = P({"--version"});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->command, "version");
+  EXPECT_EQ(v->help.rfind("trybox ", 0), 0u) << v->help;
+  EXPECT_EQ(v->help.back(), '\n');
 }
 
 TEST(ExitCodeTest, EveryOutcomeHasItsOwnCode) {

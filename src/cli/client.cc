@@ -6,6 +6,8 @@
 
 #include <thread>
 
+#include "cli/reply.h"
+#include "util/private_dir.h"
 #include "util/process.h"
 #include "util/socket.h"
 
@@ -30,24 +32,54 @@ Code CodeFromName(const std::string& name) {
   return Code::kInternal;
 }
 
+// The runtime directory, checked (and with `autostart` created) before anything is
+// connected to inside it.
+Status PrepareRuntimeDir(const Paths& paths, bool autostart) {
+  Status st = autostart ? MakePrivateDir(paths.runtime) : CheckPrivateDir(paths.runtime);
+  if (st.ok()) return st;
+  if (st.code() == Code::kNotFound) {
+    return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " + st.message());
+  }
+  if (st.code() == Code::kPermissionDenied) {
+    return PermissionDenied(
+        "refusing to use the runtime directory, which holds tryboxd's socket: " + st.message() +
+        " (or point XDG_RUNTIME_DIR or TRYBOX_HOME elsewhere)");
+  }
+  return st.Annotate("runtime directory");
+}
+
 }  // namespace
 
+Status CheckDaemonPeer(int fd, const std::string& socket) {
+  ASSIGN_OR_RETURN(PeerCred cred, GetPeerCred(fd));
+  uid_t me = ::geteuid();
+  if (cred.uid == me || cred.uid == 0) return Status::Ok();
+  return PermissionDenied("refusing to talk to the process listening on " + socket +
+                          ": it runs as uid " + std::to_string(cred.uid) + ", not as you (uid " +
+                          std::to_string(me) +
+                          ") or root, so it is not your tryboxd. Nothing was sent to it");
+}
+
 Status StatusFromReply(const Json& reply) {
-  if (reply.value("ok", false)) return Status::Ok();
-  if (reply.contains("error") && reply["error"].is_object()) {
-    const Json& e = reply["error"];
-    return Status(CodeFromName(e.value("code", "INTERNAL")), e.value("message", "unknown error"));
-  }
-  return Internal("unexpected reply from tryboxd: " + reply.dump());
+  ReplyView r(reply);
+  ASSIGN_OR_RETURN(bool ok, r.BoolOr("ok", false));
+  if (ok) return Status::Ok();
+  ASSIGN_OR_RETURN(auto error, r.OptionalObject("error"));
+  if (!error) return MalformedReply("ok", "is not true and there is no 'error' object");
+  ASSIGN_OR_RETURN(std::string code, error->StringOr("code", "INTERNAL"));
+  ASSIGN_OR_RETURN(std::string message, error->StringOr("message", "unknown error"));
+  return Status(CodeFromName(code), message);
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autostart) {
+  RETURN_IF_ERROR(PrepareRuntimeDir(paths, autostart));
   auto fd = ConnectUnix(paths.socket());
   if (!fd.ok() && autostart &&
       (fd.status().code() == Code::kNotFound || fd.status().code() == Code::kUnavailable)) {
     RETURN_IF_ERROR(MakeDirs(paths.state, 0700));
     std::string log_path = paths.state + "/tryboxd.log";
-    ASSIGN_OR_RETURN(UniqueFd log, OpenFile(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600));
+    ASSIGN_OR_RETURN(UniqueFd log,
+                     OpenFile(log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0600));
     SpawnOptions opts;
     opts.argv = {DaemonBinary()};
     opts.stdout_fd = log.get();
@@ -75,6 +107,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autosta
   if (!fd.ok()) {
     return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " + fd.status().message());
   }
+  RETURN_IF_ERROR(CheckDaemonPeer(fd->get(), paths.socket()));
   auto mux = std::make_unique<channel::Mux>(std::move(*fd), channel::Role::kHost);
   mux->Start();
   return std::unique_ptr<Client>(new Client(std::move(mux)));
@@ -93,7 +126,7 @@ Result<Json> Client::Call(const Json& request) {
       return m.body;
     }
     if (m.kind == channel::Stream::Message::Kind::kReset) {
-      return Unavailable("tryboxd aborted the request: " + m.body.value("reason", ""));
+      return StatusFromReset(m.body, "the request");
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/client.h"
+#include "cli/reply.h"
 #include "egress/allowlist.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -504,40 +505,63 @@ class Server {
         return ToolError(text);
       }
       if (m->kind == Kind::kEvent) {
-        const Json& ev = m->body;
-        if (ev.contains("run") && ev["run"].is_string()) run = ev["run"].get<std::string>();
-        if (!token.is_null() && ev.contains("progress") && ev["progress"].is_object() &&
-            call.ending() == Call::Ending::kRunning) {
-          const Json& p = ev["progress"];
-          bool has_turn = p.contains("turn") && p["turn"].is_number_integer();
-          auto v = counter.Next(has_turn ? p["turn"].get<int64_t>() : 0);
-          if (!v) continue;
-          Json params = {{"progressToken", token}, {"progress", ProgressNumber(*v)}};
-          if (p.contains("max_turns") && p["max_turns"].is_number()) {
-            params["total"] = p["max_turns"];
-          }
-          if (p.contains("message") && p["message"].is_string()) params["message"] = p["message"];
-          out_.Send({{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", params}});
+        auto note = ReadEvent(m->body, &run);
+        if (!note.ok()) {
+          (void)(*stream)->Reset("malformed event");
+          return ToolError(note.status().message());
         }
+        if (!note->has_value() || token.is_null() || call.ending() != Call::Ending::kRunning) {
+          continue;
+        }
+        auto v = counter.Next((*note)->turn);
+        if (!v) continue;
+        Json params = {{"progressToken", token}, {"progress", ProgressNumber(*v)}};
+        if ((*note)->total) params["total"] = *(*note)->total;
+        if ((*note)->message) params["message"] = *(*note)->message;
+        out_.Send({{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", params}});
       } else if (m->kind == Kind::kEnd) {
         Status st = StatusFromReply(m->body);
         if (!st.ok()) return ToolError(st.message());
-        const Json& body = m->body;
-        if (!body.contains("report") || !body["report"].is_object() || !body.contains("text") ||
-            !body["text"].is_string()) {
-          return ToolError("tryboxd's reply has no report (is it older than this trybox?)");
+        ReplyView body(m->body);
+        auto report = body.Object("report");
+        auto text = body.String("text");
+        if (!report.ok() || !text.ok()) {
+          return ToolError((report.ok() ? text.status() : report.status()).message() +
+                           " (is tryboxd older than this trybox?)");
         }
-        const Json& report = body["report"];
-        Json result =
-            ToolText(body["text"].get<std::string>(), report.value("outcome", Json()) == "ERROR");
-        if (structured) result["structuredContent"] = report;
+        auto outcome = report->StringOr("outcome", "");
+        if (!outcome.ok()) return ToolError(outcome.status().message());
+        Json result = ToolText(*text, *outcome == "ERROR");
+        if (structured) result["structuredContent"] = report->json();
         return result;
       } else if (m->kind == Kind::kReset) {
-        std::string text = "tryboxd aborted the run";
-        if (!run.empty()) text += " " + run;
-        return ToolError(text + ": " + m->body.value("reason", std::string("no reason given")));
+        std::string what = "the run";
+        if (!run.empty()) what += " " + run;
+        return ToolError(StatusFromReset(m->body, what).message());
       }
     }
+  }
+
+  // What an EVENT from the daemon says: `run` is updated from {"run": ID}; a progress step
+  // comes back as a note. A field of the wrong type is a malformed-reply error.
+  struct ProgressNote {
+    int64_t turn = 0;
+    std::optional<int64_t> total;
+    std::optional<std::string> message;
+  };
+  static Result<std::optional<ProgressNote>> ReadEvent(const Json& ev, std::string* run) {
+    ReplyView v(ev);
+    ASSIGN_OR_RETURN(auto id, v.OptionalString("run"));
+    if (id) *run = *id;
+    ASSIGN_OR_RETURN(auto p, v.OptionalObject("progress"));
+    if (!p) return std::optional<ProgressNote>();
+    ProgressNote note;
+    ASSIGN_OR_RETURN(note.turn, p->IntOr("turn", 0));
+    if (p->Has("max_turns")) {
+      ASSIGN_OR_RETURN(note.total, p->Int("max_turns", 0));
+    }
+    ASSIGN_OR_RETURN(note.message, p->OptionalString("message"));
+    return std::optional<ProgressNote>(std::move(note));
   }
 
   static std::optional<Json> Stopped(const Call& call, const std::string& run) {

@@ -14,6 +14,7 @@
 
 #include "channel/mux.h"
 #include "cli/cli.h"
+#include "cli/testing.h"
 #include "util/fd.h"
 #include "util/socket.h"
 
@@ -25,18 +26,7 @@ using Kind = channel::Stream::Message::Kind;
 
 constexpr const char* kSecret = "sk-test-never-print-me-4711";
 
-// A private TRYBOX_HOME-like layout in a temp dir; nothing listens on its socket.
-struct Home {
-  Home() : dir(TempDir::Make("/tmp", "mcp-").value()) {
-    paths.images = dir.path() + "/images";
-    paths.state = dir.path() + "/state";
-    paths.cache = dir.path() + "/cache";
-    paths.runtime = dir.path() + "/run";
-    paths.config = dir.path() + "/config";
-  }
-  TempDir dir;
-  Paths paths;
-};
+using testing::Home;
 
 EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](const std::string& name) {
@@ -151,64 +141,14 @@ std::string ResultText(const Json& response) {
   return response["result"]["content"][0]["text"].get<std::string>();
 }
 
-// A scripted tryboxd: the daemon's side of the channel protocol on a real unix socket at
-// paths.socket(). Each verb stream is handed to `script`. The real daemon's agent verbs
-// drive a model API, which cannot run here.
-class ScriptedDaemon {
- public:
-  using Script = std::function<void(std::shared_ptr<channel::Stream>, const Json& request)>;
-
-  ScriptedDaemon(const Paths& paths, Script script) : script_(std::move(script)) {
-    EXPECT_TRUE(MakeDirs(paths.runtime, 0700).ok());
-    auto l = UnixListener::Listen(paths.socket());
-    EXPECT_TRUE(l.ok()) << l.status().ToString();
-    listener_.emplace(std::move(*l));
-    acceptor_ = std::thread([this] {
-      for (;;) {
-        auto fd = listener_->Accept();
-        if (!fd.ok()) return;
-        auto mux = std::make_unique<channel::Mux>(std::move(*fd), channel::Role::kGuest);
-        // The Mux runs each handler on a detached thread; the destructor waits for them.
-        mux->OnOpen([this](std::shared_ptr<channel::Stream> s, Json request) {
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            requests_.push_back(request);
-            ++handlers_;
-          }
-          script_(std::move(s), request);
-          std::lock_guard<std::mutex> lock(mu_);
-          --handlers_;
-          done_.notify_all();
-        });
-        mux->Start();
-        std::lock_guard<std::mutex> lock(mu_);
-        muxes_.push_back(std::move(mux));
-      }
-    });
-  }
-  ~ScriptedDaemon() {
-    listener_->Shutdown();
-    acceptor_.join();
-    std::unique_lock<std::mutex> lock(mu_);
-    for (auto& m : muxes_) m->Shutdown();
-    done_.wait(lock, [this] { return handlers_ == 0; });
-  }
-
-  std::vector<Json> requests() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return requests_;
-  }
-
- private:
-  Script script_;
-  std::optional<UnixListener> listener_;
-  std::thread acceptor_;
-  std::mutex mu_;
-  std::condition_variable done_;
-  int handlers_ = 0;
-  std::vector<Json> requests_;
-  std::vector<std::unique_ptr<channel::Mux>> muxes_;
-};
+// The real daemon's agent verbs drive a model API, which cannot run here: a scripted one
+// answers instead, over the real protocol.
+std::unique_ptr<testing::ScriptedDaemon> StartDaemon(const Home& home,
+                                                     testing::ScriptedDaemon::Script script) {
+  auto d = testing::ScriptedDaemon::Start(home.paths, std::move(script));
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? std::move(*d) : nullptr;
+}
 
 Json Progress(int turn, int max_turns, const std::string& message) {
   return {{"progress",
@@ -433,7 +373,7 @@ TEST(McpTest, CallWithNoDaemonIsAToolErrorNamingTheSocket) {
 
 TEST(McpTest, DoneRunBecomesTextAndStructuredContentWithProgress) {
   Home home;
-  ScriptedDaemon daemon(home.paths, [](std::shared_ptr<channel::Stream> st, const Json&) {
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
     (void)st->SendEvent({{"run", "r1"}});
     (void)st->SendEvent(Progress(1, 3, "reading the code"));
     (void)st->SendEvent(Progress(1, 3, "running make"));
@@ -470,7 +410,7 @@ TEST(McpTest, DoneRunBecomesTextAndStructuredContentWithProgress) {
   EXPECT_EQ(values[2], 2);
   EXPECT_EQ(notes[1]["params"]["message"], "running make");
 
-  auto reqs = daemon.requests();
+  auto reqs = daemon->requests();
   ASSERT_EQ(reqs.size(), 1u);
   EXPECT_EQ(reqs[0]["verb"], "agent");
   EXPECT_EQ(reqs[0]["task"], "make the tests pass");
@@ -485,7 +425,7 @@ TEST(McpTest, DoneRunBecomesTextAndStructuredContentWithProgress) {
 
 TEST(McpTest, AnswerAndResumeContinueARun) {
   Home home;
-  ScriptedDaemon daemon(home.paths, [](std::shared_ptr<channel::Stream> st, const Json&) {
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
     Json report = {{"run", "r1"},
                    {"outcome", "NEEDS_INPUT"},
                    {"question", {{"text", "which branch?"}, {"truncated", false}}}};
@@ -498,7 +438,7 @@ TEST(McpTest, AnswerAndResumeContinueARun) {
   EXPECT_EQ(r["result"]["structuredContent"]["question"]["text"], "which branch?");
   r = s.Call(2, "tools/call", ToolCall({{"run_id", "r1"}}));
   EXPECT_EQ(r["result"]["isError"], false) << r.dump();
-  auto reqs = daemon.requests();
+  auto reqs = daemon->requests();
   ASSERT_EQ(reqs.size(), 2u);
   EXPECT_EQ(reqs[0], Json({{"verb", "agent_answer"}, {"run", "r1"}, {"answer", "main"}}));
   EXPECT_EQ(reqs[1], Json({{"verb", "agent_resume"}, {"run", "r1"}}));
@@ -506,7 +446,7 @@ TEST(McpTest, AnswerAndResumeContinueARun) {
 
 TEST(McpTest, ErrorOutcomeAndDaemonRefusalAreToolErrors) {
   Home home;
-  ScriptedDaemon daemon(home.paths, [](std::shared_ptr<channel::Stream> st, const Json& req) {
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json& req) {
     if (req["verb"] == "agent_resume") {
       (void)st->End({{"ok", false}, {"error", {{"code", "NOT_FOUND"}, {"message", "no run r9"}}}});
       return;
@@ -542,7 +482,7 @@ TEST(McpTest, CancelledCallResetsItsDaemonStreamAndGetsNoResponse) {
   Home home;
   WaitForReset script;
   auto reset = script.reset->get_future();
-  ScriptedDaemon daemon(home.paths, script);
+  auto daemon = StartDaemon(home, script);
   Session s(Options(home, ModelEnv()));
   s.Initialize();
   s.Request(7, "tools/call", ToolCall({{"task", "long"}}, 70));
@@ -567,7 +507,7 @@ TEST(McpTest, EofWithACallInFlightResetsItAndAnswersIt) {
   Home home;
   WaitForReset script;
   auto reset = script.reset->get_future();
-  ScriptedDaemon daemon(home.paths, script);
+  auto daemon = StartDaemon(home, script);
   Session s(Options(home, ModelEnv()));
   s.Initialize();
   s.Request(1, "tools/call", ToolCall({{"task", "long"}}, "p"));
@@ -603,12 +543,11 @@ TEST(McpTest, EofAfterAPartialLineStillEndsTheServer) {
 
 TEST(McpTest, DaemonGoneMidRunNamesTheRunToResume) {
   Home home;
-  auto daemon = std::make_unique<ScriptedDaemon>(
-      home.paths, [](std::shared_ptr<channel::Stream> st, const Json&) {
-        (void)st->SendEvent({{"run", "r42"}});
-        (void)st->SendEvent(Progress(1, 5, "working"));
-        (void)st->Next();  // until the connection is shut down
-      });
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    (void)st->SendEvent({{"run", "r42"}});
+    (void)st->SendEvent(Progress(1, 5, "working"));
+    (void)st->Next();  // until the connection is shut down
+  });
   Session s(Options(home, ModelEnv()));
   s.Initialize();
   s.Request(1, "tools/call", ToolCall({{"task", "long"}}, 1));

@@ -3,12 +3,18 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <memory>
 
+#include "cli/reply.h"
 #include "util/fd.h"
+#include "util/names.h"
+#include "util/process.h"
 #include "workspace/tar.h"
 
 namespace trybox::cli {
@@ -30,9 +36,7 @@ Status FinishReply(channel::Stream& s, Json* end_body) {
       if (end_body) *end_body = m->body;
       return StatusFromReply(m->body);
     }
-    if (m->kind == Kind::kReset) {
-      return Unavailable("tryboxd aborted the transfer: " + m->body.value("reason", ""));
-    }
+    if (m->kind == Kind::kReset) return StatusFromReset(m->body, "the transfer");
   }
 }
 
@@ -135,9 +139,7 @@ Result<std::string> NextOutChunk(channel::Stream& s, bool* eof, Json* early_end)
       RETURN_IF_ERROR(StatusFromReply(m.body));
       return Internal("transfer ended before its data did");
     }
-    if (m.kind == Kind::kReset) {
-      return Unavailable("tryboxd aborted the transfer: " + m.body.value("reason", ""));
-    }
+    if (m.kind == Kind::kReset) return StatusFromReset(m.body, "the transfer");
   }
 }
 
@@ -188,95 +190,325 @@ Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::
   // The daemon's verdict names the real cause (disk full, missing dir) when both failed.
   if (!fin.ok()) return fin;
   if (!sent.ok()) return sent;
-  stats.bytes = end.value("bytes", uint64_t{0});
+  ASSIGN_OR_RETURN(int64_t bytes, ReplyView(end).IntOr("bytes", 0, 0));
+  stats.bytes = static_cast<uint64_t>(bytes);
   return stats;
 }
+
+namespace {
+
+// Removes an entry of a directory from a separate process unless told to keep it, so that a
+// copy killed part-way (even by SIGKILL) leaves nothing behind. The remover is /bin/sh in its
+// own session (a terminal's Ctrl-C or a kill of our process group does not reach it); it
+// holds the directory open as its fd 3 and works inside it, so it never follows a path that
+// changed since. It waits on a socket: "keep" means the entry stays; end of file without it
+// (we exited, or died) means remove it.
+class RemoveUnlessKept {
+ public:
+  static Result<RemoveUnlessKept> Start(int dirfd, const std::string& name) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      return ErrnoError("socketpair");
+    }
+    UniqueFd ours(sv[0]), theirs(sv[1]);
+    SpawnOptions o;
+    o.argv = {"/bin/sh", "-c",
+              "IFS= read -r word; [ \"$word\" = keep ] && exit 0; cd -P /proc/self/fd/3 || exit 1; "
+              "[ -d \"$1\" ] && [ ! -L \"$1\" ] && chmod -R u+rwx -- \"$1\" 2>/dev/null; "
+              "exec rm -rf -- \"$1\"",
+              "trybox-cp-cleanup", name};
+    o.env = std::vector<std::string>{"PATH=/usr/bin:/bin", "LC_ALL=C"};
+    o.stdin_fd = theirs.get();
+    o.keep_fds = {dirfd};
+    o.new_session = true;
+    ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(o));
+    return RemoveUnlessKept(std::move(ours), std::move(child), name);
+  }
+  RemoveUnlessKept(RemoveUnlessKept&&) = default;
+  RemoveUnlessKept& operator=(RemoveUnlessKept&&) = delete;
+  ~RemoveUnlessKept() { (void)RemoveNow(); }
+
+  // The entry stays (renamed into place, or never ours).
+  Status Keep() { return Finish("keep\n"); }
+  // Removes the entry now and waits until it is gone.
+  Status RemoveNow() { return Finish(""); }
+
+ private:
+  RemoveUnlessKept(UniqueFd socket, ChildProcess child, std::string name)
+      : socket_(std::move(socket)), child_(std::move(child)), name_(std::move(name)) {}
+
+  Status Finish(std::string_view word) {
+    if (!child_.running()) return Status::Ok();
+    if (!word.empty()) (void)::send(socket_.get(), word.data(), word.size(), MSG_NOSIGNAL);
+    socket_.Reset();
+    ASSIGN_OR_RETURN(ExitInfo info, child_.Wait());
+    if (!info.exited || info.code != 0) {
+      return Internal("could not remove the temporary " + name_ + ": " + info.Describe());
+    }
+    return Status::Ok();
+  }
+
+  UniqueFd socket_;
+  ChildProcess child_;
+  std::string name_;
+};
+
+// Where a copy from the guest lands: the entry `name` of the directory `dir`, open as
+// `dirfd`. Everything is created and renamed relative to `dirfd`.
+struct Landing {
+  std::string dir;   // as resolved by realpath(3): no symbolic link in it
+  std::string name;  // one path component
+  UniqueFd dirfd;
+  std::string shown;  // the destination as the user will recognise it, for messages
+};
+
+std::string LastComponent(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string ParentOf(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+Status SymlinkRefused(const std::string& path) {
+  return FailedPrecondition(path +
+                            " is a symbolic link: trybox cp neither writes through a link nor "
+                            "replaces it. Give the path it points to (or end it with / to copy "
+                            "into the directory it points to), or remove the link");
+}
+
+// The rules (docs/security.md, "The CLI and the host"): DST an existing directory means
+// DST/BASENAME-OF-SOURCE; DST itself, or that entry inside it, being a symbolic link is
+// refused; a tree never merges into, or replaces, something that exists.
+Result<Landing> ResolveLanding(const std::string& dst, const std::string& guest_path, bool tree) {
+  if (dst.empty()) return InvalidArgument("the destination is empty");
+  Landing l;
+  std::string dir;
+  struct stat st;
+  if (::lstat(dst.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) return SymlinkRefused(dst);
+    if (S_ISDIR(st.st_mode)) {
+      dir = dst;
+      l.name = LastComponent(guest_path);
+    } else if (tree) {
+      return FailedPrecondition(dst + " exists and is not a directory");
+    } else if (!S_ISREG(st.st_mode)) {
+      return FailedPrecondition(dst + " exists and is not a regular file");
+    } else {
+      dir = ParentOf(dst);
+      l.name = LastComponent(dst);
+    }
+  } else if (errno == ENOENT) {
+    if (!dst.empty() && dst.back() == '/' && !tree) {
+      return NotFound("no directory " + dst + " to copy into");
+    }
+    dir = ParentOf(dst);
+    l.name = LastComponent(dst);
+  } else {
+    return ErrnoError(dst);
+  }
+  if (l.name.empty() || l.name == "." || l.name == ".." || l.name == "/") {
+    return InvalidArgument("name the destination in full: cannot copy " + guest_path + " into " +
+                           dst + " under its own name");
+  }
+  char real[PATH_MAX];
+  if (!::realpath(dir.c_str(), real)) return ErrnoError(dir);
+  l.dir = real;
+  l.dirfd.Reset(::open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!l.dirfd.valid()) return ErrnoError(l.dir);
+  l.shown = (l.dir == "/" ? "" : l.dir) + "/" + l.name;
+  if (::fstatat(l.dirfd.get(), l.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISLNK(st.st_mode)) return SymlinkRefused(l.shown);
+    if (tree) {
+      return Status(Code::kAlreadyExists,
+                    l.shown + " already exists: trybox cp does not merge a tree into it");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return FailedPrecondition(l.shown + " exists and is not a regular file");
+    }
+  } else if (errno != ENOENT) {
+    return ErrnoError(l.shown);
+  }
+  return l;
+}
+
+// ".NAME.trybox-tmp-RANDOM": hidden, named for what it will become, never guessable.
+std::string TempName(const std::string& name) {
+  return "." + name.substr(0, 200) + ".trybox-tmp-" + RandomHex(6);
+}
+
+Status SetTimes(int fd, int64_t mtime_ns) {
+  struct timespec ts[2] = {{mtime_ns / 1000000000, mtime_ns % 1000000000},
+                           {mtime_ns / 1000000000, mtime_ns % 1000000000}};
+  if (::futimens(fd, ts) != 0) return ErrnoError("futimens");
+  return Status::Ok();
+}
+
+struct Meta {
+  std::string kind;
+  mode_t mode = 0;  // permission bits only: never set-uid, set-gid or sticky
+  int64_t mtime_ns = 0;
+  int64_t size = 0;
+};
+
+Result<Meta> ParseMeta(const Json& body) {
+  ReplyView v(body);
+  Meta m;
+  ASSIGN_OR_RETURN(m.kind, v.String("kind"));
+  ASSIGN_OR_RETURN(int64_t mode, v.IntOr("mode", 0644, 0, 07777));
+  m.mode = static_cast<mode_t>(mode) & 0777;
+  ASSIGN_OR_RETURN(m.mtime_ns, v.IntOr("mtime_ns", 0, 0));
+  ASSIGN_OR_RETURN(m.size, v.IntOr("size", 0, 0));
+  return m;
+}
+
+// Moves the finished temporary entry to its name; a tree never replaces anything.
+Status RenameIntoPlace(const Landing& l, const std::string& tmp, bool tree) {
+  unsigned flags = tree ? RENAME_NOREPLACE : 0;
+  int rc = ::renameat2(l.dirfd.get(), tmp.c_str(), l.dirfd.get(), l.name.c_str(), flags);
+  // A filesystem without RENAME_NOREPLACE: rename(2) still refuses to replace a non-empty
+  // directory or a file by a directory.
+  if (rc != 0 && errno == EINVAL && flags != 0) {
+    rc = ::renameat(l.dirfd.get(), tmp.c_str(), l.dirfd.get(), l.name.c_str());
+  }
+  if (rc == 0) return Status::Ok();
+  if (errno == EEXIST) {
+    return Status(Code::kAlreadyExists, l.shown + " appeared while the copy was made; left as is");
+  }
+  return ErrnoError("rename into " + l.shown);
+}
+
+Status ReceiveFile(channel::Stream& s, const Meta& meta, const Landing& l, uint64_t* bytes) {
+  std::string tmp = TempName(l.name);
+  // O_EXCL|O_NOFOLLOW: never an existing file, never through a symbolic link planted at the
+  // name; 0600 until complete, and only this descriptor's mode is ever changed.
+  UniqueFd fd(::openat(l.dirfd.get(), tmp.c_str(),
+                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) return ErrnoError("create " + l.dir + "/" + tmp);
+  auto guard = RemoveUnlessKept::Start(l.dirfd.get(), tmp);
+  if (!guard.ok()) {
+    ::unlinkat(l.dirfd.get(), tmp.c_str(), 0);
+    return guard.status();
+  }
+  bool eof = false;
+  Json early;
+  Status result = Status::Ok();
+  for (;;) {
+    auto c = NextOutChunk(s, &eof, &early);
+    if (!c.ok()) {
+      result = c.status();
+      break;
+    }
+    if (c->empty()) break;
+    *bytes += c->size();
+    result = WriteFull(fd.get(), *c);
+    if (!result.ok()) {
+      (void)s.Reset("local write failed");
+      break;
+    }
+  }
+  if (result.ok()) result = FinishReply(s, nullptr);
+  if (result.ok() && *bytes != static_cast<uint64_t>(meta.size)) {
+    result = Internal("short transfer: got " + std::to_string(*bytes) + " of " +
+                      std::to_string(meta.size) + " bytes");
+  }
+  if (result.ok() && ::fchmod(fd.get(), meta.mode) != 0) result = ErrnoError("fchmod " + tmp);
+  if (result.ok()) result = SetTimes(fd.get(), meta.mtime_ns);
+  if (result.ok()) result = fd.Close();
+  if (result.ok()) result = RenameIntoPlace(l, tmp, /*tree=*/false);
+  if (!result.ok()) {
+    (void)guard->RemoveNow();
+    return result;
+  }
+  return guard->Keep();
+}
+
+Status ReceiveTree(channel::Stream& s, const Meta& meta, const Landing& l, uint64_t* bytes) {
+  std::string tmp = TempName(l.name);
+  if (::mkdirat(l.dirfd.get(), tmp.c_str(), 0700) != 0) {
+    return ErrnoError("mkdir " + l.dir + "/" + tmp);
+  }
+  auto guard = RemoveUnlessKept::Start(l.dirfd.get(), tmp);
+  if (!guard.ok()) {
+    ::unlinkat(l.dirfd.get(), tmp.c_str(), AT_REMOVEDIR);
+    return guard.status();
+  }
+  bool eof = false;
+  Json early;
+  Status result = ExtractTarSafely(
+      [&]() -> Result<std::string> {
+        ASSIGN_OR_RETURN(std::string c, NextOutChunk(s, &eof, &early));
+        *bytes += c.size();
+        return c;
+      },
+      (l.dir == "/" ? "" : l.dir) + "/" + tmp);
+  if (!result.ok()) {
+    (void)s.Reset("extract failed");
+  } else {
+    result = FinishReply(s, nullptr);
+  }
+  if (result.ok()) {
+    UniqueFd top(
+        ::openat(l.dirfd.get(), tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!top.valid()) {
+      result = ErrnoError("open " + tmp);
+    } else if (::fchmod(top.get(), meta.mode) != 0) {
+      result = ErrnoError("fchmod " + tmp);
+    } else {
+      result = SetTimes(top.get(), meta.mtime_ns);
+    }
+  }
+  if (result.ok()) result = RenameIntoPlace(l, tmp, /*tree=*/true);
+  if (!result.ok()) {
+    (void)guard->RemoveNow();
+    return result;
+  }
+  return guard->Keep();
+}
+
+}  // namespace
 
 Result<TransferStats> GetPath(Client& client, const std::string& vm, const std::string& guest_path,
                               const std::string& dst) {
   ASSIGN_OR_RETURN(auto s, client.Open({{"verb", "get"}, {"vm", vm}, {"path", guest_path}}));
   // The first message is the meta event, or an END with the error (e.g. not found): in that
   // case nothing is created on the host.
-  Json meta;
+  Json meta_body;
   for (;;) {
     ASSIGN_OR_RETURN(auto m, s->Next());
-    if (m.kind == Kind::kEvent && m.body.value("type", "") == "meta") {
-      meta = m.body;
+    if (m.kind == Kind::kEvent) {
+      ASSIGN_OR_RETURN(std::string type, ReplyView(m.body).StringOr("type", ""));
+      if (type != "meta") continue;
+      meta_body = std::move(m.body);
       break;
     }
     if (m.kind == Kind::kEnd) {
       RETURN_IF_ERROR(StatusFromReply(m.body));
       return Internal("get ended without data");
     }
-    if (m.kind == Kind::kReset) return Unavailable("tryboxd aborted the transfer");
+    if (m.kind == Kind::kReset) return StatusFromReset(m.body, "the transfer");
+  }
+  auto meta = ParseMeta(meta_body);
+  if (!meta.ok() || (meta->kind != "tar" && meta->kind != "file")) {
+    (void)s->Reset("malformed meta");
+    return meta.ok() ? MalformedReply("kind", "must be \"file\" or \"tar\"") : meta.status();
   }
   TransferStats stats;
-  stats.kind = meta.value("kind", "");
-  bool eof = false;
-  Json early;
-  if (stats.kind == "tar") {
-    Status st = ExtractTarSafely(
-        [&]() -> Result<std::string> {
-          ASSIGN_OR_RETURN(std::string c, NextOutChunk(*s, &eof, &early));
-          stats.bytes += c.size();
-          return c;
-        },
-        dst);
-    if (!st.ok()) {
-      (void)s->Reset("extract failed");
-      return st;
-    }
-    RETURN_IF_ERROR(FinishReply(*s, nullptr));
-    return stats;
+  stats.kind = meta->kind;
+  bool tree = meta->kind == "tar";
+  auto landing = ResolveLanding(dst, guest_path, tree);
+  if (!landing.ok()) {
+    (void)s->Reset("destination refused");
+    return landing.status();
   }
-  if (stats.kind != "file") return Internal("unknown transfer kind " + stats.kind);
-  std::string target = dst;
-  struct stat st;
-  if (::stat(dst.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    target = dst + "/" + guest_path.substr(guest_path.rfind('/') + 1);
-  }
-  // Written beside the target and renamed only after the daemon confirms the whole file.
-  std::string tmp = target + ".trybox-part-" + std::to_string(::getpid());
-  {
-    ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));
-    Status result = Status::Ok();
-    for (;;) {
-      auto c = NextOutChunk(*s, &eof, &early);
-      if (!c.ok()) {
-        result = c.status();
-        break;
-      }
-      if (c->empty()) break;
-      stats.bytes += c->size();
-      result = WriteFull(fd.get(), *c);
-      if (!result.ok()) {
-        (void)s->Reset("local write failed");
-        break;
-      }
-    }
-    if (result.ok()) result = FinishReply(*s, nullptr);
-    if (result.ok() && stats.bytes != meta.value("size", uint64_t{0})) {
-      result = Internal("short transfer: got " + std::to_string(stats.bytes) + " of " +
-                        std::to_string(meta.value("size", uint64_t{0})) + " bytes");
-    }
-    if (result.ok()) {
-      ::fchmod(fd.get(), meta.value("mode", 0644) & 07777);
-      int64_t ns = meta.value("mtime_ns", int64_t{0});
-      struct timespec ts[2] = {{ns / 1000000000, ns % 1000000000},
-                               {ns / 1000000000, ns % 1000000000}};
-      ::futimens(fd.get(), ts);
-      result = fd.Close();
-    }
-    if (!result.ok()) {
-      ::unlink(tmp.c_str());
-      return result;
-    }
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    Status err = ErrnoError("rename to " + target);
-    ::unlink(tmp.c_str());
-    return err;
-  }
+  Status st = tree ? ReceiveTree(*s, *meta, *landing, &stats.bytes)
+                   : ReceiveFile(*s, *meta, *landing, &stats.bytes);
+  if (!st.ok()) return st;
   return stats;
 }
 

@@ -1,0 +1,285 @@
+// `trybox cp ID:/path DST` against a scripted tryboxd serving `get` over the real protocol:
+// what a hostile guest sends must never become privileged, never be written outside DST,
+// never be written through a planted link, and never be left half-done.
+#include "cli/transfer.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "cli/testing.h"
+#include "util/fd.h"
+
+namespace trybox::cli {
+namespace {
+
+using testing::Home;
+
+// A tar built entry by entry, the way a hostile guest's tar could be.
+class Tar {
+ public:
+  Tar() : a_(archive_write_new()) {
+    archive_write_set_format_pax_restricted(a_);
+    archive_write_open(a_, &out_, nullptr, &Tar::Write, nullptr);
+  }
+  ~Tar() { archive_write_free(a_); }
+  Tar& File(const std::string& path, mode_t perm, const std::string& data) {
+    return Entry(path, AE_IFREG, perm, data, "", "");
+  }
+  Tar& Dir(const std::string& path, mode_t perm) { return Entry(path, AE_IFDIR, perm, "", "", ""); }
+  Tar& Symlink(const std::string& path, const std::string& target) {
+    return Entry(path, AE_IFLNK, 0777, "", target, "");
+  }
+  // A hard link that carries data: extraction links, then writes into what it linked.
+  Tar& HardLinkWithData(const std::string& path, const std::string& target,
+                        const std::string& data) {
+    return Entry(path, AE_IFREG, 0644, data, "", target);
+  }
+  std::string Finish() {
+    archive_write_close(a_);
+    return out_;
+  }
+
+ private:
+  Tar& Entry(const std::string& path, mode_t type, mode_t perm, const std::string& data,
+             const std::string& symlink, const std::string& hardlink) {
+    archive_entry* e = archive_entry_new();
+    archive_entry_set_pathname(e, path.c_str());
+    archive_entry_set_filetype(e, type);
+    archive_entry_set_perm(e, perm);
+    archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+    if (!symlink.empty()) archive_entry_set_symlink(e, symlink.c_str());
+    if (!hardlink.empty()) archive_entry_set_hardlink(e, hardlink.c_str());
+    archive_write_header(a_, e);
+    if (!data.empty()) archive_write_data(a_, data.data(), data.size());
+    archive_entry_free(e);
+    return *this;
+  }
+  static la_ssize_t Write(archive*, void* ud, const void* buf, size_t len) {
+    static_cast<std::string*>(ud)->append(static_cast<const char*>(buf), len);
+    return static_cast<la_ssize_t>(len);
+  }
+  archive* a_;
+  std::string out_;
+};
+
+// The daemon's `get`: the meta event, `data` on channel 1, EOF and END. With `cut_at`, only
+// that many bytes are sent and the stream is then held open until the client goes away.
+testing::ScriptedDaemon::Script ServeGet(const std::string& kind, mode_t mode, std::string data,
+                                         size_t cut_at = std::string::npos) {
+  return [=](std::shared_ptr<channel::Stream> s, const Json&) {
+    Json meta = {
+        {"type", "meta"}, {"kind", kind}, {"mode", mode}, {"mtime_ns", 1600000000000000000}};
+    if (kind == "file") meta["size"] = data.size();
+    if (!s->SendEvent(meta).ok()) return;
+    size_t end = std::min(cut_at, data.size());
+    for (size_t off = 0; off < end; off += 65536) {
+      size_t n = std::min<size_t>(65536, end - off);
+      if (!s->Write(channel::kChanOut, std::string_view(data).substr(off, n)).ok()) return;
+    }
+    if (cut_at != std::string::npos) {
+      (void)s->Next();  // until the client resets the stream or goes away
+      return;
+    }
+    (void)s->CloseWrite(channel::kChanOut);
+    (void)s->End({{"ok", true}, {"bytes", data.size()}});
+  };
+}
+
+using testing::Entries;
+using testing::ModeOf;
+
+class GetPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = TempDir::Make("/tmp", "cp-out-");
+    ASSERT_TRUE(t.ok());
+    tmp_.emplace(std::move(*t));
+    dir_ = tmp_->path() + "/dst";
+    ASSERT_EQ(::mkdir(dir_.c_str(), 0755), 0);
+    victim_ = tmp_->path() + "/victim";
+    ASSERT_TRUE(WriteFileAtomic(victim_, "precious\n", 0600).ok());
+  }
+  void Serve(testing::ScriptedDaemon::Script script) {
+    auto d = testing::ScriptedDaemon::Start(home_.paths, std::move(script));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(*d);
+    auto c = Client::Connect(home_.paths, false);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(*c);
+  }
+  Status Get(const std::string& guest_path, const std::string& dst) {
+    auto r = GetPath(*client_, "vm1", guest_path, dst);
+    return r.ok() ? Status::Ok() : r.status();
+  }
+  void ExpectVictimUntouched() {
+    EXPECT_EQ(ReadFileToString(victim_).value_or(""), "precious\n");
+    EXPECT_EQ(ModeOf(victim_) & 07777, 0600u);
+  }
+
+  Home home_;
+  std::optional<TempDir> tmp_;
+  std::string dir_, victim_;
+  std::unique_ptr<testing::ScriptedDaemon> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+// A guest's `chmod 4755` copy of a binary once landed set-uid root on the host.
+TEST_F(GetPathTest, FileLosesSetUidSetGidAndStickyBits) {
+  Serve(ServeGet("file", 07755, "#!/bin/sh\nid\n"));
+  ASSERT_TRUE(Get("/root/id", dir_ + "/id").ok());
+  EXPECT_EQ(ReadFileToString(dir_ + "/id").value_or(""), "#!/bin/sh\nid\n");
+  EXPECT_EQ(ModeOf(dir_ + "/id") & 07777, 0755u);
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/id").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mtim.tv_sec, 1600000000);
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{"id"});
+}
+
+// The old code wrote DST.trybox-part-PID with O_CREAT|O_TRUNC, following a link planted
+// there, then chmod'ed what it wrote: a root file overwritten and made set-uid.
+TEST_F(GetPathTest, ALinkPlantedAtTheOldTemporaryNameIsNeverFollowed) {
+  Serve(ServeGet("file", 04755, "guest bytes"));
+  std::string dst = dir_ + "/out";
+  std::string planted = dst + ".trybox-part-" + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim_.c_str(), planted.c_str()), 0);
+  ASSERT_TRUE(Get("/root/id", dst).ok());
+  ExpectVictimUntouched();
+  EXPECT_EQ(ReadFileToString(dst).value_or(""), "guest bytes");
+  EXPECT_TRUE(S_ISREG(ModeOf(dst)));
+  EXPECT_TRUE(S_ISLNK(ModeOf(planted)));
+}
+
+// Decision: a DST that is a symbolic link is refused (cp(1) would write through it).
+TEST_F(GetPathTest, DestinationThatIsASymlinkIsRefused) {
+  Serve(ServeGet("file", 0644, "guest bytes"));
+  std::string link = dir_ + "/link";
+  ASSERT_EQ(::symlink(victim_.c_str(), link.c_str()), 0);
+  Status st = Get("/root/f", link);
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find(link + " is a symbolic link"), std::string::npos) << st.message();
+  ExpectVictimUntouched();
+  EXPECT_TRUE(S_ISLNK(ModeOf(link)));
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{"link"});
+  // The same link as the entry of a DST directory.
+  ASSERT_EQ(::symlink(victim_.c_str(), (dir_ + "/f").c_str()), 0);
+  st = Get("/root/f", dir_);
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.ToString();
+  ExpectVictimUntouched();
+}
+
+TEST_F(GetPathTest, TrailingSlashCopiesIntoTheDirectoryALinkPointsTo) {
+  Serve(ServeGet("file", 0640, "x"));
+  std::string real = tmp_->path() + "/real";
+  ASSERT_EQ(::mkdir(real.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(real.c_str(), (dir_ + "/to-real").c_str()), 0);
+  ASSERT_TRUE(Get("/etc/hostname", dir_ + "/to-real/").ok());
+  EXPECT_EQ(ReadFileToString(real + "/hostname").value_or(""), "x");
+  EXPECT_EQ(ModeOf(real + "/hostname") & 07777, 0640u);
+}
+
+TEST_F(GetPathTest, FileReplacesTheEntryNotTheFileItWasLinkedTo) {
+  Serve(ServeGet("file", 0644, "new"));
+  ASSERT_EQ(::link(victim_.c_str(), (dir_ + "/f").c_str()), 0);  // DST shares the victim's inode
+  ASSERT_TRUE(Get("/root/f", dir_ + "/f").ok());
+  EXPECT_EQ(ReadFileToString(dir_ + "/f").value_or(""), "new");
+  ExpectVictimUntouched();
+}
+
+TEST_F(GetPathTest, TreeLosesSpecialBitsEverywhere) {
+  std::string tar = Tar()
+                        .Dir("./", 03755)
+                        .File("./id", 06755, "suid")
+                        .Dir("./sticky", 01777)
+                        .Dir("./sgid", 02755)
+                        .File("./sgid/tool", 02711, "sgid")
+                        .Finish();
+  Serve(ServeGet("tar", 03755, tar));
+  std::string dst = dir_ + "/tree";
+  ASSERT_TRUE(Get("/root/tree", dst).ok());
+  EXPECT_EQ(ModeOf(dst) & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/id") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/sticky") & 07777, 0777u);
+  EXPECT_EQ(ModeOf(dst + "/sgid") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/sgid/tool") & 07777, 0711u);
+  EXPECT_EQ(ReadFileToString(dst + "/sgid/tool").value_or(""), "sgid");
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{"tree"});
+}
+
+TEST_F(GetPathTest, TreeIntoAnExistingDirectoryLandsUnderItsOwnName) {
+  Serve(ServeGet("tar", 0755, Tar().File("./a", 0644, "a").Finish()));
+  ASSERT_TRUE(Get("/srv/project/", dir_).ok());
+  EXPECT_EQ(ReadFileToString(dir_ + "/project/a").value_or(""), "a");
+  // Again: project exists now, and a tree never merges into it.
+  Status st = Get("/srv/project", dir_);
+  EXPECT_EQ(st.code(), Code::kAlreadyExists) << st.ToString();
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{"project"});
+}
+
+// Symlinks in the tree never make the CLI write outside it: through a link to a directory,
+// over a link to a file, or by a hard link through a link that then carries data.
+TEST_F(GetPathTest, LinksInATreeNeverWriteOutsideIt) {
+  std::string outside = tmp_->path();
+  std::string tar = Tar()
+                        .File("./ok", 0644, "fine")
+                        .Symlink("./out", outside)
+                        .File("./out/escaped", 0644, "evil")
+                        .Symlink("./vic", victim_)
+                        .File("./vic", 0644, "evil")
+                        .HardLinkWithData("./hard", "out/victim", "evil")
+                        .Finish();
+  Serve(ServeGet("tar", 0755, tar));
+  std::string dst = dir_ + "/tree";
+  Status st = Get("/root/tree", dst);
+  EXPECT_EQ(st.code(), Code::kPermissionDenied) << st.ToString();
+  EXPECT_NE(st.message().find("refusing tar entry"), std::string::npos) << st.message();
+  ExpectVictimUntouched();
+  EXPECT_FALSE(S_ISREG(ModeOf(outside + "/escaped")));
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{}) << "a refused tree left something behind";
+}
+
+TEST_F(GetPathTest, AnAbortedTreeLeavesNothing) {
+  Tar tar;
+  for (int i = 0; i < 200; ++i) tar.File("./f" + std::to_string(i), 0644, std::string(1024, 'x'));
+  std::string data = tar.Finish();
+  Serve([data](std::shared_ptr<channel::Stream> s, const Json&) {
+    (void)s->SendEvent({{"type", "meta"}, {"kind", "tar"}, {"mode", 0755}, {"mtime_ns", 0}});
+    (void)s->Write(channel::kChanOut, std::string_view(data).substr(0, data.size() / 2));
+    (void)s->Reset("the guest went away");
+  });
+  Status st = Get("/root/tree", dir_ + "/tree");
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{}) << "an aborted copy left something behind";
+}
+
+// Killed with SIGKILL half-way through a 200-file tree, the copy once left 27 files at the
+// destination. Now the destination never exists until complete, and the temporary
+// directory is removed by the helper the CLI started, which outlives it. The "CLI" here is
+// a child of a subreaper, so that the helper, orphaned, is reaped where the test can wait.
+TEST_F(GetPathTest, ATreeKilledMidwayLeavesNothing) {
+  Tar tar;
+  for (int i = 0; i < 200; ++i) tar.File("./f" + std::to_string(i), 0644, std::string(4096, 'x'));
+  std::string data = tar.Finish();
+  Serve(ServeGet("tar", 0755, data, data.size() / 2));
+  client_.reset();  // the child makes its own connection
+  std::string dst = dir_ + "/tree";
+  auto cli = testing::Subreaper::Start([&] {
+    auto c = Client::Connect(home_.paths, false);
+    if (c.ok()) (void)GetPath(**c, "vm1", "/root/tree", dst);
+  });
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString();
+  ASSERT_TRUE(testing::WaitForADirectoryWith(dir_, 27, std::chrono::seconds(60)))
+      << "the copy never started writing: " << ::testing::PrintToString(Entries(dir_));
+  ASSERT_EQ(::kill((*cli)->child(), SIGKILL), 0);
+  ASSERT_TRUE((*cli)->WaitForAll().ok());  // the CLI and its helper are gone
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{}) << "a killed copy left something behind";
+}
+
+}  // namespace
+}  // namespace trybox::cli

@@ -1,0 +1,289 @@
+// End to end: the CLI and the host (issue 18, docs/security.md "The CLI and the host"). Real
+// guests, the real trybox binary and a private tryboxd: what a guest sends is never
+// privileged on the host, never written through a planted link and never left half-done;
+// the CLI talks only to a daemon of its own user, through a directory only it controls.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "cli/testing.h"
+#include "tests/e2e/harness.h"
+#include "util/fd.h"
+#include "util/process.h"
+
+namespace trybox::e2e {
+namespace {
+
+constexpr mode_t kSpecialBits = S_ISUID | S_ISGID | S_ISVTX;
+
+using cli::testing::Entries;
+using cli::testing::ModeOf;
+using cli::testing::Trap;
+
+// Every path below `root` (itself included) whose mode has a set-uid, set-gid or sticky bit.
+std::vector<std::string> SpecialModes(const std::string& root) {
+  std::vector<std::string> found;
+  if (ModeOf(root) & kSpecialBits) found.push_back(root);
+  if (!S_ISDIR(ModeOf(root))) return found;
+  for (const auto& e : Entries(root)) {
+    auto below = SpecialModes(root + "/" + e);
+    found.insert(found.end(), below.begin(), below.end());
+  }
+  return found;
+}
+
+// A squatter's runtime directory: another user created it (or a link to their own), so
+// their process could answer as tryboxd and read the requests, API keys included. The CLI
+// runs with only XDG variables pointing into the test's directory (no TRYBOX_HOME), so its
+// runtime directory is $XDG_RUNTIME_DIR/trybox, as for a user.
+std::vector<std::string> XdgEnv(const std::string& t) {
+  return {"PATH=/usr/bin:/bin",
+          "HOME=" + t + "/home",
+          "XDG_RUNTIME_DIR=" + t + "/xdg",
+          "XDG_STATE_HOME=" + t + "/state",
+          "XDG_CONFIG_HOME=" + t + "/config",
+          "XDG_DATA_HOME=" + t + "/data",
+          "XDG_CACHE_HOME=" + t + "/cache"};
+}
+
+void ExpectSquatRefused(const std::string& t, const Trap& trap, const std::string& why) {
+  std::string runtime = t + "/xdg/trybox";
+  CliResult r = RunProgram({BinDir() + "/trybox", "ls"}, XdgEnv(t));
+  EXPECT_EQ(r.code, 125) << r.err;
+  EXPECT_NE(r.err.find(runtime + " is not a private directory: " + why), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("remove it"), std::string::npos) << r.err;
+  EXPECT_FALSE(trap.connected()) << "the CLI connected to the squatter's socket";
+  EXPECT_FALSE(S_ISDIR(ModeOf(t + "/state"))) << "a daemon was started";
+}
+
+std::string Runtime(const std::string& t) { return t + "/xdg/trybox"; }
+
+class CliHardeningE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto h = Harness::Start();
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    h_ = std::move(*h).release();
+  }
+  static void TearDownTestSuite() {
+    delete h_;
+    h_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(h_, nullptr);
+    auto t = TempDir::Make("/tmp", "tbx-clih-");
+    ASSERT_TRUE(t.ok());
+    tmp_.emplace(std::move(*t));
+    victim_ = tmp_->path() + "/victim";
+    ASSERT_TRUE(WriteFileAtomic(victim_, "precious\n", 0600).ok());
+    ASSERT_EQ(::mkdir((tmp_->path() + "/xdg").c_str(), 0700), 0);
+  }
+  void TearDown() override {
+    if (!vm_.empty()) {
+      EXPECT_EQ(h_->Cli({"rm", vm_}).code, 0);
+    }
+  }
+
+  // A VM, created on first use, destroyed after the test.
+  const std::string& Vm() {
+    if (vm_.empty()) {
+      CliResult r = h_->Cli({"create"});
+      EXPECT_EQ(r.code, 0) << r.err;
+      vm_ = r.out.substr(0, r.out.find('\n'));
+    }
+    return vm_;
+  }
+  void InGuest(const std::string& script) {
+    CliResult r = h_->Cli({"exec", Vm(), "--", "sh", "-ec", script});
+    ASSERT_EQ(r.code, 0) << script << "\n" << r.err;
+  }
+  void ExpectVictimUntouched() {
+    EXPECT_EQ(ReadFileToString(victim_).value_or(""), "precious\n");
+    EXPECT_EQ(ModeOf(victim_) & 07777, 0600u);
+  }
+
+  static Harness* h_;
+  std::optional<TempDir> tmp_;
+  std::string victim_;
+  std::string vm_;
+};
+Harness* CliHardeningE2E::h_ = nullptr;
+
+// A guest's `chmod 4755` copy of id once came out set-uid root and ran as euid 0 for any
+// user of the host.
+TEST_F(CliHardeningE2E, SetUidCopyOfIdComesOutWithoutSpecialBitsAsAFileAndInATree) {
+  InGuest(
+      "cp /usr/bin/id /root/id && chmod 4755 /root/id && "
+      "mkdir -p /root/tree/sub /root/tree/shared && cp /usr/bin/id /root/tree/sub/id && "
+      "chmod 6755 /root/tree/sub/id && chmod 2755 /root/tree/sub && "
+      "chmod 1777 /root/tree/shared && chmod 3755 /root/tree && stat -c %a /root/id");
+  ASSERT_EQ(::chmod(tmp_->path().c_str(), 0755), 0);  // so that uid 65534 can run the copy
+  std::string id = tmp_->path() + "/id";
+  CliResult cp = h_->Cli({"cp", Vm() + ":/root/id", id});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  EXPECT_EQ(ModeOf(id) & 07777, 0755u);
+  EXPECT_EQ(SpecialModes(id), std::vector<std::string>{});
+  // Run by another user, it runs as that user.
+  CliResult as_nobody =
+      RunProgram({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", id, "-u"},
+                 {"PATH=/usr/bin:/bin"});
+  EXPECT_EQ(as_nobody.out, "65534\n") << as_nobody.err;
+
+  std::string tree = tmp_->path() + "/tree";
+  cp = h_->Cli({"cp", Vm() + ":/root/tree", tree});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  EXPECT_EQ(ModeOf(tree + "/sub/id") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(tree + "/shared") & 07777, 0777u);
+  EXPECT_EQ(SpecialModes(tree), std::vector<std::string>{});
+}
+
+// The old CLI wrote DST.trybox-part-PID (O_CREAT|O_TRUNC, no O_NOFOLLOW) and chmod'ed it:
+// a link planted there overwrote and chmod'ed a root file. Here one is planted for every
+// pid the kernel can hand out (pid_max; a window after the last pid if that is huge).
+TEST_F(CliHardeningE2E, LinksPlantedAtEveryOldTemporaryNameAreNeverFollowed) {
+  InGuest("printf 'guest bytes' > /root/f && chmod 4755 /root/f");
+  std::string dst = tmp_->path() + "/out";
+  long pid_max = std::stol(ReadFileToString("/proc/sys/kernel/pid_max").value_or("32768"));
+  long first = 1, last = pid_max;
+  if (pid_max > 100000) {
+    first = std::stol(ReadFileToString("/proc/sys/kernel/ns_last_pid").value_or("1"));
+    last = first + 50000;
+  }
+  for (long pid = first; pid <= last; ++pid) {
+    std::string name = dst + ".trybox-part-" + std::to_string(pid);
+    ASSERT_EQ(::symlink(victim_.c_str(), name.c_str()), 0) << name;
+  }
+  size_t planted = Entries(tmp_->path()).size();
+  CliResult cp = h_->Cli({"cp", Vm() + ":/root/f", dst});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  ExpectVictimUntouched();
+  EXPECT_TRUE(S_ISREG(ModeOf(dst)));
+  EXPECT_EQ(ModeOf(dst) & 07777, 0755u);
+  EXPECT_EQ(ReadFileToString(dst).value_or(""), "guest bytes");
+  EXPECT_EQ(Entries(tmp_->path()).size(), planted + 1) << "only DST is new";
+}
+
+// Decision: a DST that is a symbolic link is refused, whatever it points to (cp(1) would
+// write through it); "DST/" copies into the directory a link points to.
+TEST_F(CliHardeningE2E, DestinationThatIsASymlinkIsRefused) {
+  InGuest("printf 'guest bytes' > /root/f && mkdir -p /root/d && echo x > /root/d/x");
+  std::string link = tmp_->path() + "/link";
+  ASSERT_EQ(::symlink(victim_.c_str(), link.c_str()), 0);
+  for (const char* src : {":/root/f", ":/root/d"}) {
+    CliResult cp = h_->Cli({"cp", Vm() + src, link});
+    EXPECT_EQ(cp.code, 125) << src;
+    EXPECT_NE(cp.err.find(link + " is a symbolic link"), std::string::npos) << cp.err;
+    ExpectVictimUntouched();
+    EXPECT_TRUE(S_ISLNK(ModeOf(link)));
+  }
+  // The same link met as DST/NAME when DST is a directory.
+  std::string dir = tmp_->path() + "/dir";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(victim_.c_str(), (dir + "/f").c_str()), 0);
+  CliResult cp = h_->Cli({"cp", Vm() + ":/root/f", dir});
+  EXPECT_EQ(cp.code, 125);
+  EXPECT_NE(cp.err.find("is a symbolic link"), std::string::npos) << cp.err;
+  ExpectVictimUntouched();
+  // With a trailing slash, a link to a directory is the directory.
+  std::string to_dir = tmp_->path() + "/to-dir";
+  ASSERT_EQ(::symlink(dir.c_str(), to_dir.c_str()), 0);
+  cp = h_->Cli({"cp", Vm() + ":/root/d", to_dir + "/"});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  EXPECT_EQ(ReadFileToString(dir + "/d/x").value_or(""), "x\n");
+}
+
+// Killed with SIGKILL part-way through a 200-file tree, the old CLI left the files it had
+// written at the destination (27 in the report). Now the tree is written to
+// .DST.trybox-tmp-RANDOM and renamed only when complete, and the helper the CLI started
+// removes the temporary directory when the CLI dies: nothing at all is left.
+TEST_F(CliHardeningE2E, TreeCopyKilledMidwayLeavesNothing) {
+  InGuest(
+      "mkdir /root/big && i=0; while [ $i -lt 200 ]; do "
+      "head -c 262144 /dev/urandom > /root/big/f$i; i=$((i+1)); done");
+  std::string parent = tmp_->path() + "/p";
+  ASSERT_EQ(::mkdir(parent.c_str(), 0755), 0);
+  // The CLI runs under a subreaper, which waits for every descendant: the CLI and the
+  // helper it leaves behind when killed. Built before fork: the test has threads.
+  std::vector<std::string> args = {BinDir() + "/trybox", "cp", Vm() + ":/root/big",
+                                   parent + "/out"};
+  std::vector<std::string> env = h_->Env();
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  auto cli = cli::testing::Subreaper::Start([&] {
+    int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  });
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString();
+  // Mid-transfer: some directory under `parent` (the temporary one, or with the old CLI the
+  // destination itself) holds 27 files.
+  ASSERT_TRUE(cli::testing::WaitForADirectoryWith(parent, 27, std::chrono::seconds(300)))
+      << "the copy never got going: " << ::testing::PrintToString(Entries(parent));
+  ASSERT_EQ(::kill((*cli)->child(), SIGKILL), 0);
+  ASSERT_TRUE((*cli)->WaitForAll().ok());  // the CLI and the helper it left behind
+  EXPECT_EQ(Entries(parent), std::set<std::string>{}) << "a killed copy left something behind";
+  // The VM is fine and the same copy, uninterrupted, completes.
+  CliResult cp = h_->Cli({"cp", Vm() + ":/root/big", parent + "/out"});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  EXPECT_EQ(Entries(parent + "/out").size(), 200u);
+  EXPECT_EQ(Entries(parent), std::set<std::string>{"out"});
+}
+
+TEST_F(CliHardeningE2E, SquattedRuntimeDirThatIsASymlinkIsRefused) {
+  std::string theirs = tmp_->path() + "/theirs";
+  ASSERT_EQ(::mkdir(theirs.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(theirs.c_str(), Runtime(tmp_->path()).c_str()), 0);
+  Trap trap(theirs + "/tryboxd.sock");
+  ExpectSquatRefused(tmp_->path(), trap, "it is a symbolic link");
+}
+
+TEST_F(CliHardeningE2E, SquattedRuntimeDirOfAnotherUserIsRefused) {
+  ASSERT_EQ(::mkdir(Runtime(tmp_->path()).c_str(), 0700), 0);
+  Trap trap(Runtime(tmp_->path()) + "/tryboxd.sock");
+  ASSERT_EQ(::chown(Runtime(tmp_->path()).c_str(), 65534, 65534), 0);
+  ExpectSquatRefused(tmp_->path(), trap, "it is owned by uid 65534");
+}
+
+TEST_F(CliHardeningE2E, SquattedRuntimeDirOpenToEveryoneIsRefused) {
+  ASSERT_EQ(::mkdir(Runtime(tmp_->path()).c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(Runtime(tmp_->path()).c_str(), 0777), 0);
+  Trap trap(Runtime(tmp_->path()) + "/tryboxd.sock");
+  ExpectSquatRefused(tmp_->path(), trap, "its mode is 0777");
+}
+
+// The directory is ours, but the process on the socket runs as uid 65534 (it listened
+// before the directory was ours, or it was handed the socket): refused, and it hears nothing.
+TEST_F(CliHardeningE2E, SquattedDaemonOfAnotherUserIsRefusedAndHearsNothing) {
+  ASSERT_EQ(::mkdir(Runtime(tmp_->path()).c_str(), 0700), 0);
+  auto impostor =
+      cli::testing::ForeignListener::Start(Runtime(tmp_->path()) + "/tryboxd.sock", 65534);
+  ASSERT_TRUE(impostor.ok()) << impostor.status().ToString();
+  CliResult r = RunProgram({BinDir() + "/trybox", "ls"}, XdgEnv(tmp_->path()));
+  EXPECT_EQ(r.code, 125);
+  EXPECT_NE(r.err.find("runs as uid 65534"), std::string::npos) << r.err;
+  auto heard = (*impostor)->BytesHeard();
+  ASSERT_TRUE(heard.ok()) << heard.status().ToString();
+  EXPECT_EQ(*heard, 0) << "the impostor received the request";
+}
+
+}  // namespace
+}  // namespace trybox::e2e
