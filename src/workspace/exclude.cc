@@ -1,7 +1,6 @@
 #include "workspace/exclude.h"
 
 #include <fnmatch.h>
-#include <strings.h>
 
 namespace trybox::workspace {
 
@@ -70,7 +69,9 @@ bool ExcludeList::Excluded(std::string_view path, bool is_dir) const {
     std::string_view name = path.substr(start, last ? std::string_view::npos : slash - start);
     std::string_view prefix = path.substr(0, last ? path.size() : slash);
     bool dir = last ? is_dir : true;
-    if (::strcasecmp(std::string(name).c_str(), ".git") == 0) return true;
+    // The repository's own directory. Other spellings (".GIT", "git~1") are not excluded but
+    // skipped and named (git_path.h): a guest made them, and the report says so.
+    if (name == ".git") return true;
     for (const auto& p : patterns_) {
       if (Matches(p, prefix, name, dir)) return true;
     }

@@ -19,12 +19,14 @@ TEST(ExcludeTest, BuiltInDirectoriesAreExcludedAtAnyDepth) {
   EXPECT_FALSE(l.Excluded("src/main.cc", false));
 }
 
-TEST(ExcludeTest, GitIsAlwaysExcludedInAnyCase) {
+TEST(ExcludeTest, GitIsAlwaysExcluded) {
   ExcludeList l;
   EXPECT_TRUE(l.Excluded(".git", true));
   EXPECT_TRUE(l.Excluded(".git", false));
-  EXPECT_TRUE(l.Excluded("sub/.GIT/config", false));
+  EXPECT_TRUE(l.Excluded("sub/.git/config", false));
   EXPECT_FALSE(l.Excluded(".gitignore", false));
+  // Other spellings are not silently dropped: they are skipped and named (UnstorablePath).
+  EXPECT_FALSE(l.Excluded("sub/.GIT/config", false));
 }
 
 TEST(ExcludeTest, ProjectPatterns) {
