@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 
 namespace trybox {
 namespace {
@@ -148,6 +149,29 @@ Result<std::string> Base64Decode(std::string_view in) {
     if ((pad == 1 && (v & 0xFF) != 0) || (pad == 2 && (v & 0xFFFF) != 0)) {
       return InvalidArgument("not canonical base64");
     }
+  }
+  return out;
+}
+
+std::string OneLine(std::string_view s) {
+  std::string clean = JsonSafe(s);
+  std::string out;
+  out.reserve(clean.size());
+  for (size_t i = 0; i < clean.size();) {
+    size_t n = ValidSequenceAt(clean, i);
+    uint32_t cp = static_cast<unsigned char>(clean[i]);
+    if (n == 2) cp = (cp & 0x1Fu) << 6 | (clean[i + 1] & 0x3Fu);
+    if (n == 3) cp = (cp & 0x0Fu) << 12 | (clean[i + 1] & 0x3Fu) << 6 | (clean[i + 2] & 0x3Fu);
+    bool unsafe = (cp < 0x20 && cp != '\t') || (cp >= 0x7F && cp <= 0x9F) || cp == 0x2028 ||
+                  cp == 0x2029 || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+    if (unsafe) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "\\u{%04X}", cp);
+      out += buf;
+    } else {
+      out.append(clean, i, n);
+    }
+    i += n;
   }
   return out;
 }

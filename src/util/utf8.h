@@ -39,6 +39,12 @@ std::string Base64Encode(std::string_view bytes);
 // Strict: standard alphabet, padding required, no whitespace.
 Result<std::string> Base64Decode(std::string_view text);
 
+// `s` made safe to print as (part of) one line of text, in a log or a commit message:
+// JsonSafe, then every character that could end a line, move the cursor or reorder the text
+// (C0 and C1 controls but tab, DEL, U+2028/U+2029, bidi embeddings, overrides and isolates)
+// written as \u{XXXX}.
+std::string OneLine(std::string_view s);
+
 // json.dump() that never throws: a string that is not valid UTF-8 (one that did not go
 // through the helpers above) has its bad bytes replaced by U+FFFD instead.
 std::string SafeDump(const nlohmann::json& j, int indent = -1);

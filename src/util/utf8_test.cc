@@ -86,6 +86,13 @@ TEST(Utf8Test, Base64IsStrictAndCanonical) {
   EXPECT_FALSE(Base64Decode("Zm 8").ok());
 }
 
+TEST(Utf8Test, OneLineCannotBreakOrReorderALine) {
+  EXPECT_EQ(OneLine("plain caf\xc3\xa9\ttab"), "plain caf\xc3\xa9\ttab");
+  EXPECT_EQ(OneLine("a\nb\rc\x1b[2J"), "a\\u{000A}b\\u{000D}c\\u{001B}[2J");
+  EXPECT_EQ(OneLine("x\xe2\x80\xa8y\xe2\x80\xaez\xc2\x85"), "x\\u{2028}y\\u{202E}z\\u{0085}");
+  EXPECT_EQ(OneLine("bad\xff"), "bad\\xff");
+}
+
 TEST(Utf8Test, SafeDumpNeverThrows) {
   Json j = {{"name", std::string("bad\xff")}};
   EXPECT_THROW((void)j.dump(), Json::exception);
