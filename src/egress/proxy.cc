@@ -14,6 +14,7 @@
 
 #include "egress/address.h"
 #include "egress/hostname.h"
+#include "util/utf8.h"
 
 namespace trybox::egress {
 namespace {
@@ -64,6 +65,16 @@ std::string HeaderSafe(std::string s) {
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
   }
   return s;
+}
+
+// The "reason" of a guest's RESET, for the audit and the log: any JSON type may come (a
+// number made json::value() throw, which ended the daemon), of any length up to a frame.
+std::string GuestReason(const nlohmann::json& body) {
+  constexpr size_t kMax = 200;
+  auto it = body.is_object() ? body.find("reason") : body.end();
+  if (it == body.end() || !it->is_string()) return "no reason given";
+  const std::string& r = it->get_ref<const std::string&>();
+  return r.size() <= kMax ? r : JsonSafe(r.substr(0, kMax)) + "...";
 }
 
 std::string Response(int status, const std::string& reason) {
@@ -383,8 +394,7 @@ Result<std::string> StreamClient::Read(std::optional<Deadline> deadline) {
         if (m->channel == channel::kChanIn) eof_ = true;
         break;
       case Kind::kReset:
-        return Unavailable("the guest reset the connection: " +
-                           m->body.value("reason", std::string("no reason")));
+        return Unavailable("the guest reset the connection: " + GuestReason(m->body));
       case Kind::kEnd:
         return Unavailable("the guest ended the stream");
       case Kind::kEvent:

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -496,6 +497,37 @@ TEST_F(EgressProxy, UpstreamCloseReachesTheClientAndClientAbortReachesTheUpstrea
   ::setsockopt(c.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
   c.Reset();
   while (p.slots().in_use() > 0) std::this_thread::yield();
+}
+
+// A guest's RESET may carry any JSON as its reason. A number once made json::value() throw
+// in the connection's thread, which terminates the daemon.
+TEST_F(EgressProxy, GuestResetWithAReasonOfAnyTypeIsRefusedNotThrown) {
+  const std::vector<std::string> reasons = {"5", "null", "[1,2]", "{\"a\":1}",
+                                            "\"" + std::string(5000, 'r') + "\""};
+  for (const std::string& reason : reasons) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    channel::Mux host(UniqueFd(sv[0]), channel::Role::kHost);
+    UniqueFd guest(sv[1]);
+    auto resolver = MapResolver::FromJson(resolve_).value();
+    TunnelSlots slots(4);
+    std::promise<Decision> done;
+    host.OnOpen([&](std::shared_ptr<channel::Stream> s, json) {
+      StreamClient client(*s);
+      done.set_value(ServeConnection(client, {&policy_, resolver.get(), &slots, nullptr, "vm1"}));
+    });
+    host.Start();
+    // Raw frames, as a hostile guest writes them: OPEN, a partial head, then RESET.
+    std::string wire =
+        channel::EncodeFrame({2, channel::FrameType::kOpen, 0, "{\"op\":\"egress\"}"});
+    wire += channel::EncodeFrame({2, channel::FrameType::kData, 0, "CONNECT upstream.test"});
+    wire += channel::EncodeFrame({2, channel::FrameType::kReset, 0, "{\"reason\":" + reason + "}"});
+    ASSERT_TRUE(WriteFull(guest.get(), wire).ok());
+    Decision d = done.get_future().get();
+    EXPECT_EQ(d.verdict, "refused") << reason;
+    EXPECT_NE(d.reason.find("the guest reset the connection"), std::string::npos) << d.reason;
+    EXPECT_LT(d.reason.size(), 400u);
+  }
 }
 
 // The daemon's path: the guest end is a channel stream over a real Mux pair.
