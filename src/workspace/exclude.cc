@@ -2,6 +2,8 @@
 
 #include <fnmatch.h>
 
+#include "util/utf8.h"
+
 namespace trybox::workspace {
 
 const std::vector<std::string>& DefaultExcludedDirs() {
@@ -28,6 +30,12 @@ Result<ExcludeList> ExcludeList::WithProjectFile(std::string_view contents) {
     size_t start = line.find_first_not_of(" \t");
     if (start == std::string::npos || line[start] == '#') continue;
     line = line.substr(start);
+    // The lines are kept in the workspace record (JSON), and applied again at collect time:
+    // a line that is not UTF-8 could not come back as it was.
+    if (!IsValidUtf8(line)) {
+      return InvalidArgument(".trybox/exclude line " + std::to_string(line_no) +
+                             ": not valid UTF-8");
+    }
     if (line[0] == '!') {
       return InvalidArgument(".trybox/exclude line " + std::to_string(line_no) +
                              ": negated patterns ('!') are not supported");

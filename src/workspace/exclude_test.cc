@@ -29,6 +29,14 @@ TEST(ExcludeTest, GitIsAlwaysExcluded) {
   EXPECT_FALSE(l.Excluded("sub/.GIT/config", false));
 }
 
+TEST(ExcludeTest, ALineThatIsNotUtf8IsRefusedWithItsNumber) {
+  auto l = ExcludeList::WithProjectFile("*.log\ncaf\xe9/\n");
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("line 2: not valid UTF-8"), std::string::npos)
+      << l.status().message();
+  EXPECT_TRUE(ExcludeList::WithProjectFile("caf\xc3\xa9/\n").ok());
+}
+
 TEST(ExcludeTest, ProjectPatterns) {
   auto l = ExcludeList::WithProjectFile(
       "# comment\n\n*.log\ndist/\n/top-only.txt\ndocs/*.pdf\n  cache  \n");
