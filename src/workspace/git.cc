@@ -256,7 +256,7 @@ Result<std::vector<IndexEntry>> GitRepo::TreeEntries(const std::string& commit) 
     size_t sp1 = line.find(' ');
     size_t sp2 = line.find(' ', sp1 + 1);
     if (tab == std::string::npos || sp1 == std::string::npos || sp2 == std::string::npos) {
-      return Internal("unexpected ls-tree line: " + line);
+      return Internal("unexpected ls-tree line: " + JsonSafe(line));
     }
     entries.push_back(
         {line.substr(0, sp1), line.substr(sp2 + 1, tab - sp2 - 1), line.substr(tab + 1)});
