@@ -342,10 +342,7 @@ TEST_F(TarTest, CommitPathsOnlySkipsWhatGitRefusesNamingEachPlaceOnce) {
                         .Finish();
   ExtractReport r;
   ExcludeList ex;
-  ExtractOptions o;
-  o.excludes = &ex;
-  o.commit_paths_only = true;
-  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, o, &r).ok());
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, ExtractOptions::ForCollect(&ex, 0, 0), &r).ok());
   std::map<std::string, std::string> why;
   for (const auto& s : r.skipped) why[s.path] = s.reason;
   EXPECT_EQ(why.size(), 5u);
