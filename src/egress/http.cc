@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 
 namespace trybox::egress {
 namespace {
@@ -138,14 +139,29 @@ Result<ProxyTarget> ParseProxyTarget(const RequestHead& h) {
   return t;
 }
 
-std::string OriginRequest(const RequestHead& h, const ProxyTarget& t) {
+Result<std::string> OriginRequest(const RequestHead& h, const ProxyTarget& t) {
+  std::set<std::string> drop = {"host", "connection", "keep-alive", "proxy-connection",
+                                "te",   "trailer",    "upgrade"};
+  for (const auto& [name, value] : h.headers) {
+    if (Lower(name) != "connection") continue;
+    std::string_view rest = value;
+    while (!rest.empty()) {
+      size_t comma = rest.find(',');
+      std::string token = Lower(std::string(Trim(rest.substr(0, comma))));
+      rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
+      if (token.empty()) continue;
+      if (token == "host" || token == "content-length" || token == "transfer-encoding") {
+        return InvalidArgument("the Connection header names " + token +
+                               ", which the upstream needs to read the request");
+      }
+      drop.insert(token);
+    }
+  }
   std::string out = h.method + " " + t.path + " " + h.version + "\r\n";
   out += "Host: " + t.host + (t.port == 80 ? "" : ":" + std::to_string(t.port)) + "\r\n";
   for (const auto& [name, value] : h.headers) {
     std::string n = Lower(name);
-    if (n == "host" || n == "connection" || n == "keep-alive" || n.rfind("proxy-", 0) == 0) {
-      continue;
-    }
+    if (drop.count(n) || n.rfind("proxy-", 0) == 0) continue;
     out += name + ": " + value + "\r\n";
   }
   out += "Connection: close\r\n\r\n";

@@ -44,8 +44,13 @@ struct ProxyTarget {
 Result<ProxyTarget> ParseProxyTarget(const RequestHead& head);
 
 // The head to send upstream for plain HTTP: origin-form request line, Host set to the
-// target, Proxy-* and hop-by-hop connection headers dropped, "Connection: close" added (one
-// upstream per client connection).
-std::string OriginRequest(const RequestHead& head, const ProxyTarget& target);
+// target, "Connection: close" added (one upstream per client connection), and dropped: the
+// hop-by-hop headers (Connection, Keep-Alive, Proxy-Connection, Proxy-Authenticate,
+// Proxy-Authorization and any other Proxy-*, TE, Trailer, Upgrade) and every header the
+// request's Connection headers name. Transfer-Encoding and Content-Length stay: the body
+// is relayed as it came, so its framing must too. kInvalidArgument when a Connection header
+// names Host, Content-Length or Transfer-Encoding (dropping those would change what the
+// upstream reads as the request).
+Result<std::string> OriginRequest(const RequestHead& head, const ProxyTarget& target);
 
 }  // namespace trybox::egress

@@ -14,6 +14,7 @@
 
 #include "egress/address.h"
 #include "egress/hostname.h"
+#include "util/utf8.h"
 
 namespace trybox::egress {
 namespace {
@@ -66,6 +67,16 @@ std::string HeaderSafe(std::string s) {
   return s;
 }
 
+// The "reason" of a guest's RESET, for the audit and the log: any JSON type may come (a
+// number made json::value() throw, which ended the daemon), of any length up to a frame.
+std::string GuestReason(const nlohmann::json& body) {
+  constexpr size_t kMax = 200;
+  auto it = body.is_object() ? body.find("reason") : body.end();
+  if (it == body.end() || !it->is_string()) return "no reason given";
+  const std::string& r = it->get_ref<const std::string&>();
+  return r.size() <= kMax ? r : JsonSafe(r.substr(0, kMax)) + "...";
+}
+
 std::string Response(int status, const std::string& reason) {
   std::string body = "trybox egress: " + reason + "\n";
   return "HTTP/1.1 " + std::to_string(status) + " " + StatusText(status) +
@@ -109,18 +120,26 @@ class Connection {
     if (slot_) ctx_.slots->Release();
     d_.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
     if (ctx_.audit) {
-      if (audit_id_ < 0) audit_id_ = ctx_.audit->Decided(d_);
+      if (!decided_) Decide();
       ctx_.audit->Closed(audit_id_, d_);
     }
     return d_;
   }
 
  private:
+  // Reports the verdict once. The id is the sink's business: a sink that failed to record
+  // (or chose not to) may return any value, and is still asked only once.
+  void Decide() {
+    if (!ctx_.audit || decided_) return;
+    decided_ = true;
+    audit_id_ = ctx_.audit->Decided(d_);
+  }
+
   void Refuse(int status, const std::string& verdict, const std::string& reason) {
     d_.status = status;
     d_.verdict = verdict;
     d_.reason = reason;
-    if (ctx_.audit) audit_id_ = ctx_.audit->Decided(d_);
+    Decide();
     if (status != 0) {
       (void)client_.Write(Response(status, reason));
       (void)client_.CloseWrite();
@@ -161,6 +180,12 @@ class Connection {
     if (!target.ok()) return Refuse(400, "refused", target.status().message());
     d_.host = target->host.substr(0, kMaxAuditHost);
     d_.port = target->port;
+    std::string origin_head;  // plain HTTP: the head the upstream gets
+    if (!target->tunnel) {
+      auto origin = OriginRequest(*head, *target);
+      if (!origin.ok()) return Refuse(400, "refused", origin.status().message());
+      origin_head = std::move(*origin);
+    }
     auto host = CanonicalHostname(target->host);
     if (!host.ok()) return Refuse(403, "refused", host.status().message());
     d_.host = *host;
@@ -208,12 +233,12 @@ class Connection {
     d_.status = 200;
     d_.reason = d_.override_used ? "internal address allowed by the operator's override"
                                  : "host and port on the allow-list";
-    if (ctx_.audit) audit_id_ = ctx_.audit->Decided(d_);
+    Decide();
     std::string first = buf.substr(head->size);
     if (target->tunnel) {
       if (!client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) return;
     } else {
-      first = OriginRequest(*head, *target) + first;
+      first = origin_head + first;
     }
     Relay(up.get(), first);
   }
@@ -262,6 +287,7 @@ class Connection {
   Clock::time_point start_ = Clock::now();
   bool slot_ = false;
   int64_t audit_id_ = -1;
+  bool decided_ = false;
 };
 
 }  // namespace
@@ -368,8 +394,7 @@ Result<std::string> StreamClient::Read(std::optional<Deadline> deadline) {
         if (m->channel == channel::kChanIn) eof_ = true;
         break;
       case Kind::kReset:
-        return Unavailable("the guest reset the connection: " +
-                           m->body.value("reason", std::string("no reason")));
+        return Unavailable("the guest reset the connection: " + GuestReason(m->body));
       case Kind::kEnd:
         return Unavailable("the guest ended the stream");
       case Kind::kEvent:

@@ -141,10 +141,13 @@ struct Decision {
   double duration_ms = 0;
 };
 
+// Where decisions go: the daemon's audit table and log (wrapped in RateLimitedAudit,
+// audit_limit.h). Called from many connections' threads at once.
 class AuditSink {
  public:
   virtual ~AuditSink() = default;
-  // Called once the verdict is known; returns an id passed to Closed.
+  // Called exactly once per connection, once the verdict is known; returns an id passed to
+  // Closed (any value, negative ones included: the proxy does not interpret it).
   virtual int64_t Decided(const Decision& d) = 0;
   // Called when the connection is over, with byte counts and duration filled in.
   virtual void Closed(int64_t id, const Decision& d) = 0;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -252,6 +253,70 @@ TEST_F(EgressProxy, PlainHttpIsRewrittenToOriginFormWithTheSameChecks) {
                 "evil.test is not on the VM's allow-list");
 }
 
+TEST_F(EgressProxy, PlainHttpDropsHopByHopHeadersAndThoseConnectionNames) {
+  Upstream capture(true);
+  std::string cport = std::to_string(capture.port());
+  policy_.allow = *AllowList::Parse({"upstream.test:" + cport});
+  policy_.overrides = {*AddressOverride::Parse("127.0.0.1:" + cport)};
+  ProxyServer p(policy_, resolve_);
+  std::string r = p.Ask("POST http://upstream.test:" + cport +
+                        "/x HTTP/1.1\r\nConnection: keep-alive, X-Hop-Secret ,Upgrade\r\n"
+                        "X-Hop-Secret: token\r\nKeep-Alive: timeout=5\r\n"
+                        "Proxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: X-Sum\r\n"
+                        "Upgrade: websocket\r\nconnection: x-second\r\nX-Second: 2\r\n"
+                        "Transfer-Encoding: chunked\r\nX-End: kept\r\n\r\n0\r\n\r\n");
+  EXPECT_EQ(r, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+  std::string head = capture.captured();
+  for (const char* gone : {"X-Hop-Secret", "Keep-Alive", "Proxy-Connection", "TE:", "Trailer",
+                           "Upgrade", "X-Second", "keep-alive"}) {
+    EXPECT_EQ(head.find(gone), std::string::npos) << gone << " in\n" << head;
+  }
+  // The body is relayed as it came, so its framing stays.
+  EXPECT_EQ(head, "POST /x HTTP/1.1\r\nHost: upstream.test:" + cport +
+                      "\r\nTransfer-Encoding: chunked\r\nX-End: kept\r\nConnection: close\r\n\r\n");
+}
+
+TEST_F(EgressProxy, ConnectionNamingTheRequestFramingIsRefused) {
+  ProxyServer p(policy_, resolve_);
+  for (const char* named : {"Content-Length", "transfer-encoding", "Host"}) {
+    UniqueFd c = p.Connect();
+    ASSERT_TRUE(WriteFull(c.get(), "POST http://upstream.test:" + port_ +
+                                       "/ HTTP/1.1\r\nConnection: " + named +
+                                       "\r\nContent-Length: 0\r\n\r\n")
+                    .ok());
+    ::shutdown(c.get(), SHUT_WR);  // so that a forwarded request ends too
+    ExpectRefused(ReadUntilEof(c.get()), "400", "Connection header names");
+  }
+  EXPECT_EQ(up_.accepts(), 0);
+}
+
+// A sink that records nothing (as the daemon's does when an insert fails, or the rate
+// limiter for a suppressed refusal) must still be asked once per connection, not twice.
+TEST_F(EgressProxy, EachConnectionIsDecidedOnceWhateverIdTheSinkReturns) {
+  class NoIds : public AuditSink {
+   public:
+    int64_t Decided(const Decision&) override {
+      ++decided;
+      return -1;
+    }
+    void Closed(int64_t, const Decision&) override { ++closed; }
+    std::atomic<int> decided{0}, closed{0};
+  } sink;
+  TunnelSlots slots(4);
+  auto resolver = MapResolver::FromJson(resolve_).value();
+  for (std::string req : {Connect("evil.test:" + port_), Connect("upstream.test:" + port_)}) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    UniqueFd a(sv[0]), b(sv[1]);
+    ASSERT_TRUE(WriteFull(a.get(), req).ok());
+    ::shutdown(a.get(), SHUT_WR);
+    FdClient client(b.get());
+    ServeConnection(client, {&policy_, resolver.get(), &slots, &sink, "vm1"});
+  }
+  EXPECT_EQ(sink.decided, 2);
+  EXPECT_EQ(sink.closed, 2);
+}
+
 TEST_F(EgressProxy, HostNotOnTheListIsRefusedAndNeverDialled) {
   ProxyServer p(policy_, resolve_);
   ExpectRefused(p.Ask(Connect("evil.test:" + port_)), "403", "not on the VM's allow-list");
@@ -432,6 +497,37 @@ TEST_F(EgressProxy, UpstreamCloseReachesTheClientAndClientAbortReachesTheUpstrea
   ::setsockopt(c.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
   c.Reset();
   while (p.slots().in_use() > 0) std::this_thread::yield();
+}
+
+// A guest's RESET may carry any JSON as its reason. A number once made json::value() throw
+// in the connection's thread, which terminates the daemon.
+TEST_F(EgressProxy, GuestResetWithAReasonOfAnyTypeIsRefusedNotThrown) {
+  const std::vector<std::string> reasons = {"5", "null", "[1,2]", "{\"a\":1}",
+                                            "\"" + std::string(5000, 'r') + "\""};
+  for (const std::string& reason : reasons) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    channel::Mux host(UniqueFd(sv[0]), channel::Role::kHost);
+    UniqueFd guest(sv[1]);
+    auto resolver = MapResolver::FromJson(resolve_).value();
+    TunnelSlots slots(4);
+    std::promise<Decision> done;
+    host.OnOpen([&](std::shared_ptr<channel::Stream> s, json) {
+      StreamClient client(*s);
+      done.set_value(ServeConnection(client, {&policy_, resolver.get(), &slots, nullptr, "vm1"}));
+    });
+    host.Start();
+    // Raw frames, as a hostile guest writes them: OPEN, a partial head, then RESET.
+    std::string wire =
+        channel::EncodeFrame({2, channel::FrameType::kOpen, 0, "{\"op\":\"egress\"}"});
+    wire += channel::EncodeFrame({2, channel::FrameType::kData, 0, "CONNECT upstream.test"});
+    wire += channel::EncodeFrame({2, channel::FrameType::kReset, 0, "{\"reason\":" + reason + "}"});
+    ASSERT_TRUE(WriteFull(guest.get(), wire).ok());
+    Decision d = done.get_future().get();
+    EXPECT_EQ(d.verdict, "refused") << reason;
+    EXPECT_NE(d.reason.find("the guest reset the connection"), std::string::npos) << d.reason;
+    EXPECT_LT(d.reason.size(), 400u);
+  }
 }
 
 // The daemon's path: the guest end is a channel stream over a real Mux pair.

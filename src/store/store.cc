@@ -4,6 +4,8 @@
 
 #include <memory>
 
+#include "util/utf8.h"
+
 namespace trybox::store {
 namespace {
 
@@ -64,6 +66,12 @@ class Stmt {
   int64_t Int(int col) { return sqlite3_column_int64(st_, col); }
   double Double(int col) { return sqlite3_column_double(st_, col); }
   Json JsonCol(int col) { return Json::parse(Text(col), nullptr, false); }
+  // Steps a DELETE or UPDATE to its end; the rows it changed.
+  Result<int64_t> Run() {
+    ASSIGN_OR_RETURN(bool row, Step());
+    (void)row;
+    return static_cast<int64_t>(sqlite3_changes(db_));
+  }
   void OptIntInto(int col, Json& j, const char* field) {
     if (sqlite3_column_type(st_, col) != SQLITE_NULL) j[field] = sqlite3_column_int64(st_, col);
   }
@@ -138,7 +146,8 @@ CREATE TABLE IF NOT EXISTS workspaces (
   skipped TEXT NOT NULL,
   injected_at REAL NOT NULL,
   setup_exec_id INTEGER REFERENCES execs(id),
-  setup_output TEXT NOT NULL DEFAULT ''
+  setup_output TEXT NOT NULL DEFAULT '',
+  quota_entries INTEGER NOT NULL DEFAULT 100000
 );
 CREATE TABLE IF NOT EXISTS collects (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -152,7 +161,8 @@ CREATE TABLE IF NOT EXISTS collects (
   skipped TEXT NOT NULL DEFAULT '[]',
   commit_id TEXT NOT NULL DEFAULT '',
   branch TEXT NOT NULL DEFAULT '',
-  note TEXT NOT NULL DEFAULT ''
+  note TEXT NOT NULL DEFAULT '',
+  skipped_unlisted INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS collects_vm ON collects(vm_id);
 CREATE TABLE IF NOT EXISTS file_changes (
@@ -163,7 +173,9 @@ CREATE TABLE IF NOT EXISTS file_changes (
   old_size INTEGER,
   new_size INTEGER,
   old_mode INTEGER,
-  new_mode INTEGER
+  new_mode INTEGER,
+  path_b64 TEXT NOT NULL DEFAULT '',
+  old_path_b64 TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS file_changes_collect ON file_changes(collect_id);
 CREATE TABLE IF NOT EXISTS agent_runs (
@@ -176,6 +188,30 @@ CREATE TABLE IF NOT EXISTS agent_runs (
   transcript TEXT NOT NULL
 );
 )sql";
+
+// Columns added since the tables were first created: a database made by an earlier
+// version gets them when it is opened.
+struct AddedColumn {
+  const char* table;
+  const char* column;
+  const char* declaration;
+};
+constexpr AddedColumn kAddedColumns[] = {
+    {"file_changes", "path_b64", "TEXT NOT NULL DEFAULT ''"},
+    {"file_changes", "old_path_b64", "TEXT NOT NULL DEFAULT ''"},
+    {"workspaces", "quota_entries", "INTEGER NOT NULL DEFAULT 100000"},
+    {"collects", "skipped_unlisted", "INTEGER NOT NULL DEFAULT 0"},
+};
+
+// JSON columns are written with a dump that cannot throw: a byte that is not UTF-8 and
+// slipped past the encoders (util/utf8.h) costs a U+FFFD, never the record.
+std::string Dump(const Json& j) { return SafeDump(j); }
+
+// A string field of a JSON object, "" when absent or not a string (never a type_error).
+std::string Str(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
 
 VmRecord ReadVm(Stmt& s) {
   VmRecord v;
@@ -220,7 +256,26 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   sqlite3_busy_timeout(db, 5000);
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;"));
   RETURN_IF_ERROR(store->Exec(kSchema));
+  RETURN_IF_ERROR(store->Migrate());
   return store;
+}
+
+Status Store::Migrate() {
+  for (const auto& c : kAddedColumns) {
+    bool present;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Stmt s(db_, "SELECT 1 FROM pragma_table_info(?) WHERE name = ?");
+      RETURN_IF_ERROR(s.prepared());
+      s.Bind(1, std::string(c.table)).Bind(2, std::string(c.column));
+      ASSIGN_OR_RETURN(present, s.Step());
+    }
+    if (!present) {
+      RETURN_IF_ERROR(Exec(std::string("ALTER TABLE ") + c.table + " ADD COLUMN " + c.column + " " +
+                           c.declaration));
+    }
+  }
+  return Status::Ok();
 }
 
 Store::~Store() { sqlite3_close(db_); }
@@ -297,7 +352,7 @@ Result<int64_t> Store::InsertExec(const ExecRecord& e) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_, "INSERT INTO execs (vm_id, argv, cwd, started_at, outcome) VALUES (?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
-  s.Bind(1, e.vm_id).Bind(2, e.argv.dump()).Bind(3, e.cwd).Bind(4, e.started_at);
+  s.Bind(1, e.vm_id).Bind(2, Dump(e.argv)).Bind(3, e.cwd).Bind(4, e.started_at);
   s.Bind(5, e.outcome);
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
@@ -414,15 +469,60 @@ Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, in
   return out;
 }
 
+Result<int64_t> Store::PruneEgress(double max_age_seconds, int64_t max_rows, double now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A row that may describe a tunnel still open: never closed, its VM still running.
+  const std::string live =
+      "(ended_at = 0 AND vm_id IN (SELECT id FROM vms WHERE state = 'running'))";
+  int64_t removed = 0;
+  if (max_age_seconds > 0) {
+    Stmt s(db_, ("DELETE FROM egress WHERE NOT " + live +
+                 " AND (CASE WHEN ended_at > 0 THEN ended_at ELSE started_at END) < ?")
+                    .c_str());
+    RETURN_IF_ERROR(s.prepared());
+    s.Bind(1, now - max_age_seconds);
+    ASSIGN_OR_RETURN(int64_t n, s.Run());
+    removed += n;
+  }
+  if (max_rows > 0) {
+    Stmt s(db_, ("DELETE FROM egress WHERE id IN (SELECT id FROM egress WHERE NOT " + live +
+                 " ORDER BY id DESC LIMIT -1 OFFSET ?)")
+                    .c_str());
+    RETURN_IF_ERROR(s.prepared());
+    s.Bind(1, max_rows);
+    ASSIGN_OR_RETURN(int64_t n, s.Run());
+    removed += n;
+  }
+  if (removed > 0) {
+    Status st = CheckpointLocked();
+    if (!st.ok() && st.code() != Code::kUnavailable) return st;
+  }
+  return removed;
+}
+
+Status Store::Checkpoint() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckpointLocked();
+}
+
+Status Store::CheckpointLocked() {
+  int rc = sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_TRUNCATE, nullptr, nullptr);
+  if (rc == SQLITE_OK) return Status::Ok();
+  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) {
+    return Unavailable("checkpoint: a reader still holds part of the WAL");
+  }
+  return Internal(std::string("sqlite checkpoint: ") + sqlite3_errmsg(db_));
+}
+
 Status Store::InsertWorkspace(const WorkspaceRecord& w) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_,
          "INSERT INTO workspaces (vm_id, dir, base, excludes, manifest, quota_bytes, files, bytes, "
-         "skipped, injected_at) VALUES (?,?,?,?,?,?,?,?,?,?)");
+         "skipped, injected_at, quota_entries) VALUES (?,?,?,?,?,?,?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
-  s.Bind(1, w.vm_id).Bind(2, w.dir).Bind(3, w.base).Bind(4, w.excludes.dump());
-  s.Bind(5, w.manifest.dump()).Bind(6, w.quota_bytes).Bind(7, w.files).Bind(8, w.bytes);
-  s.Bind(9, w.skipped.dump()).Bind(10, w.injected_at);
+  s.Bind(1, w.vm_id).Bind(2, w.dir).Bind(3, w.base).Bind(4, Dump(w.excludes));
+  s.Bind(5, Dump(w.manifest)).Bind(6, w.quota_bytes).Bind(7, w.files).Bind(8, w.bytes);
+  s.Bind(9, Dump(w.skipped)).Bind(10, w.injected_at).Bind(11, w.quota_entries);
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
   return Status::Ok();
@@ -443,7 +543,7 @@ Result<std::optional<WorkspaceRecord>> Store::GetWorkspace(const std::string& vm
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_,
          "SELECT vm_id, dir, base, excludes, manifest, quota_bytes, files, bytes, skipped, "
-         "injected_at, setup_exec_id, setup_output FROM workspaces WHERE vm_id = ?");
+         "injected_at, setup_exec_id, setup_output, quota_entries FROM workspaces WHERE vm_id = ?");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, vm_id);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -461,6 +561,7 @@ Result<std::optional<WorkspaceRecord>> Store::GetWorkspace(const std::string& vm
   w.injected_at = s.Double(9);
   w.setup_exec_id = s.OptInt(10);
   w.setup_output = s.Text(11);
+  w.quota_entries = s.Int(12);
   return std::optional<WorkspaceRecord>(std::move(w));
 }
 
@@ -472,10 +573,9 @@ Status Store::PutAgentRun(const AgentRunRecord& r) {
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, r.id).Bind(2, r.created_at).Bind(3, r.updated_at).Bind(4, r.outcome);
   // Guest output is repaired before it gets here; a byte that slipped through is replaced
-  // rather than losing the record.
-  const auto replace = Json::error_handler_t::replace;
-  s.Bind(5, r.vm_id).Bind(6, r.state.dump(-1, ' ', false, replace));
-  s.Bind(7, r.transcript.dump(-1, ' ', false, replace));
+  // rather than losing the record (Dump).
+  s.Bind(5, r.vm_id).Bind(6, Dump(r.state));
+  s.Bind(7, Dump(r.transcript));
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
   return Status::Ok();
@@ -535,22 +635,23 @@ Result<int64_t> Store::InsertCollect(const CollectRecord& c) {
   auto insert = [&]() -> Result<int64_t> {
     Stmt s(db_,
            "INSERT INTO collects (vm_id, exec_id, collected_at, outcome, error, files, bytes, "
-           "skipped, commit_id, branch, note) VALUES (?,?,?,?,?,?,?,?,?,?,?)");
+           "skipped, commit_id, branch, note, skipped_unlisted) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(s.prepared());
     s.Bind(1, c.vm_id).Bind(2, c.exec_id).Bind(3, c.collected_at).Bind(4, c.outcome);
-    s.Bind(5, c.error).Bind(6, c.files).Bind(7, c.bytes).Bind(8, c.skipped.dump());
-    s.Bind(9, c.commit).Bind(10, c.branch).Bind(11, c.note);
+    s.Bind(5, c.error).Bind(6, c.files).Bind(7, c.bytes).Bind(8, Dump(c.skipped));
+    s.Bind(9, c.commit).Bind(10, c.branch).Bind(11, c.note).Bind(12, c.skipped_unlisted);
     ASSIGN_OR_RETURN(bool row, s.Step());
     (void)row;
     int64_t id = sqlite3_last_insert_rowid(db_);
     for (const auto& ch : c.changes) {
       Stmt f(db_,
              "INSERT INTO file_changes (collect_id, change, path, old_path, old_size, new_size, "
-             "old_mode, new_mode) VALUES (?,?,?,?,?,?,?,?)");
+             "old_mode, new_mode, path_b64, old_path_b64) VALUES (?,?,?,?,?,?,?,?,?,?)");
       RETURN_IF_ERROR(f.prepared());
-      f.Bind(1, id).Bind(2, ch.value("change", "")).Bind(3, ch.value("path", ""));
-      f.Bind(4, ch.value("from", "")).Bind(5, ch, "old_size").Bind(6, ch, "new_size");
+      f.Bind(1, id).Bind(2, Str(ch, "change")).Bind(3, Str(ch, "path"));
+      f.Bind(4, Str(ch, "from")).Bind(5, ch, "old_size").Bind(6, ch, "new_size");
       f.Bind(7, ch, "old_mode").Bind(8, ch, "new_mode");
+      f.Bind(9, Str(ch, "path_b64")).Bind(10, Str(ch, "from_b64"));
       ASSIGN_OR_RETURN(bool r, f.Step());
       (void)r;
     }
@@ -565,7 +666,8 @@ Result<std::optional<CollectRecord>> Store::LatestCollect(const std::string& vm_
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_,
          "SELECT id, vm_id, exec_id, collected_at, outcome, error, files, bytes, skipped, "
-         "commit_id, branch, note FROM collects WHERE vm_id = ? ORDER BY id DESC LIMIT 1");
+         "commit_id, branch, note, skipped_unlisted FROM collects WHERE vm_id = ? ORDER BY id DESC "
+         "LIMIT 1");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, vm_id);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -583,16 +685,19 @@ Result<std::optional<CollectRecord>> Store::LatestCollect(const std::string& vm_
   c.commit = s.Text(9);
   c.branch = s.Text(10);
   c.note = s.Text(11);
+  c.skipped_unlisted = s.Int(12);
   Stmt f(db_,
-         "SELECT change, path, old_path, old_size, new_size, old_mode, new_mode FROM "
-         "file_changes WHERE collect_id = ? ORDER BY path");
+         "SELECT change, path, old_path, old_size, new_size, old_mode, new_mode, path_b64, "
+         "old_path_b64 FROM file_changes WHERE collect_id = ? ORDER BY path");
   RETURN_IF_ERROR(f.prepared());
   f.Bind(1, c.id);
   for (;;) {
     ASSIGN_OR_RETURN(bool r, f.Step());
     if (!r) break;
     Json ch = {{"change", f.Text(0)}, {"path", f.Text(1)}};
+    if (!f.Text(7).empty()) ch["path_b64"] = f.Text(7);
     if (!f.Text(2).empty()) ch["from"] = f.Text(2);
+    if (!f.Text(8).empty()) ch["from_b64"] = f.Text(8);
     f.OptIntInto(3, ch, "old_size");
     f.OptIntInto(4, ch, "new_size");
     f.OptIntInto(5, ch, "old_mode");

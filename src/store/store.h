@@ -77,6 +77,7 @@ struct WorkspaceRecord {
   Json excludes = Json::array();  // the project's .trybox/exclude lines
   Json manifest = Json::array();  // what went in, with git blob ids
   int64_t quota_bytes = 0;
+  int64_t quota_entries = 100000;  // files, directories and symlinks (workspace::Quota)
   int64_t files = 0;
   int64_t bytes = 0;
   Json skipped = Json::array();  // [{path, reason}] not sent
@@ -95,11 +96,13 @@ struct CollectRecord {
   std::string error;
   int64_t files = 0;
   int64_t bytes = 0;
-  Json skipped = Json::array();
+  Json skipped = Json::array();  // [{path, path_b64?, reason}]
+  int64_t skipped_unlisted = 0;  // skipped entries beyond those listed
   std::string commit;
   std::string branch;
   std::string note;
-  // [{change, path, from?, old_size?, new_size?, old_mode?, new_mode?}]
+  // [{change, path, path_b64?, from?, from_b64?, old_size?, new_size?, old_mode?, new_mode?}]
+  // (names as workspace::ChangesToJson writes them; docs/workspace.md "Names in JSON")
   Json changes = Json::array();
 };
 
@@ -115,6 +118,8 @@ struct AgentRunRecord {
   Json state = Json::object();
   Json transcript = Json::array();
 };
+
+double NowSeconds();
 
 class Store {
  public:
@@ -140,6 +145,16 @@ class Store {
   // those with an id below `before_id` when it is positive (paging backwards).
   Result<std::vector<EgressRecord>> ListEgress(const std::string& vm_id, int64_t limit = 1000,
                                                int64_t before_id = 0);
+  // Retention of the egress audit. Removes the rows of connections that ended more than
+  // `max_age_seconds` before `now` (a row never closed counts from its start, unless its VM
+  // is still running: that tunnel may be open), then the oldest rows beyond the newest
+  // `max_rows` (again never an open row of a running VM). 0 disables either limit. Returns
+  // how many rows were removed; when any were, the WAL is checkpointed (Checkpoint).
+  Result<int64_t> PruneEgress(double max_age_seconds, int64_t max_rows, double now = NowSeconds());
+  // Copies the WAL into the database and truncates it to zero bytes, so that what was
+  // deleted also leaves the disk. kUnavailable while a reader holds an old snapshot (the WAL
+  // is then checkpointed later, as usual).
+  Status Checkpoint();
   Status InsertWorkspace(const WorkspaceRecord& w);
   Status SetWorkspaceSetup(const std::string& vm_id, std::optional<int> exec_id,
                            const std::string& output);
@@ -160,10 +175,11 @@ class Store {
  private:
   explicit Store(sqlite3* db) : db_(db) {}
   Status Exec(const std::string& sql);
+  // Adds the columns later versions introduced to a database made by an earlier one.
+  Status Migrate();
+  Status CheckpointLocked();
   std::mutex mu_;
   sqlite3* db_ GUARDED_BY(mu_);
 };
-
-double NowSeconds();
 
 }  // namespace trybox::store

@@ -1,6 +1,7 @@
 #include "store/store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "util/fd.h"
 
@@ -199,6 +200,164 @@ TEST_F(StoreTest, AgentRunIsReplacedWholeAndReadBack) {
   auto none = store_->GetAgentRun("nope");
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
+}
+
+// Names that are not UTF-8 reach the store as workspace::ChangesToJson writes them
+// ("path" for display, "path_b64" exact); the store keeps both and gives both back.
+TEST_F(StoreTest, CollectKeepsNamesThatAreNotUtf8Exactly) {
+  ASSERT_TRUE(store_->InsertVm(Vm("w1")).ok());
+  CollectRecord c;
+  c.vm_id = "w1";
+  c.outcome = "ok";
+  c.changes = Json::array({{{"change", "renamed"},
+                            {"path", "new\\xff"},
+                            {"path_b64", "bmV3/w=="},
+                            {"from", "old\\xfe"},
+                            {"from_b64", "b2xk/g=="},
+                            {"old_size", 1},
+                            {"new_size", 1}},
+                           {{"change", "added"}, {"path", "caf\xc3\xa9"}, {"new_size", 2}}});
+  c.skipped = Json::array({{{"path", "s\\xff"}, {"path_b64", "c/8="}, {"reason", "a fifo"}}});
+  c.skipped_unlisted = 7;
+  ASSERT_TRUE(store_->InsertCollect(c).ok());
+  auto latest = store_->LatestCollect("w1");
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  const Json& ch = (*latest)->changes;
+  ASSERT_EQ(ch.size(), 2u);
+  EXPECT_EQ(ch[0]["path"], "caf\xc3\xa9");
+  EXPECT_FALSE(ch[0].contains("path_b64"));
+  EXPECT_EQ(ch[1]["path_b64"], "bmV3/w==");
+  EXPECT_EQ(ch[1]["from_b64"], "b2xk/g==");
+  EXPECT_EQ((*latest)->skipped[0]["path_b64"], "c/8=");
+  EXPECT_EQ((*latest)->skipped_unlisted, 7);
+}
+
+// A string that is not UTF-8 and reached a JSON column anyway costs a U+FFFD, not the
+// record (json::dump would throw).
+TEST_F(StoreTest, JsonColumnsNeverThrowOnBytesThatAreNotUtf8) {
+  ASSERT_TRUE(store_->InsertVm(Vm("w2")).ok());
+  WorkspaceRecord w;
+  w.vm_id = "w2";
+  w.dir = "/p";
+  w.manifest = Json::array({{{"path", std::string("raw\xff")}}});
+  w.skipped = Json::array({{{"path", std::string("raw\xfe")}, {"reason", "x"}}});
+  w.quota_entries = 12345;
+  ASSERT_TRUE(store_->InsertWorkspace(w).ok());
+  auto got = store_->GetWorkspace("w2");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->manifest[0]["path"], "raw\xef\xbf\xbd");
+  EXPECT_EQ((*got)->quota_entries, 12345);
+  ExecRecord e;
+  e.vm_id = "w2";
+  e.argv = {std::string("bad\xff")};
+  e.outcome = "running";
+  EXPECT_TRUE(store_->InsertExec(e).ok());
+}
+
+TEST(StoreMigrationTest, DatabaseOfAnEarlierVersionGainsTheNewColumns) {
+  auto d = TempDir::Make("/tmp", "store-test-");
+  ASSERT_TRUE(d.ok());
+  std::string path = d->path() + "/old.db";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const char* old_schema = R"sql(
+    CREATE TABLE vms (id TEXT PRIMARY KEY, image TEXT NOT NULL, image_sha256 TEXT NOT NULL,
+      state TEXT NOT NULL, pid INTEGER NOT NULL, accel TEXT NOT NULL,
+      memory_mib INTEGER NOT NULL, cpus INTEGER NOT NULL, dir TEXT NOT NULL,
+      created_at REAL NOT NULL, ended_at REAL NOT NULL DEFAULT 0, note TEXT NOT NULL DEFAULT '');
+    CREATE TABLE workspaces (vm_id TEXT PRIMARY KEY REFERENCES vms(id), dir TEXT NOT NULL,
+      base TEXT NOT NULL, excludes TEXT NOT NULL, manifest TEXT NOT NULL,
+      quota_bytes INTEGER NOT NULL, files INTEGER NOT NULL, bytes INTEGER NOT NULL,
+      skipped TEXT NOT NULL, injected_at REAL NOT NULL, setup_exec_id INTEGER,
+      setup_output TEXT NOT NULL DEFAULT '');
+    CREATE TABLE collects (id INTEGER PRIMARY KEY AUTOINCREMENT,
+      vm_id TEXT NOT NULL REFERENCES vms(id), exec_id INTEGER, collected_at REAL NOT NULL,
+      outcome TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', files INTEGER NOT NULL DEFAULT 0,
+      bytes INTEGER NOT NULL DEFAULT 0, skipped TEXT NOT NULL DEFAULT '[]',
+      commit_id TEXT NOT NULL DEFAULT '', branch TEXT NOT NULL DEFAULT '',
+      note TEXT NOT NULL DEFAULT '');
+    CREATE TABLE file_changes (collect_id INTEGER NOT NULL REFERENCES collects(id),
+      change TEXT NOT NULL, path TEXT NOT NULL, old_path TEXT NOT NULL DEFAULT '',
+      old_size INTEGER, new_size INTEGER, old_mode INTEGER, new_mode INTEGER);
+    INSERT INTO vms VALUES ('old', 'debian-12', 'ab', 'destroyed', 1, 'tcg', 512, 1, '/x', 1, 2, '');
+    INSERT INTO workspaces VALUES ('old', '/p', '', '[]', '[]', 1024, 0, 0, '[]', 1, NULL, '');
+    INSERT INTO collects (vm_id, collected_at, outcome) VALUES ('old', 3, 'ok');
+    INSERT INTO file_changes (collect_id, change, path, new_size) VALUES (1, 'added', 'a', 1);
+  )sql";
+  ASSERT_EQ(sqlite3_exec(db, old_schema, nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  auto s = Store::Open(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto w = (*s)->GetWorkspace("old");
+  ASSERT_TRUE(w.ok() && w->has_value()) << w.status().ToString();
+  EXPECT_EQ((*w)->quota_entries, 100000);
+  auto c = (*s)->LatestCollect("old");
+  ASSERT_TRUE(c.ok() && c->has_value()) << c.status().ToString();
+  EXPECT_EQ((*c)->changes[0]["path"], "a");
+  CollectRecord next;
+  next.vm_id = "old";
+  next.outcome = "ok";
+  next.changes = Json::array({{{"change", "added"}, {"path", "b\\xff"}, {"path_b64", "Yv8="}}});
+  ASSERT_TRUE((*s)->InsertCollect(next).ok());
+  EXPECT_EQ((*s)->LatestCollect("old")->value().changes[0]["path_b64"], "Yv8=");
+  // Opening again finds nothing left to add.
+  s->reset();
+  EXPECT_TRUE(Store::Open(path).ok());
+}
+
+EgressRecord Egress(const std::string& vm, double started, double ended) {
+  EgressRecord e;
+  e.vm_id = vm;
+  e.started_at = started;
+  e.ended_at = ended;
+  e.method = "CONNECT";
+  e.host = "h.test";
+  e.port = 443;
+  e.verdict = ended ? "refused" : "allowed";
+  return e;
+}
+
+TEST_F(StoreTest, PruneEgressByAgeAndByCountKeepsTunnelsThatMayBeOpen) {
+  const double now = 1'000'000;
+  ASSERT_TRUE(store_->InsertVm(Vm("live")).ok());
+  ASSERT_TRUE(store_->InsertVm(Vm("gone")).ok());
+  ASSERT_TRUE(store_->UpdateVmState("gone", "destroyed", "").ok());
+  auto add = [&](const EgressRecord& e) {
+    auto id = store_->InsertEgress(e);
+    ASSERT_TRUE(id.ok());
+    if (e.ended_at) {
+      EgressRecord f = e;
+      f.id = *id;
+      ASSERT_TRUE(store_->FinishEgress(f).ok());
+    }
+  };
+  for (int i = 0; i < 10; ++i) add(Egress("gone", now - 10'000 + i, now - 9'000 + i));  // old
+  add(Egress("live", now - 20'000, 0));          // an old tunnel of a running VM: maybe still open
+  add(Egress("gone", now - 20'000, 0));          // never closed, VM gone: a crash left it
+  add(Egress("gone", now - 20'000, now - 100));  // started long ago, ended recently
+  for (int i = 0; i < 5; ++i) add(Egress("gone", now - 50 + i, now - 40 + i));  // recent
+
+  auto removed = store_->PruneEgress(3'600, 0, now);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_EQ(*removed, 11);  // the ten old ones and the one a crash left open
+  auto rows = store_->ListEgress("", 100);
+  ASSERT_EQ(rows->size(), 7u);
+  EXPECT_EQ(rows->at(0).vm_id, "live");
+
+  removed = store_->PruneEgress(0, 3, now);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(*removed, 3);
+  rows = store_->ListEgress("", 100);
+  ASSERT_EQ(rows->size(), 4u);  // the newest three, and the live one
+  EXPECT_EQ(rows->at(0).vm_id, "live");
+  EXPECT_EQ(rows->at(3).started_at, now - 50 + 4);
+
+  EXPECT_EQ(store_->PruneEgress(3'600, 3, now).value_or(-1), 0);
+  // What was deleted left the disk too: the WAL was checkpointed and truncated.
+  struct stat st;
+  ASSERT_EQ(::stat((dir_->path() + "/t.db-wal").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
 }
 
 }  // namespace

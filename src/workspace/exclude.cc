@@ -1,7 +1,8 @@
 #include "workspace/exclude.h"
 
 #include <fnmatch.h>
-#include <strings.h>
+
+#include "util/utf8.h"
 
 namespace trybox::workspace {
 
@@ -29,6 +30,12 @@ Result<ExcludeList> ExcludeList::WithProjectFile(std::string_view contents) {
     size_t start = line.find_first_not_of(" \t");
     if (start == std::string::npos || line[start] == '#') continue;
     line = line.substr(start);
+    // The lines are kept in the workspace record (JSON), and applied again at collect time:
+    // a line that is not UTF-8 could not come back as it was.
+    if (!IsValidUtf8(line)) {
+      return InvalidArgument(".trybox/exclude line " + std::to_string(line_no) +
+                             ": not valid UTF-8");
+    }
     if (line[0] == '!') {
       return InvalidArgument(".trybox/exclude line " + std::to_string(line_no) +
                              ": negated patterns ('!') are not supported");
@@ -70,7 +77,9 @@ bool ExcludeList::Excluded(std::string_view path, bool is_dir) const {
     std::string_view name = path.substr(start, last ? std::string_view::npos : slash - start);
     std::string_view prefix = path.substr(0, last ? path.size() : slash);
     bool dir = last ? is_dir : true;
-    if (::strcasecmp(std::string(name).c_str(), ".git") == 0) return true;
+    // The repository's own directory. Other spellings (".GIT", "git~1") are not excluded but
+    // skipped and named (git_path.h): a guest made them, and the report says so.
+    if (name == ".git") return true;
     for (const auto& p : patterns_) {
       if (Matches(p, prefix, name, dir)) return true;
     }

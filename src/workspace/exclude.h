@@ -1,7 +1,8 @@
 // The exclude list of a workspace: which paths never cross into or out of a VM.
 //
 // Built in, at any depth: the directories target/, node_modules/, build/, .venv/ and
-// __pycache__/, and anything named .git (any case; git refuses such paths in a tree).
+// __pycache__/, and anything named exactly .git (a repository; other spellings of it are
+// refused by git and are skipped and named instead, see git_path.h).
 // Then the project's own `.trybox/exclude`, one pattern per line:
 //   - blank lines and lines starting with '#' are ignored; '!' (negation) is refused;
 //   - a trailing '/' matches directories only;

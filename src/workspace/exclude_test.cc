@@ -19,12 +19,22 @@ TEST(ExcludeTest, BuiltInDirectoriesAreExcludedAtAnyDepth) {
   EXPECT_FALSE(l.Excluded("src/main.cc", false));
 }
 
-TEST(ExcludeTest, GitIsAlwaysExcludedInAnyCase) {
+TEST(ExcludeTest, GitIsAlwaysExcluded) {
   ExcludeList l;
   EXPECT_TRUE(l.Excluded(".git", true));
   EXPECT_TRUE(l.Excluded(".git", false));
-  EXPECT_TRUE(l.Excluded("sub/.GIT/config", false));
+  EXPECT_TRUE(l.Excluded("sub/.git/config", false));
   EXPECT_FALSE(l.Excluded(".gitignore", false));
+  // Other spellings are not silently dropped: they are skipped and named (UnstorablePath).
+  EXPECT_FALSE(l.Excluded("sub/.GIT/config", false));
+}
+
+TEST(ExcludeTest, ALineThatIsNotUtf8IsRefusedWithItsNumber) {
+  auto l = ExcludeList::WithProjectFile("*.log\ncaf\xe9/\n");
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("line 2: not valid UTF-8"), std::string::npos)
+      << l.status().message();
+  EXPECT_TRUE(ExcludeList::WithProjectFile("caf\xc3\xa9/\n").ok());
 }
 
 TEST(ExcludeTest, ProjectPatterns) {

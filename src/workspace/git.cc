@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <set>
 #include <thread>
 
 #include "util/fd.h"
 #include "util/process.h"
+#include "util/utf8.h"
 
 namespace trybox::workspace {
 namespace {
@@ -19,6 +21,27 @@ constexpr const char* kZeroId = "0000000000000000000000000000000000000000";
 constexpr size_t kErrTail = 2000;
 
 std::vector<std::string> SplitZ(const std::string& s) { return SplitRecords(s, '\0'); }
+
+// A path in the C-quoted form `hash-object --stdin-paths` unquotes. Its plain form cannot
+// carry a newline, and git's line reader drops a carriage return before the newline, which
+// made "name\r" hash the file "name".
+std::string CQuote(const std::string& p) {
+  std::string out = "\"";
+  for (char c : p) {
+    auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\%03o", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
 
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
@@ -80,11 +103,12 @@ std::vector<std::string> HardenedGitEnv(const std::string& dir, const std::strin
 
 std::vector<std::string> HardenedGitArgs() {
   std::vector<std::string> args = {"git", "--no-pager", "--no-replace-objects"};
-  for (const char* kv : {"core.hooksPath=/dev/null", "core.fsmonitor=false", "core.pager=cat",
-                         "core.editor=false", "sequence.editor=false", "core.sshCommand=false",
-                         "core.askPass=", "credential.helper=", "protocol.allow=never",
-                         "core.attributesFile=/dev/null", "core.untrackedCache=false",
-                         "core.splitIndex=false", "gc.auto=0", "maintenance.auto=false"}) {
+  for (const char* kv :
+       {"core.hooksPath=/dev/null", "core.fsmonitor=false", "core.pager=cat", "core.editor=false",
+        "sequence.editor=false", "core.sshCommand=false",
+        "core.askPass=", "credential.helper=", "protocol.allow=never",
+        "core.attributesFile=/dev/null", "core.untrackedCache=false", "core.splitIndex=false",
+        "gc.auto=0", "maintenance.auto=false", "core.protectNTFS=true", "core.protectHFS=true"}) {
     args.push_back("-c");
     args.push_back(kv);
   }
@@ -114,7 +138,7 @@ Result<GitRepo> GitRepo::Open(const std::string& dir) {
 }
 
 Result<std::string> GitRepo::Run(const std::vector<std::string>& args, std::string_view input,
-                                 const std::string& index_file) const {
+                                 const std::string& index_file, std::string* err_out) const {
   int pin[2], pout[2], perr[2];
   if (::pipe2(pin, O_CLOEXEC) || ::pipe2(pout, O_CLOEXEC) || ::pipe2(perr, O_CLOEXEC)) {
     return ErrnoError("pipe");
@@ -145,9 +169,11 @@ Result<std::string> GitRepo::Run(const std::vector<std::string>& args, std::stri
   ASSIGN_OR_RETURN(ExitInfo e, child.Wait());
   if (!e.exited || e.code != 0) {
     std::string tail = err.size() > kErrTail ? err.substr(err.size() - kErrTail) : err;
+    // git quotes the paths it complains about as they are: bytes from a guest.
     return Internal("git " + (args.empty() ? std::string() : args[0]) + " " + e.Describe() + ": " +
-                    Trim(tail));
+                    JsonSafe(Trim(tail)));
   }
+  if (err_out) *err_out = std::move(err);
   return out;
 }
 
@@ -174,15 +200,7 @@ Result<std::vector<std::string>> GitRepo::WriteBlobsFromFiles(
     const std::vector<std::string>& paths) const {
   if (paths.empty()) return std::vector<std::string>();
   std::string input;
-  for (const auto& p : paths) {
-    if (p.find('\n') != std::string::npos) {
-      return InvalidArgument(
-          "a file name contains a newline, which git's --stdin-paths cannot "
-          "carry: " +
-          p);
-    }
-    input += p + "\n";
-  }
+  for (const auto& p : paths) input += CQuote(p) + "\n";
   ASSIGN_OR_RETURN(std::string out,
                    Run({"hash-object", "-w", "--no-filters", "--stdin-paths"}, input));
   std::vector<std::string> ids = SplitRecords(out, '\n');
@@ -212,8 +230,19 @@ Result<std::string> GitRepo::BuildTree(const std::optional<std::string>& base,
     input += e.mode + " " + (e.mode == "0" ? kZeroId : e.blob) + "\t" + e.path;
     input.push_back('\0');
   }
-  if (!input.empty())
-    RETURN_IF_ERROR(Run({"update-index", "-z", "--index-info"}, input, index).status());
+  if (!input.empty()) {
+    std::string err;
+    RETURN_IF_ERROR(Run({"update-index", "-z", "--index-info"}, input, index, &err).status());
+    // update-index drops a path it refuses ("Ignoring path X") and still exits 0. Every path
+    // is checked beforehand (UnstorablePath); one that got through would make the commit
+    // disagree with the record, so it stops the commit instead.
+    size_t at = err.find("Ignoring path ");
+    if (at != std::string::npos) {
+      std::string line = err.substr(at, err.find('\n', at) - at);
+      return Internal("git refused a path that trybox's check let through (" + JsonSafe(line) +
+                      "); nothing was committed");
+    }
+  }
   ASSIGN_OR_RETURN(std::string tree, Run({"write-tree"}, {}, index));
   return Trim(tree);
 }
@@ -227,7 +256,7 @@ Result<std::vector<IndexEntry>> GitRepo::TreeEntries(const std::string& commit) 
     size_t sp1 = line.find(' ');
     size_t sp2 = line.find(' ', sp1 + 1);
     if (tab == std::string::npos || sp1 == std::string::npos || sp2 == std::string::npos) {
-      return Internal("unexpected ls-tree line: " + line);
+      return Internal("unexpected ls-tree line: " + JsonSafe(line));
     }
     entries.push_back(
         {line.substr(0, sp1), line.substr(sp2 + 1, tab - sp2 - 1), line.substr(tab + 1)});

@@ -11,6 +11,8 @@
 //        sequence.editor=false core.sshCommand=false core.askPass= credential.helper=
 //        protocol.allow=never core.attributesFile=/dev/null core.untrackedCache=false
 //        core.splitIndex=false gc.auto=0 maintenance.auto=false
+//        core.protectNTFS=true core.protectHFS=true (so git refuses exactly the paths
+//        git_path.h predicts, whatever the repository or the platform default says)
 // Only plumbing builtins are run (aliases can never shadow a builtin), never diff, log,
 // status or checkout. Blobs are written with `hash-object --no-filters`, so no clean/smudge
 // or process filter runs; commits are made with `commit-tree`, which runs no hooks, into a
@@ -42,9 +44,10 @@ class GitRepo {
   const std::string& dir() const { return dir_; }
 
   // Runs `git ARGS` hardened, with `input` on stdin. `index_file` (if not empty) becomes
-  // GIT_INDEX_FILE. Returns stdout; a non-zero exit is an error quoting stderr's tail.
+  // GIT_INDEX_FILE. Returns stdout; a non-zero exit is an error quoting stderr's tail (made
+  // JSON-safe). On success, stderr goes to `*err` if given.
   Result<std::string> Run(const std::vector<std::string>& args, std::string_view input = {},
-                          const std::string& index_file = "") const;
+                          const std::string& index_file = "", std::string* err = nullptr) const;
 
   // Tracked and untracked-but-not-ignored paths (`ls-files --cached --others
   // --exclude-standard`), relative, deduplicated.
@@ -58,7 +61,8 @@ class GitRepo {
   Result<std::string> WriteBlob(std::string_view content) const;
 
   // Builds a tree in a fresh temporary index: `base` (a commit, or none for the empty tree),
-  // then `entries` applied. Returns the tree id.
+  // then `entries` applied. Returns the tree id. A path git refuses is an error, never a
+  // silent drop.
   Result<std::string> BuildTree(const std::optional<std::string>& base,
                                 const std::vector<IndexEntry>& entries) const;
   // The mode+path of every entry of `commit`'s tree, recursively ("160000" for submodules).

@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 
 #include "util/file_type.h"
 #include "util/sha256.h"
+#include "util/utf8.h"
+#include "workspace/git_path.h"
 
 namespace trybox::workspace {
 namespace {
@@ -18,7 +21,7 @@ Status FillEntry(const std::string& full, const struct stat& st, Entry* e) {
   if (S_ISLNK(st.st_mode)) {
     std::string buf(static_cast<size_t>(st.st_size) + 1, '\0');
     ssize_t n = ::readlink(full.c_str(), buf.data(), buf.size());
-    if (n < 0) return ErrnoError("readlink " + full);
+    if (n < 0) return ErrnoError("readlink " + JsonSafe(full));
     buf.resize(static_cast<size_t>(n));
     e->symlink = true;
     e->target = buf;
@@ -49,12 +52,17 @@ Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std
         if (!excludes.Excluded(p, false)) skipped->push_back({p, "deleted in the working tree"});
         continue;
       }
-      return ErrnoError("lstat " + full);
+      return ErrnoError("lstat " + JsonSafe(full));
     }
     if (excludes.Excluded(p, S_ISDIR(st.st_mode))) continue;
     if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
       skipped->push_back(
           {p, S_ISDIR(st.st_mode) ? "a directory (a submodule?)" : DescribeFileType(st.st_mode)});
+      continue;
+    }
+    PathRefusal refusal = UnstorablePath(p, S_ISLNK(st.st_mode));
+    if (!refusal.ok()) {
+      skipped->push_back({p, refusal.reason});
       continue;
     }
     Entry e;
@@ -65,37 +73,48 @@ Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std
   return m;
 }
 
-Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& excludes) {
+Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& excludes,
+                                  std::vector<Skipped>* skipped) {
   // nftw takes no user pointer; the walk is short and single-threaded per call, so a
   // thread_local context carries the state.
   struct Walk {
     const std::string* root;
     const ExcludeList* excludes;
     Manifest* m;
+    std::vector<Skipped>* skipped;
     Status st;
   };
   thread_local Walk* walk = nullptr;
   Manifest m;
-  Walk w{&root, &excludes, &m, Status::Ok()};
+  Walk w{&root, &excludes, &m, skipped, Status::Ok()};
   walk = &w;
   auto visit = [](const char* fpath, const struct stat* sb, int type, struct FTW* ftw) -> int {
     std::string full = fpath;
     if (ftw->level == 0) return FTW_CONTINUE;
     std::string rel = full.substr(walk->root->size() + 1);
+    auto refused = [&](bool dir) {
+      PathRefusal r = UnstorablePath(rel, !dir && S_ISLNK(sb->st_mode));
+      if (!r.ok() && walk->skipped) {
+        walk->skipped->push_back({rel, dir ? r.reason + " (and everything below it)" : r.reason});
+      }
+      return !r.ok();
+    };
     if (type == FTW_D || type == FTW_DNR) {
       if (walk->excludes->Excluded(rel, true)) return FTW_SKIP_SUBTREE;
+      if (refused(true)) return FTW_SKIP_SUBTREE;
       if (type == FTW_DNR) {
-        walk->st = PermissionDenied("cannot read directory " + full);
+        walk->st = PermissionDenied("cannot read directory " + JsonSafe(full));
         return FTW_STOP;
       }
       return FTW_CONTINUE;
     }
     if (type == FTW_NS) {
-      walk->st = ErrnoError("stat " + full);
+      walk->st = ErrnoError("stat " + JsonSafe(full));
       return FTW_STOP;
     }
     if (!S_ISREG(sb->st_mode) && !S_ISLNK(sb->st_mode)) return FTW_CONTINUE;
     if (walk->excludes->Excluded(rel, false)) return FTW_CONTINUE;
+    if (refused(false)) return FTW_CONTINUE;
     Entry e;
     e.path = rel;
     walk->st = FillEntry(full, *sb, &e);
@@ -106,7 +125,7 @@ Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& ex
   int rc = ::nftw(root.c_str(), visit, 64, FTW_PHYS | FTW_ACTIONRETVAL);
   walk = nullptr;
   if (!w.st.ok()) return w.st;
-  if (rc == -1) return ErrnoError("walk " + root);
+  if (rc == -1) return ErrnoError("walk " + JsonSafe(root));
   return m;
 }
 
@@ -116,15 +135,27 @@ uint64_t TotalBytes(const Manifest& m) {
   return n;
 }
 
+Json SkippedToJson(const std::vector<Skipped>& skipped) {
+  Json a = Json::array();
+  for (const auto& s : skipped) {
+    Json j = Json::object();
+    SetBytesField(j, "path", s.path);
+    j["reason"] = JsonSafe(s.reason);
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
 Json ManifestToJson(const Manifest& m) {
   Json a = Json::array();
   for (const auto& [p, e] : m) {
-    Json j = {{"path", p},
-              {"type", e.symlink ? "symlink" : "file"},
-              {"mode", e.mode},
-              {"size", e.size},
-              {"sha256", e.sha256}};
-    if (e.symlink) j["target"] = e.target;
+    Json j = Json::object();
+    SetBytesField(j, "path", p);
+    j["type"] = e.symlink ? "symlink" : "file";
+    j["mode"] = e.mode;
+    j["size"] = e.size;
+    j["sha256"] = e.sha256;
+    if (e.symlink) SetBytesField(j, "target", e.target);
     if (!e.blob.empty()) j["blob"] = e.blob;
     a.push_back(std::move(j));
   }
@@ -137,14 +168,17 @@ Result<Manifest> ManifestFromJson(const Json& j) {
   try {
     for (const auto& x : j) {
       Entry e;
-      e.path = x.at("path").get<std::string>();
+      ASSIGN_OR_RETURN(e.path, GetBytesField(x, "path"));
       e.symlink = x.at("type").get<std::string>() == "symlink";
       e.mode = x.at("mode").get<uint32_t>();
       e.size = x.at("size").get<uint64_t>();
       e.sha256 = x.at("sha256").get<std::string>();
-      e.target = x.value("target", "");
+      if (e.symlink) {
+        ASSIGN_OR_RETURN(e.target, GetBytesField(x, "target"));
+      }
       e.blob = x.value("blob", "");
-      m[e.path] = std::move(e);
+      std::string path = e.path;
+      m[path] = std::move(e);
     }
   } catch (const std::exception& ex) {
     return InvalidArgument(std::string("malformed manifest: ") + ex.what());
@@ -198,16 +232,23 @@ std::vector<Change> Diff(const Manifest& before, const Manifest& after) {
     if (!after.count(p)) deleted.push_back(&b);
   }
   // Renames: pair each deleted entry with the first unpaired added one of equal content.
+  // The added entries of each content, in path order, are a queue.
+  std::map<std::pair<bool, std::string>, std::deque<size_t>> by_content;
+  for (size_t i = 0; i < added.size(); ++i) {
+    by_content[{added[i]->symlink, added[i]->sha256}].push_back(i);
+  }
   std::vector<bool> used(added.size(), false);
   for (const Entry* d : deleted) {
-    bool paired = false;
-    for (size_t i = 0; i < added.size() && !paired; ++i) {
-      const Entry* a = added[i];
-      if (used[i] || a->symlink != d->symlink || a->sha256 != d->sha256) continue;
-      used[i] = paired = true;
-      out.push_back({Change::Kind::kRenamed, a->path, d->path, d->size, a->size, d->mode, a->mode});
+    auto it = by_content.find({d->symlink, d->sha256});
+    if (it == by_content.end() || it->second.empty()) {
+      out.push_back({Change::Kind::kDeleted, d->path, "", d->size, 0, d->mode, 0});
+      continue;
     }
-    if (!paired) out.push_back({Change::Kind::kDeleted, d->path, "", d->size, 0, d->mode, 0});
+    size_t i = it->second.front();
+    it->second.pop_front();
+    used[i] = true;
+    const Entry* a = added[i];
+    out.push_back({Change::Kind::kRenamed, a->path, d->path, d->size, a->size, d->mode, a->mode});
   }
   for (size_t i = 0; i < added.size(); ++i) {
     if (!used[i]) {
@@ -223,8 +264,9 @@ std::vector<Change> Diff(const Manifest& before, const Manifest& after) {
 Json ChangesToJson(const std::vector<Change>& changes) {
   Json a = Json::array();
   for (const auto& c : changes) {
-    Json j = {{"change", KindName(c.kind)}, {"path", c.path}};
-    if (c.kind == Change::Kind::kRenamed) j["from"] = c.old_path;
+    Json j = {{"change", KindName(c.kind)}};
+    SetBytesField(j, "path", c.path);
+    if (c.kind == Change::Kind::kRenamed) SetBytesField(j, "from", c.old_path);
     if (c.kind != Change::Kind::kAdded) {
       j["old_size"] = c.old_size;
       j["old_mode"] = c.old_mode;

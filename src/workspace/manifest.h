@@ -5,6 +5,11 @@
 // target for a symlink). The daemon builds one of what it sends into a VM and one of what
 // comes back, from its own reads of the host's files, and diffs them. Pure data otherwise;
 // values are thread-compatible.
+//
+// Paths and symlink targets are bytes (a guest names its files as it likes). In every JSON
+// made here they are written with SetBytesField (util/utf8.h): "path" is the name when it is
+// valid UTF-8, a display form otherwise, and then "path_b64" holds the exact bytes; likewise
+// "target"/"target_b64" and "from"/"from_b64" (docs/workspace.md, "Names in JSON").
 #pragma once
 
 #include <cstdint>
@@ -30,6 +35,7 @@ struct Entry {
   std::string blob;    // the git blob id, once written into the user's repository
   // The git mode: 120000, 100755 or 100644.
   const char* GitMode() const;
+  bool operator==(const Entry&) const = default;
 };
 
 using Manifest = std::map<std::string, Entry>;
@@ -40,13 +46,20 @@ struct Skipped {
   std::string reason;
 };
 
+// [{path, path_b64?, reason}], always dump-safe. The daemon's `skipped` fields.
+Json SkippedToJson(const std::vector<Skipped>& skipped);
+
 // The entries of `paths` (relative to `root`), each examined with lstat. Excluded paths,
 // paths that no longer exist (a tracked file deleted in the working tree), directories (a
-// submodule) and special files are left out; all but excluded ones are added to `skipped`.
+// submodule), special files and paths a commit cannot hold (UnstorablePath) are left out;
+// all but excluded ones are added to `skipped`.
 Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
                                   const ExcludeList& excludes, std::vector<Skipped>* skipped);
-// Every regular file and symlink below `root`, never following a link, minus exclusions.
-Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& excludes);
+// Every regular file and symlink below `root`, never following a link, minus exclusions and
+// minus paths a commit cannot hold (UnstorablePath), which are added to `skipped` if given (a
+// refused directory once, for everything below it).
+Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& excludes,
+                                  std::vector<Skipped>* skipped = nullptr);
 
 uint64_t TotalBytes(const Manifest& m);
 Json ManifestToJson(const Manifest& m);
@@ -67,9 +80,11 @@ Result<Change::Kind> KindFromName(const std::string& name);
 
 // Added, modified (content or type), deleted, mode-changed (content equal, permission bits
 // not). A deleted path and an added path with the same type and content hash are one
-// rename, paired one to one in path order. Sorted by path.
+// rename, paired one to one in path order. Sorted by path. O(n log n): a guest controls
+// how many entries come back.
 std::vector<Change> Diff(const Manifest& before, const Manifest& after);
 
+// [{change, path, path_b64?, from?, from_b64?, old_size?, new_size?, old_mode?, new_mode?}]
 Json ChangesToJson(const std::vector<Change>& changes);
 
 }  // namespace trybox::workspace

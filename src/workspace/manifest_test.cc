@@ -4,7 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <map>
+#include <random>
+#include <set>
+
 #include "util/fd.h"
+#include "util/utf8.h"
 
 namespace trybox::workspace {
 namespace {
@@ -109,6 +114,129 @@ TEST(ManifestTest, ListReportsMissingAndSpecialPaths) {
   ASSERT_EQ(skipped.size(), 2u);
   EXPECT_EQ(skipped[0].path, "missing");
   EXPECT_EQ(skipped[1].path, "sub");
+}
+
+// A name of random bytes: no NUL, '/' only between non-empty components.
+std::string RandomPath(std::mt19937& rng) {
+  std::string p;
+  int comps = 1 + static_cast<int>(rng() % 3);
+  for (int c = 0; c < comps; ++c) {
+    if (c) p += '/';
+    int n = 1 + static_cast<int>(rng() % 8);
+    for (int k = 0; k < n; ++k) {
+      char ch;
+      do {
+        ch = static_cast<char>(rng() % 2 ? rng() : 'a' + rng() % 26);
+      } while (ch == '\0' || ch == '/');
+      p += ch;
+    }
+  }
+  return p;
+}
+
+TEST(ManifestJsonTest, AnyByteStringRoundTripsExactly) {
+  std::mt19937 rng(99);
+  Manifest m;
+  for (int i = 0; i < 2000; ++i) {
+    Entry e = File(RandomPath(rng), "c" + std::to_string(i), i % 2 ? 0755 : 0644);
+    if (i % 3 == 0) {
+      e.symlink = true;
+      e.target = RandomPath(rng);
+    }
+    e.blob = std::string(40, 'b');
+    m[e.path] = e;
+  }
+  m["caf\xc3\xa9"] = File("caf\xc3\xa9", "utf8");
+  m["bad\xff\xfe"] = File("bad\xff\xfe", "binary");
+  m["a\nb\tc\\d\"e"] = File("a\nb\tc\\d\"e", "controls");
+  // Through text, as the store keeps it.
+  std::string text = ManifestToJson(m).dump();
+  auto back = ManifestFromJson(Json::parse(text));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == m);
+  // Valid UTF-8 stays as it is; only other names carry path_b64, with a display form.
+  Json j = ManifestToJson(m);
+  for (const auto& x : j) {
+    if (x["path"] == "caf\xc3\xa9") {
+      EXPECT_FALSE(x.contains("path_b64"));
+    }
+    if (x.contains("path_b64") && x["path_b64"] == Base64Encode("bad\xff\xfe")) {
+      EXPECT_EQ(x["path"], "bad\\xff\\xfe");
+    }
+  }
+}
+
+TEST(ManifestJsonTest, ChangesAndSkippedWithBinaryNamesDump) {
+  Manifest before, after;
+  before["old\xff"] = File("old\xff", "moved");
+  before["gone\xfe"] = File("gone\xfe", "bye");
+  after["new\xfd"] = File("new\xfd", "moved");
+  after["caf\xc3\xa9"] = File("caf\xc3\xa9", "hi");
+  Json changes = ChangesToJson(Diff(before, after));
+  Json parsed = Json::parse(changes.dump());
+  ASSERT_EQ(parsed.size(), 3u);
+  std::set<std::string> paths;
+  for (const auto& c : parsed) paths.insert(GetBytesField(c, "path").value());
+  EXPECT_EQ(paths, (std::set<std::string>{"new\xfd", "gone\xfe", "caf\xc3\xa9"}));
+  for (const auto& c : parsed) {
+    if (c["change"] == "renamed") {
+      EXPECT_EQ(GetBytesField(c, "from").value(), "old\xff");
+    }
+  }
+  Json skipped = SkippedToJson({{"s\xff", "a socket"}, {"ok", "reason with \xfe byte"}});
+  Json sp = Json::parse(skipped.dump());
+  EXPECT_EQ(GetBytesField(sp[0], "path").value(), "s\xff");
+  EXPECT_EQ(sp[1]["reason"], "reason with \\xfe byte");
+}
+
+TEST(ManifestDiffTest, RenamesPairInPathOrderAmongEqualContents) {
+  Manifest before, after;
+  for (const char* p : {"d1", "d2", "d3"}) before[p] = File(p, "same");
+  for (const char* p : {"a1", "a2"}) after[p] = File(p, "same");
+  auto d = Diff(before, after);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(Find(d, "a1")->old_path, "d1");
+  EXPECT_EQ(Find(d, "a2")->old_path, "d2");
+  EXPECT_EQ(Find(d, "d3")->kind, Change::Kind::kDeleted);
+}
+
+// Names git would drop from the commit are left out of the manifest and named, so the
+// record never claims what the commit does not hold.
+TEST(ManifestTest, NamesGitRefusesAreSkippedAndNamedNotClaimed) {
+  auto t = TempDir::Make("/tmp", "manifest-test-");
+  ASSERT_TRUE(t.ok());
+  std::string r = t->path();
+  for (const char* d : {"git~1", ".GIT", ".git", "ok", ".git. ", "a\nb"}) {
+    ASSERT_TRUE(MakeDirs(r + "/" + d).ok());
+    ASSERT_TRUE(WriteFileAtomic(r + "/" + d + "/config", "x").ok());
+  }
+  ASSERT_TRUE(WriteFileAtomic(r + "/ok/line\nbreak", "x").ok());
+  ASSERT_EQ(::symlink("x", (r + "/ok/.gitmodules").c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomic(r + "/ok/.gitmodules.txt", "x").ok());
+  std::vector<Skipped> skipped;
+  auto m = ManifestFromTree(r, ExcludeList(), &skipped);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::vector<std::string> kept;
+  for (const auto& [p, e] : *m) kept.push_back(p);
+  EXPECT_EQ(kept, (std::vector<std::string>{"ok/.gitmodules.txt", "ok/config"}));
+  std::map<std::string, std::string> why;
+  for (const auto& s : skipped) why[s.path] = s.reason;
+  EXPECT_EQ(why.size(), 6u);  // .git itself is excluded, not skipped
+  EXPECT_NE(why["git~1"].find("Windows"), std::string::npos);
+  EXPECT_NE(why["git~1"].find("everything below it"), std::string::npos);
+  EXPECT_NE(why[".git. "].find("Windows"), std::string::npos);
+  EXPECT_NE(why[".GIT"].find("'.git'"), std::string::npos);
+  EXPECT_NE(why["a\nb"].find("newline"), std::string::npos);
+  EXPECT_NE(why["ok/line\nbreak"].find("newline"), std::string::npos);
+  EXPECT_NE(why["ok/.gitmodules"].find("symbolic link"), std::string::npos);
+
+  // The same rule on the way in.
+  std::vector<Skipped> in_skipped;
+  auto in = ManifestFromList(r, {"git~1/config", "ok/config", "ok/line\nbreak"}, ExcludeList(),
+                             &in_skipped);
+  ASSERT_TRUE(in.ok());
+  EXPECT_EQ(in->size(), 1u);
+  EXPECT_EQ(in_skipped.size(), 2u);
 }
 
 }  // namespace

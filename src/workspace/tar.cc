@@ -6,10 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <memory>
+#include <set>
 
 #include "util/fd.h"
 #include "util/file_type.h"
+#include "util/utf8.h"
+#include "workspace/git_path.h"
 
 namespace trybox::workspace {
 namespace {
@@ -44,12 +48,35 @@ std::string StripDotSlash(std::string name) {
   return name;
 }
 
+// archive_error_string is null when libarchive set no message.
+std::string ErrorText(archive* a) {
+  const char* m = archive_error_string(a);
+  return m ? m : "unknown libarchive error";
+}
+
+// libarchive's messages name the full host path it was writing. A reason names entries as
+// the tar did: the host directory (the daemon's state directory, say) never reaches a
+// report or a commit message.
+std::string WithoutDest(std::string msg, const std::string& dest) {
+  for (const std::string& d : {dest + "/", dest}) {
+    for (size_t at = msg.find(d); at != std::string::npos; at = msg.find(d, at))
+      msg.erase(at, d.size());
+  }
+  return JsonSafe(msg);
+}
+
 }  // namespace
 
 Status WriteTar(const std::string& root, const Manifest& m,
                 const std::function<Status(std::string_view)>& sink) {
   ArchivePtr out(archive_write_new());
   archive_write_set_format_pax_restricted(out.get());
+  // Names are bytes and travel as bytes: without this, a name that is not ASCII cannot be
+  // translated to UTF-8 in the daemon's C locale and the whole inject fails. GNU tar in the
+  // guest ignores the keyword (with a warning) and takes the bytes as they are.
+  if (archive_write_set_format_option(out.get(), "pax", "hdrcharset", "BINARY") != ARCHIVE_OK) {
+    return Internal("tar: " + ErrorText(out.get()));
+  }
   archive_write_set_bytes_per_block(out.get(), 0);
   struct Sink {
     const std::function<Status(std::string_view)>* fn;
@@ -61,7 +88,7 @@ Status WriteTar(const std::string& root, const Manifest& m,
     return k->st.ok() ? static_cast<la_ssize_t>(len) : -1;
   };
   auto fail = [&](const std::string& what) {
-    return s.st.ok() ? Internal(what + ": " + archive_error_string(out.get())) : s.st;
+    return s.st.ok() ? Internal(JsonSafe(what) + ": " + JsonSafe(ErrorText(out.get()))) : s.st;
   };
   if (archive_write_open(out.get(), &s, nullptr, write_cb, nullptr) != ARCHIVE_OK) {
     return fail("tar");
@@ -73,7 +100,9 @@ Status WriteTar(const std::string& root, const Manifest& m,
     archive_entry_set_pathname(ae.get(), path.c_str());
     archive_entry_set_perm(ae.get(), e.mode);
     struct stat st;
-    if (::lstat(full.c_str(), &st) != 0) return ErrnoError(full + " vanished while being copied");
+    if (::lstat(full.c_str(), &st) != 0) {
+      return ErrnoError(JsonSafe(full) + " vanished while being copied");
+    }
     archive_entry_set_mtime(ae.get(), st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
     if (e.symlink) {
       archive_entry_set_filetype(ae.get(), AE_IFLNK);
@@ -82,10 +111,11 @@ Status WriteTar(const std::string& root, const Manifest& m,
       continue;
     }
     UniqueFd fd(::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!fd.valid()) return ErrnoError("open " + full);
-    if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + full);
+    if (!fd.valid()) return ErrnoError("open " + JsonSafe(full));
+    if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + JsonSafe(full));
     if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != e.size) {
-      return FailedPrecondition(full + " changed while being copied into the VM; try again");
+      return FailedPrecondition(JsonSafe(full) +
+                                " changed while being copied into the VM; try again");
     }
     archive_entry_set_filetype(ae.get(), AE_IFREG);
     archive_entry_set_size(ae.get(), static_cast<la_int64_t>(e.size));
@@ -94,13 +124,26 @@ Status WriteTar(const std::string& root, const Manifest& m,
     while (left > 0) {
       ASSIGN_OR_RETURN(size_t n,
                        ReadSome(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size())));
-      if (n == 0) return FailedPrecondition(full + " shrank while being copied into the VM");
+      if (n == 0) {
+        return FailedPrecondition(JsonSafe(full) + " shrank while being copied into the VM");
+      }
       if (archive_write_data(out.get(), buf.data(), n) < 0) return fail("tar " + path);
       left -= n;
     }
   }
   if (archive_write_close(out.get()) != ARCHIVE_OK) return fail("tar");
   return Status::Ok();
+}
+
+ExtractOptions ExtractOptions::ForCollect(const ExcludeList* excludes, uint64_t quota_bytes,
+                                          uint64_t quota_entries) {
+  ExtractOptions o;
+  o.excludes = excludes;
+  o.quota_bytes = quota_bytes;
+  o.quota_entries = quota_entries;
+  o.commit_paths_only = true;
+  o.max_listed_skipped = kMaxListedSkipped;
+  return o;
 }
 
 Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const std::string& dest,
@@ -127,7 +170,7 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     return static_cast<la_ssize_t>(s->chunk.size());
   };
   auto read_fail = [&](const char* what) {
-    return src.st.ok() ? Internal(std::string(what) + ": " + archive_error_string(in.get()))
+    return src.st.ok() ? Internal(std::string(what) + ": " + JsonSafe(ErrorText(in.get())))
                        : src.st;
   };
   if (archive_read_open(in.get(), &src, nullptr, read_cb, nullptr) != ARCHIVE_OK) {
@@ -139,10 +182,41 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
   archive_write_disk_set_options(disk.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM |
                                                  ARCHIVE_EXTRACT_SECURE_SYMLINKS |
                                                  ARCHIVE_EXTRACT_SECURE_NODOTDOT);
+  auto list = [&](const std::string& path, std::string reason) {
+    if (!opts.max_listed_skipped || report->skipped.size() < opts.max_listed_skipped) {
+      report->skipped.push_back({path, std::move(reason)});
+    } else {
+      ++report->skipped_unlisted;
+    }
+  };
+  // Every entry the host writes or records counts: a flood of fifos is not free either.
+  auto count_entry = [&]() -> Status {
+    ++report->entries;
+    if (opts.quota_entries && report->entries > opts.quota_entries) {
+      return ResourceExhausted("the tree holds more than the workspace quota of " +
+                               std::to_string(opts.quota_entries) +
+                               " entries (files, directories and links)");
+    }
+    return Status::Ok();
+  };
+  auto count_bytes = [&](uint64_t n) -> Status {
+    report->bytes += n;
+    if (opts.quota_bytes && report->bytes > opts.quota_bytes) {
+      return ResourceExhausted("over the workspace quota of " + std::to_string(opts.quota_bytes) +
+                               " bytes");
+    }
+    return Status::Ok();
+  };
+  auto write_fail = [&](const std::string& name) {
+    return Internal("write " + JsonSafe(name) + ": " + WithoutDest(ErrorText(disk.get()), dest));
+  };
+  std::set<std::string> refused_places;  // paths a commit cannot hold, named once each
   for (;;) {
     archive_entry* e;
     int r = archive_read_next_header(in.get(), &e);
     if (r == ARCHIVE_EOF) break;
+    // ARCHIVE_WARN: a name that could not be converted to the locale; libarchive then keeps
+    // the bytes as they are, which is what is wanted.
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN) return read_fail("untar");
     std::string raw = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
     std::string name = StripDotSlash(raw);
@@ -161,11 +235,31 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
       why = DescribeFileType(type);  // AE_IF* are the S_IF* values
     }
     if (!why.empty()) {
-      report->skipped.push_back({shown, why});
+      list(shown, why);
+      RETURN_IF_ERROR(count_entry());
       continue;
     }
     if (opts.excludes && opts.excludes->Excluded(name, type == AE_IFDIR)) {
       ++report->excluded;
+      continue;
+    }
+    if (opts.commit_paths_only) {
+      PathRefusal refusal = UnstorablePath(name, type == AE_IFLNK && !hard);
+      if (!refusal.ok()) {
+        std::string place = name.substr(0, refusal.prefix);
+        if (refused_places.insert(place).second) {
+          bool below = place.size() < name.size() || type == AE_IFDIR;
+          list(place, below ? refusal.reason + " (and everything below it)" : refusal.reason);
+        }
+        RETURN_IF_ERROR(count_entry());
+        continue;
+      }
+    }
+    RETURN_IF_ERROR(count_entry());
+    // The host's own walk (ManifestFromTree) must be able to reach what is written.
+    if (opts.commit_paths_only && dest.size() + 1 + name.size() >= PATH_MAX) {
+      list(name, "a path of " + std::to_string(name.size()) +
+                     " bytes, longer than the host takes below the collect directory");
       continue;
     }
     // Permission bits only: a guest must not plant set-uid, set-gid or sticky files on the
@@ -174,15 +268,20 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     if (hard) archive_entry_set_hardlink(e, (dest + "/" + hard_name).c_str());
     archive_entry_set_pathname(e, (dest + "/" + name).c_str());
     r = archive_write_header(disk.get(), e);
-    if (r == ARCHIVE_FATAL)
-      return Internal("write " + name + ": " + archive_error_string(disk.get()));
+    if (r == ARCHIVE_FATAL) return write_fail(name);
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
       // libarchive's secure checks: the entry would be written through a symbolic link.
-      report->skipped.push_back(
-          {shown, std::string("refused: ") + archive_error_string(disk.get())});
+      list(shown, "refused: " + WithoutDest(ErrorText(disk.get()), dest));
       continue;
     }
     if (type == AE_IFREG && !hard) ++report->files;
+    // A file counts at its declared size: a sparse file holds little data but is read (and
+    // hashed, and stored by git) at its full length.
+    uint64_t counted = 0;
+    if (type == AE_IFREG && archive_entry_size_is_set(e) && archive_entry_size(e) > 0) {
+      counted = static_cast<uint64_t>(archive_entry_size(e));
+      RETURN_IF_ERROR(count_bytes(counted));
+    }
     const void* buf;
     size_t size;
     la_int64_t off;
@@ -190,21 +289,19 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
       r = archive_read_data_block(in.get(), &buf, &size, &off);
       if (r == ARCHIVE_EOF) break;
       if (r != ARCHIVE_OK) return read_fail("untar");
-      report->bytes += size;
-      if (opts.quota_bytes && report->bytes > opts.quota_bytes) {
-        return ResourceExhausted("over the workspace quota of " + std::to_string(opts.quota_bytes) +
-                                 " bytes");
+      uint64_t end_of_block = static_cast<uint64_t>(off) + size;
+      if (end_of_block > counted) {
+        RETURN_IF_ERROR(count_bytes(end_of_block - counted));
+        counted = end_of_block;
       }
       if (archive_write_data_block(disk.get(), buf, size, off) != ARCHIVE_OK) {
-        return Internal("write " + name + ": " + archive_error_string(disk.get()));
+        return write_fail(name);
       }
     }
-    if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) {
-      return Internal("write " + name + ": " + archive_error_string(disk.get()));
-    }
+    if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) return write_fail(name);
   }
   if (archive_write_close(disk.get()) != ARCHIVE_OK) {
-    return Internal(std::string("untar: ") + archive_error_string(disk.get()));
+    return Internal("untar: " + WithoutDest(ErrorText(disk.get()), dest));
   }
   return Status::Ok();
 }

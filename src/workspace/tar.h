@@ -5,7 +5,9 @@
 // host directory that nothing else writes to. Extraction never writes outside `dest`:
 // absolute paths, ".." components, hard links that leave the tree and entries that would be
 // written through a symbolic link are skipped and named in the report, as are devices,
-// fifos and sockets. Not thread-safe per call (plain functions, no shared state).
+// fifos and sockets. Nothing is written set-uid, set-gid or sticky, and ownership is never
+// restored. Names are bytes, never converted: what the guest's tar holds is what lands on
+// the host. Not thread-safe per call (plain functions, no shared state).
 #pragma once
 
 #include <functional>
@@ -26,15 +28,32 @@ Status WriteTar(const std::string& root, const Manifest& m,
 
 struct ExtractOptions {
   const ExcludeList* excludes = nullptr;  // null: keep everything safe
-  uint64_t quota_bytes = 0;               // 0: no limit; over it is kResourceExhausted
+  // Over either quota extraction stops with kResourceExhausted naming it. 0: no limit.
+  uint64_t quota_bytes = 0;    // file content, each file at its full (declared) size
+  uint64_t quota_entries = 0;  // entries written or skipped: files, directories, links, ...
+  // Entries a commit cannot hold (UnstorablePath: names git refuses, names with a newline)
+  // and paths too long for the host's own walk are skipped and named, a refused directory
+  // once.
+  bool commit_paths_only = false;
+  // Skipped entries listed in the report; the rest are only counted. 0: all.
+  size_t max_listed_skipped = 0;
+
+  // A workspace collect (docs/workspace.md): exclusions, both quotas, commit paths only, at
+  // most kMaxListedSkipped entries listed.
+  static ExtractOptions ForCollect(const ExcludeList* excludes, uint64_t quota_bytes,
+                                   uint64_t quota_entries);
 };
 
+inline constexpr size_t kMaxListedSkipped = 1000;
+
 struct ExtractReport {
-  std::vector<Skipped> skipped;
-  uint64_t files = 0;      // regular files written
-  uint64_t bytes = 0;      // content bytes written
-  uint64_t excluded = 0;   // entries dropped by the exclude list
-  uint64_t tar_bytes = 0;  // bytes of tar stream read
+  std::vector<Skipped> skipped;   // at most max_listed_skipped
+  uint64_t skipped_unlisted = 0;  // skipped entries beyond those
+  uint64_t files = 0;             // regular files written
+  uint64_t bytes = 0;             // content bytes, as counted against quota_bytes
+  uint64_t entries = 0;           // entries written or skipped, as counted against quota_entries
+  uint64_t excluded = 0;          // entries dropped by the exclude list
+  uint64_t tar_bytes = 0;         // bytes of tar stream read
 };
 
 // Unpacks the tar stream from `next_chunk` ("" at the end) into `dest` (created).

@@ -2,10 +2,13 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <map>
 
 #include "util/fd.h"
 
@@ -21,17 +24,31 @@ class TarBuilder {
   }
   ~TarBuilder() { archive_write_free(a_); }
   TarBuilder& Add(const std::string& path, mode_t type, const std::string& data = "",
-                  const std::string& link = "", bool hard = false) {
+                  const std::string& link = "", bool hard = false, mode_t perm = 0644) {
     archive_entry* e = archive_entry_new();
     archive_entry_set_pathname(e, path.c_str());
     archive_entry_set_filetype(e, type);
-    archive_entry_set_perm(e, 0644);
+    archive_entry_set_perm(e, perm);
     if (type == AE_IFREG && !hard) archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
     if (type == AE_IFLNK) archive_entry_set_symlink(e, link.c_str());
     if (hard) archive_entry_set_hardlink(e, link.c_str());
     if (type == AE_IFCHR) archive_entry_set_rdev(e, makedev(1, 3));
     archive_write_header(a_, e);
     if (!data.empty()) archive_write_data(a_, data.data(), data.size());
+    archive_entry_free(e);
+    return *this;
+  }
+  // A sparse file: `size` bytes long, holding `data` at `offset` and holes elsewhere.
+  TarBuilder& AddSparse(const std::string& path, int64_t size, int64_t offset,
+                        const std::string& data) {
+    archive_entry* e = archive_entry_new();
+    archive_entry_set_pathname(e, path.c_str());
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0644);
+    archive_entry_set_size(e, size);
+    archive_entry_sparse_add_entry(e, offset, static_cast<la_int64_t>(data.size()));
+    archive_write_header(a_, e);
+    archive_write_data(a_, data.data(), data.size());
     archive_entry_free(e);
     return *this;
   }
@@ -189,6 +206,192 @@ TEST_F(TarTest, ManifestRoundTripsThroughTar) {
   EXPECT_TRUE(Diff(*m, *back).empty());
   EXPECT_EQ(back->size(), 3u);
   EXPECT_EQ(back->at("d/e/f.txt").mode, 0755u);
+}
+
+// Every entry below `root` (itself included) whose mode has any of `bits`, symlinks aside.
+std::vector<std::string> WithBits(const std::string& root, mode_t bits) {
+  std::vector<std::string> out;
+  std::vector<std::string> todo = {root};
+  while (!todo.empty()) {
+    std::string p = todo.back();
+    todo.pop_back();
+    struct stat st;
+    if (::lstat(p.c_str(), &st) != 0 || S_ISLNK(st.st_mode)) continue;
+    if (st.st_mode & bits) out.push_back(p);
+    if (!S_ISDIR(st.st_mode)) continue;
+    DIR* d = ::opendir(p.c_str());
+    if (!d) continue;
+    while (dirent* de = ::readdir(d)) {
+      std::string n = de->d_name;
+      if (n != "." && n != "..") todo.push_back(p + "/" + n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+TEST_F(TarTest, NothingIsWrittenSetUidSetGidOrStickyEvenUnderASetGidParent) {
+  // A set-gid parent makes new directories set-gid by inheritance, whatever the tar says.
+  ASSERT_TRUE(MakeDirs(outside_).ok());
+  ASSERT_EQ(::chmod(outside_.c_str(), 02775), 0);
+  std::string tar = TarBuilder()
+                        .Add("d", AE_IFDIR, "", "", false, 07777)
+                        .Add("d/suid", AE_IFREG, "x", "", false, 06755)
+                        .Add("d/sub", AE_IFDIR, "", "", false, 02755)
+                        .Add("d/sub/f", AE_IFREG, "y", "", false, 04700)
+                        .Add("sticky", AE_IFDIR, "", "", false, 01777)
+                        .Add("implied/deep/f", AE_IFREG, "z", "", false, 02644)
+                        .Add("hard", AE_IFREG, "", "d/suid", true, 06755)
+                        .Finish();
+  ExtractReport r;
+  Status st = ExtractTar(Chunks(tar), dest_, {}, &r);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(Exists(dest_ + "/d/sub/f"));
+  EXPECT_TRUE(Exists(dest_ + "/implied/deep/f"));
+  EXPECT_EQ(WithBits(dest_, S_ISUID | S_ISGID | S_ISVTX), std::vector<std::string>());
+  struct stat sb;
+  ASSERT_EQ(::stat((dest_ + "/d/suid").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 07777, 0755u);
+}
+
+// In C (the daemon's locale) libarchive cannot translate a non-ASCII name to the UTF-8 a pax
+// header wants; the names must still travel as their exact bytes both ways.
+TEST_F(TarTest, NamesThatAreNotAsciiOrNotUtf8RoundTripExactly) {
+  std::string src = tmp_->path() + "/src";
+  ASSERT_TRUE(MakeDirs(src + "/d\xe9j\xe0").ok());
+  for (std::string n : {"caf\xc3\xa9", "bad\xff\xfe", "d\xe9j\xe0/x", "cr\r", "tab\there"}) {
+    ASSERT_TRUE(WriteFileAtomic(src + "/" + n, "content of " + n).ok());
+  }
+  ASSERT_EQ(::symlink("target\xfd", (src + "/link\xfc").c_str()), 0);
+  auto m = ManifestFromTree(src, ExcludeList());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->size(), 6u);
+  std::string tar;
+  Status w = WriteTar(src, *m, [&](std::string_view d) {
+    tar.append(d);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(w.ok()) << w.ToString();
+  ExtractReport r;
+  ExtractOptions o;
+  o.commit_paths_only = true;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, o, &r).ok());
+  EXPECT_TRUE(r.skipped.empty());
+  auto back = ManifestFromTree(dest_, ExcludeList());
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == *m);
+}
+
+TEST_F(TarTest, EntryQuotaStopsExtractionAndNamesTheCount) {
+  TarBuilder b;
+  b.Add("dir", AE_IFDIR);
+  for (int i = 0; i < 20; ++i) b.Add("dir/f" + std::to_string(i), AE_IFREG, "x");
+  ExtractReport r;
+  ExtractOptions o;
+  o.quota_entries = 10;
+  Status st = ExtractTar(Chunks(b.Finish()), dest_, o, &r);
+  ASSERT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("quota of 10 entries"), std::string::npos) << st.message();
+  EXPECT_EQ(r.entries, 11u);
+  EXPECT_FALSE(Exists(dest_ + "/dir/f10"));  // stopped early
+  // Skipped entries count too: a flood of fifos is not free.
+  TarBuilder fifos;
+  for (int i = 0; i < 20; ++i) fifos.Add("p" + std::to_string(i), AE_IFIFO);
+  ExtractReport r2;
+  st = ExtractTar(Chunks(fifos.Finish()), tmp_->path() + "/dest2", o, &r2);
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+}
+
+TEST_F(TarTest, SparseFileCountsAtItsFullSizeAgainstTheQuota) {
+  // 64 MiB long, 5 bytes of data: the host would hash (and git store) all 64 MiB.
+  std::string tar = TarBuilder().AddSparse("sparse", 64 << 20, 1 << 20, "hello").Finish();
+  ExtractReport r;
+  ExtractOptions o;
+  o.quota_bytes = 1 << 20;
+  Status st = ExtractTar(Chunks(tar), dest_, o, &r);
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_GT(r.bytes, o.quota_bytes);
+}
+
+TEST_F(TarTest, SkippedListIsCappedAndTheRestCounted) {
+  TarBuilder b;
+  for (size_t i = 0; i < kMaxListedSkipped + 500; ++i) b.Add("p" + std::to_string(i), AE_IFIFO);
+  std::string tar = b.Finish();
+  ExtractReport r;
+  ExcludeList ex;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, ExtractOptions::ForCollect(&ex, 0, 0), &r).ok());
+  EXPECT_EQ(r.skipped.size(), kMaxListedSkipped);
+  EXPECT_EQ(r.skipped_unlisted, 500u);
+  // Without a cap (trybox cp), every one is listed.
+  ExtractReport all;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), tmp_->path() + "/all", {}, &all).ok());
+  EXPECT_EQ(all.skipped.size(), kMaxListedSkipped + 500);
+}
+
+TEST_F(TarTest, CommitPathsOnlySkipsWhatGitRefusesNamingEachPlaceOnce) {
+  std::string tar = TarBuilder()
+                        .Add("ok", AE_IFREG, "fine")
+                        .Add("git~1", AE_IFDIR)
+                        .Add("git~1/config", AE_IFREG, "[core]")
+                        .Add("git~1/hooks/post-checkout", AE_IFREG, "#!/bin/sh")
+                        .Add(".GIT/config", AE_IFREG, "[core]")
+                        .Add(".git. /config", AE_IFREG, "[core]")
+                        .Add("a\nb", AE_IFREG, "newline")
+                        .Add("x/.gitmodules", AE_IFLNK, "", "/etc/passwd")
+                        .Add(".git/config", AE_IFREG, "excluded, not skipped")
+                        .Finish();
+  ExtractReport r;
+  ExcludeList ex;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, ExtractOptions::ForCollect(&ex, 0, 0), &r).ok());
+  std::map<std::string, std::string> why;
+  for (const auto& s : r.skipped) why[s.path] = s.reason;
+  EXPECT_EQ(why.size(), 5u);
+  EXPECT_NE(why["git~1"].find("Windows"), std::string::npos);
+  EXPECT_NE(why["git~1"].find("everything below it"), std::string::npos);
+  EXPECT_NE(why[".GIT"].find("'.git'"), std::string::npos);
+  EXPECT_NE(why[".git. "].find("Windows"), std::string::npos);
+  EXPECT_NE(why["a\nb"].find("newline"), std::string::npos);
+  EXPECT_NE(why["x/.gitmodules"].find("symbolic link"), std::string::npos);
+  EXPECT_EQ(r.excluded, 1u);
+  EXPECT_TRUE(Exists(dest_ + "/ok"));
+  for (const char* p : {"git~1", ".GIT", ".git. ", "a\nb", "x/.gitmodules", ".git"}) {
+    EXPECT_FALSE(Exists(dest_ + "/" + p)) << p;
+  }
+  // Without the option (trybox cp), those are ordinary names.
+  ExtractReport plain;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), tmp_->path() + "/plain", {}, &plain).ok());
+  EXPECT_TRUE(Exists(tmp_->path() + "/plain/git~1/config"));
+}
+
+TEST_F(TarTest, ReasonsNeverNameTheHostDirectory) {
+  std::string tar = TarBuilder()
+                        .Add("link", AE_IFLNK, "", "/")
+                        .Add("link/through.txt", AE_IFREG, "evil")
+                        .Add("h", AE_IFREG, "", "missing-target", true)
+                        .Finish();
+  ExtractReport r;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, {}, &r).ok());
+  ASSERT_EQ(r.skipped.size(), 2u);
+  for (const auto& s : r.skipped) {
+    EXPECT_EQ(s.reason.find(tmp_->path()), std::string::npos) << s.reason;
+    EXPECT_NE(s.reason.find("refused"), std::string::npos) << s.reason;
+  }
+}
+
+TEST_F(TarTest, PathLongerThanTheHostTakesIsSkippedNotFatal) {
+  std::string deep;
+  for (int i = 0; i < 25; ++i) deep += std::string(200, static_cast<char>('a' + i)) + "/";
+  std::string tar =
+      TarBuilder().Add(deep + "f", AE_IFREG, "far").Add("near", AE_IFREG, "x").Finish();
+  ExtractReport r;
+  ExtractOptions o;
+  o.commit_paths_only = true;
+  ASSERT_TRUE(ExtractTar(Chunks(tar), dest_, o, &r).ok());
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_NE(r.skipped[0].reason.find("longer than"), std::string::npos) << r.skipped[0].reason;
+  auto m = ManifestFromTree(dest_, ExcludeList());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->size(), 1u);
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "util/fd.h"
+#include "util/utf8.h"
 
 namespace trybox::workspace {
 namespace {
@@ -84,7 +86,24 @@ Result<ExcludeList> ExcludesFromLines(const std::vector<std::string>& lines) {
   return ExcludeList::WithProjectFile(joined);
 }
 
+uint64_t CountEntries(const Manifest& m) {
+  std::set<std::string_view> dirs;
+  for (const auto& [p, e] : m) {
+    std::string_view v(p);
+    for (size_t slash = v.rfind('/'); slash != std::string_view::npos; slash = v.rfind('/')) {
+      v = v.substr(0, slash);
+      if (!dirs.insert(v).second) break;  // its parents are in already
+    }
+  }
+  return m.size() + dirs.size();
+}
+
 Result<InjectPlan> PlanInject(const std::string& dir, uint64_t quota_bytes) {
+  return PlanInject(dir, Quota{quota_bytes, kDefaultQuotaEntries});
+}
+
+Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota) {
+  const uint64_t quota_bytes = quota.bytes;
   ASSIGN_OR_RETURN(GitRepo repo, GitRepo::Open(dir));
   InjectPlan plan;
   plan.dir = repo.dir();
@@ -105,6 +124,13 @@ Result<InjectPlan> PlanInject(const std::string& dir, uint64_t quota_bytes) {
     return ResourceExhausted("workspace " + plan.dir + " holds " + FormatBytes(total) +
                              ", over the workspace quota of " + FormatBytes(quota_bytes) + " (" +
                              std::to_string(quota_bytes) + " bytes)");
+  }
+  uint64_t entries = CountEntries(plan.manifest);
+  if (quota.entries && entries > quota.entries) {
+    return ResourceExhausted("workspace " + plan.dir + " holds " + std::to_string(entries) +
+                             " entries (files, directories and symbolic links), over the "
+                             "workspace quota of " +
+                             std::to_string(quota.entries) + " entries");
   }
   RETURN_IF_ERROR(WriteBlobs(repo, plan.dir, &plan.manifest));
   return plan;
@@ -181,10 +207,46 @@ Result<CommitOutcome> CommitCollected(const CommitInput& in) {
       parent = out.injected_commit;
     }
   }
-  ASSIGN_OR_RETURN(out.commit, repo.CommitTree(tree_b, parent, in.message));
+  // The message is built by the daemon; whatever reached it, no host directory leaves.
+  std::string message = in.message;
+  std::vector<std::string> hide = in.private_paths;
+  hide.push_back(in.staging);
+  for (const auto& p : hide) {
+    if (p.empty()) continue;
+    for (size_t at = message.find(p); at != std::string::npos; at = message.find(p, at)) {
+      message.replace(at, p.size(), "<host directory>");
+    }
+  }
+  ASSIGN_OR_RETURN(out.commit, repo.CommitTree(tree_b, parent, message));
   RETURN_IF_ERROR(repo.UpdateRef(ref, out.commit, tip));
   out.committed = true;
   return out;
+}
+
+std::string CollectCommitMessage(const CollectSummary& s) {
+  std::map<Change::Kind, size_t> n;
+  for (const auto& c : s.changes) ++n[c.kind];
+  auto count = [&](Change::Kind k, const char* what) { return std::to_string(n[k]) + " " + what; };
+  std::string m =
+      "trybox: work of VM " + OneLine(s.vm_id) + "\n\nVM: " + OneLine(s.vm_id) +
+      "\nImage: " + OneLine(s.image) + " (manifest sha256 " + OneLine(s.image_sha256) +
+      ")\nCommand: " + OneLine(s.command) + "\nFiles changed: " + std::to_string(s.changes.size()) +
+      " (" + count(Change::Kind::kAdded, "added") + ", " +
+      count(Change::Kind::kModified, "modified") + ", " + count(Change::Kind::kDeleted, "deleted") +
+      ", " + count(Change::Kind::kRenamed, "renamed") + ", " +
+      count(Change::Kind::kModeChanged, "mode changes") + ")\n";
+  uint64_t skipped = s.skipped.size() + s.skipped_unlisted;
+  if (skipped == 0) return m;
+  m += "Skipped (not collected): " + std::to_string(skipped) + "\n";
+  size_t listed = std::min(s.skipped.size(), kCommitListedSkipped);
+  for (size_t i = 0; i < listed; ++i) {
+    m += "  " + OneLine(s.skipped[i].path) + ": " + OneLine(s.skipped[i].reason) + "\n";
+  }
+  if (skipped > listed) {
+    m += "  and " + std::to_string(skipped - listed) + " more (trybox diff " + OneLine(s.vm_id) +
+         " lists them)\n";
+  }
+  return m;
 }
 
 std::vector<Skipped> SkippedFromTarWarnings(const std::string& warnings) {

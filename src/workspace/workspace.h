@@ -16,6 +16,13 @@ namespace trybox::workspace {
 inline constexpr const char* kGuestPath = "/workspace";
 inline constexpr const char* kSetupScript = ".trybox/setup.sh";
 inline constexpr uint64_t kDefaultQuotaBytes = 1ull << 30;
+inline constexpr uint64_t kDefaultQuotaEntries = 100000;
+
+// The workspace quota, enforced where bytes cross the boundary, both ways.
+struct Quota {
+  uint64_t bytes = kDefaultQuotaBytes;      // content bytes of the files
+  uint64_t entries = kDefaultQuotaEntries;  // files, directories and symlinks
+};
 
 // Everything decided on the host before a byte goes into the VM.
 struct InjectPlan {
@@ -26,10 +33,15 @@ struct InjectPlan {
   std::vector<Skipped> skipped;
 };
 
-// Lists the files (hardened git), applies the exclude list, checks `quota_bytes` (an
-// over-quota workspace is kResourceExhausted naming the quota and the size) and writes the
+// Lists the files (hardened git), applies the exclude list, checks the quota (an over-quota
+// workspace is kResourceExhausted naming the quota and the size or the count) and writes the
 // blobs of what will be sent, so that the commit can later record exactly what went in.
+Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota);
+// The default entry quota.
 Result<InjectPlan> PlanInject(const std::string& dir, uint64_t quota_bytes);
+
+// Files, symlinks and the directories that hold them: what the entry quota counts.
+uint64_t CountEntries(const Manifest& m);
 
 // The exclude list stored with a workspace record ("project lines" joined by '\n').
 Result<ExcludeList> ExcludesFromLines(const std::vector<std::string>& lines);
@@ -42,7 +54,10 @@ struct CommitInput {
   Manifest after;       // as collected
   std::string staging;  // where `after` was unpacked
   std::string branch;   // "trybox/<vm-id>"
-  std::string message;
+  std::string message;  // CollectCommitMessage
+  // Host paths the message must not show (the daemon's state directory); `staging` always
+  // counts. Each occurrence becomes "<host directory>".
+  std::vector<std::string> private_paths;
 };
 
 struct CommitOutcome {
@@ -57,6 +72,22 @@ struct CommitOutcome {
 // records the tree as injected, so the branch's last commit holds only the VM's work. A
 // second collect builds on the branch's tip. No change: no commit, and the note says so.
 Result<CommitOutcome> CommitCollected(const CommitInput& in);
+
+// What a collect's commit message says: where the work comes from and what changed.
+struct CollectSummary {
+  std::string vm_id;
+  std::string image;
+  std::string image_sha256;  // of the image's manifest
+  std::string command;       // the command that did the work, as the caller gave it
+  std::vector<Change> changes;
+  std::vector<Skipped> skipped;
+  uint64_t skipped_unlisted = 0;
+};
+
+// The message, every guest-made name and the command shown on one line each (OneLine), at
+// most kCommitListedSkipped skipped entries listed.
+inline constexpr size_t kCommitListedSkipped = 20;
+std::string CollectCommitMessage(const CollectSummary& s);
 
 // The lines of GNU tar's warnings that say an entry was left out ("tar: ./s: socket
 // ignored"), as skipped entries.

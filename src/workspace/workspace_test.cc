@@ -5,9 +5,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 #include "util/fd.h"
 #include "util/process.h"
 #include "util/sha256.h"
+#include "util/utf8.h"
 #include "workspace/tar.h"
 #include "workspace/testing.h"
 
@@ -46,7 +51,9 @@ class WorkspaceGitTest : public ::testing::Test {
   // Injects, plays the VM by unpacking the same tar into `staging_`, applies `work` there,
   // then collects and commits as the daemon does.
   Result<CommitOutcome> RoundTrip(const std::string& work, Manifest* after_out = nullptr,
-                                  std::vector<Change>* changes = nullptr) {
+                                  std::vector<Change>* changes = nullptr,
+                                  std::vector<Skipped>* skipped = nullptr,
+                                  const std::string& message = "trybox: test\n\nVM: vm1\n") {
     ASSIGN_OR_RETURN(InjectPlan plan, PlanInject(repo_, kDefaultQuotaBytes));
     std::string tar;
     RETURN_IF_ERROR(WriteTar(plan.dir, plan.manifest, [&](std::string_view d) {
@@ -64,12 +71,44 @@ class WorkspaceGitTest : public ::testing::Test {
         },
         staging_, {}, &r));
     if (!work.empty()) Sh(home_, "cd '" + staging_ + "' && " + work);
-    ASSIGN_OR_RETURN(Manifest after, ManifestFromTree(staging_, plan.excludes));
+    // The guest's tree comes back through a tar, as in a collect.
+    std::string back;
+    RETURN_IF_ERROR(WriteTarOfTree(staging_, &back));
+    std::string collected = staging_ + "-collected";
+    (void)RemoveTree(collected);
+    ExtractReport report;
+    RETURN_IF_ERROR(ExtractTar(
+        Once(back), collected,
+        ExtractOptions::ForCollect(&plan.excludes, kDefaultQuotaBytes, kDefaultQuotaEntries),
+        &report));
+    if (skipped) *skipped = report.skipped;
+    ASSIGN_OR_RETURN(Manifest after, ManifestFromTree(collected, plan.excludes, skipped));
     if (changes) *changes = Diff(plan.manifest, after);
     if (after_out) *after_out = after;
     CommitInput in{plan.dir, plan.base, plan.excludes, plan.manifest,
-                   after,    staging_,  "trybox/vm1",  "trybox: test\n\nVM: vm1\n"};
+                   after,    collected, "trybox/vm1",  message};
     return CommitCollected(in);
+  }
+
+  // The guest's side of a collect: GNU tar of the whole tree, as trybox-init runs it.
+  Status WriteTarOfTree(const std::string& dir, std::string* out) {
+    std::string file = tmp_->path() + "/guest.tar";
+    RETURN_IF_ERROR(RunChecked({"tar", "-c", "-f", file, "-C", dir, "."}));
+    ASSIGN_OR_RETURN(*out, ReadFileToString(file));
+    return Status::Ok();
+  }
+  static std::function<Result<std::string>()> Once(std::string data) {
+    auto d = std::make_shared<std::string>(std::move(data));
+    return [d]() -> Result<std::string> { return std::exchange(*d, std::string()); };
+  }
+  // Paths in the tree of `rev` (NUL-separated listing, so any byte is exact).
+  std::set<std::string> TreePaths(const std::string& rev) {
+    auto repo = GitRepo::Open(repo_);
+    EXPECT_TRUE(repo.ok());
+    auto out = repo->Run({"ls-tree", "-r", "-z", "--name-only", rev});
+    EXPECT_TRUE(out.ok());
+    auto v = SplitRecords(out.value_or(""), '\0');
+    return std::set<std::string>(v.begin(), v.end());
   }
 
   std::optional<TempDir> tmp_;
@@ -213,6 +252,105 @@ TEST(WorkspaceTest, SocketsFromTarWarnings) {
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0].path, "a/s");
   EXPECT_EQ(s[1].path, "b");
+}
+
+TEST_F(WorkspaceGitTest, InjectEntryQuotaCountsFilesAndDirectories) {
+  // run.sh, src/a.txt, src/b.txt, src/c.txt and the directory src: five entries.
+  auto five = PlanInject(repo_, Quota{kDefaultQuotaBytes, 5});
+  ASSERT_TRUE(five.ok()) << five.status().ToString();
+  EXPECT_EQ(CountEntries(five->manifest), 5u);
+  auto four = PlanInject(repo_, Quota{kDefaultQuotaBytes, 4});
+  ASSERT_EQ(four.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(four.status().message().find("holds 5 entries"), std::string::npos)
+      << four.status().message();
+  EXPECT_NE(four.status().message().find("quota of 4 entries"), std::string::npos);
+}
+
+// The guest names files as git never would. What the record claims is exactly what the
+// commit holds; what neither holds is named with its reason; nothing fails the collect.
+TEST_F(WorkspaceGitTest, RecordAndCommitAgreeOnNamesGitRefusesOrCannotCarry) {
+  std::vector<Skipped> skipped;
+  Manifest after;
+  auto out = RoundTrip(
+      "mkdir -p 'git~1' '.GIT' '.git. ' 'sub/.Git' && for d in 'git~1' '.GIT' '.git. ' "
+      "'sub/.Git'; do echo '[core]' > \"$d/config\"; done && printf x > \"$(printf 'a\\nb')\" "
+      "&& printf 'cr' > \"$(printf 'name\\r')\" && printf 'plain' > name && ln -s /etc/passwd "
+      ".gitmodules && echo ok > ok.txt",
+      &after, nullptr, &skipped);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_TRUE(out->committed);
+  std::map<std::string, std::string> why;
+  for (const auto& s : skipped) why[s.path] = s.reason;
+  for (const char* p : {"git~1", ".GIT", ".git. ", "sub/.Git", "a\nb", ".gitmodules"}) {
+    EXPECT_FALSE(why[p].empty()) << JsonSafe(p);
+  }
+  std::set<std::string> committed = TreePaths("trybox/vm1");
+  for (const auto& [p, e] : after) EXPECT_EQ(committed.count(p), 1u) << JsonSafe(p);
+  for (const auto& p : committed) {
+    bool tracked_and_excluded = p == "src/build/out.o" || p == "node_modules/pkg/i.js";
+    EXPECT_TRUE(after.count(p) || tracked_and_excluded)
+        << "committed, not recorded: " << JsonSafe(p);
+  }
+  // "name\r" is its own file, with its own content.
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git cat-file blob \"trybox/vm1:$(printf 'name\\r')\""),
+            "cr");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git cat-file blob trybox/vm1:name"), "plain");
+}
+
+TEST_F(WorkspaceGitTest, NamesThatAreNotUtf8GoInAndComeBackExactly) {
+  Sh(home_, "cd '" + repo_ +
+                "' && printf one > \"$(printf 'caf\\303\\251')\" && printf two > "
+                "\"$(printf 'bad\\377\\376')\" && git add -A && git commit -qm names");
+  std::vector<Change> changes;
+  Manifest after;
+  auto out = RoundTrip(
+      "printf changed > \"$(printf 'bad\\377\\376')\" && printf new > "
+      "\"$(printf 'new\\375')\"",
+      &after, &changes);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_TRUE(out->committed);
+  EXPECT_TRUE(after.count("caf\xc3\xa9"));
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].path, "bad\xff\xfe");
+  EXPECT_EQ(changes[1].path, "new\xfd");
+  Json j = Json::parse(ChangesToJson(changes).dump());
+  EXPECT_EQ(GetBytesField(j[0], "path").value(), "bad\xff\xfe");
+  std::set<std::string> committed = TreePaths("trybox/vm1");
+  EXPECT_TRUE(committed.count("bad\xff\xfe") && committed.count("new\xfd") &&
+              committed.count("caf\xc3\xa9"));
+}
+
+TEST_F(WorkspaceGitTest, CommitMessageNeverShowsTheHostDirectory) {
+  std::string leaky = "trybox: test\n\nSkipped: refused: Cannot extract through symlink " +
+                      staging_ + "-collected/link/x\n";
+  auto out = RoundTrip("echo n > added.txt", nullptr, nullptr, nullptr, leaky);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  std::string msg = Sh(home_, "cd '" + repo_ + "' && git log -1 --format=%B trybox/vm1");
+  EXPECT_EQ(msg.find(tmp_->path()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<host directory>/link/x"), std::string::npos) << msg;
+}
+
+TEST(WorkspaceTest, CommitMessageShowsGuestNamesOnOneLineEachAndCapsTheList) {
+  CollectSummary s;
+  s.vm_id = "vm1";
+  s.image = "debian-12";
+  s.image_sha256 = "abc";
+  s.command = "sh -c 'echo hi\nFake-Trailer: yes'";
+  s.changes = {{Change::Kind::kAdded, "a", "", 0, 1, 0, 0644},
+               {Change::Kind::kModified, "b", "", 1, 2, 0644, 0644}};
+  s.skipped.push_back({"evil\nSigned-off-by: someone", "a newline in the name"});
+  for (int i = 0; i < 30; ++i) s.skipped.push_back({"p" + std::to_string(i), "a fifo"});
+  s.skipped_unlisted = 5;
+  std::string m = CollectCommitMessage(s);
+  EXPECT_EQ(m.find("\nFake-Trailer"), std::string::npos) << m;
+  EXPECT_EQ(m.find("\nSigned-off-by"), std::string::npos) << m;
+  EXPECT_NE(m.find("Files changed: 2 (1 added, 1 modified, 0 deleted, 0 renamed, 0 mode changes)"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("Skipped (not collected): 36\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("  and 16 more"), std::string::npos) << m;
+  size_t lines = std::count(m.begin(), m.end(), '\n');
+  EXPECT_EQ(lines, 7u + kCommitListedSkipped + 1) << m;
 }
 
 }  // namespace
