@@ -88,6 +88,9 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm, NumberFlags& nf) {
   cmd->add_option("--workspace-quota", vm.workspace_quota,
                   "Most the workspace may hold, each way (bytes, or K/M/G/T; default 1G, at "
                   "most 1T)");
+  cmd->add_option("--workspace-quota-entries", vm.workspace_quota_entries,
+                  "Most files, directories and symlinks the workspace may hold, each way "
+                  "(default 100000)");
 }
 
 void AddAgentModelOptions(CLI::App* cmd, ModelFlags& m, NumberFlags& nf) {
@@ -149,6 +152,11 @@ Status ParseNumberFlags(const NumberFlags& nf, Invocation* inv) {
     ASSIGN_OR_RETURN(
         inv->vm.quota_bytes,
         ParseByteSize(inv->vm.workspace_quota, 1, kMaxWorkspaceQuotaBytes, "--workspace-quota"));
+  }
+  if (!inv->vm.workspace_quota_entries.empty()) {
+    ASSIGN_OR_RETURN(inv->vm.quota_entries,
+                     ParseBoundedInt(inv->vm.workspace_quota_entries, 1, int64_t{1} << 32,
+                                     "--workspace-quota-entries", "entries"));
   }
   return Status::Ok();
 }
@@ -328,6 +336,7 @@ int InjectWorkspace(Client& client, const std::string& vm, const VmOptions& opts
   }
   Json req = {{"verb", "workspace_in"}, {"vm", vm}, {"dir", real}};
   if (opts.quota_bytes) req["quota_bytes"] = opts.quota_bytes;
+  if (opts.quota_entries) req["quota_entries"] = opts.quota_entries;
   auto s = client.Open(req);
   if (!s.ok()) return Fail(err, s.status());
   for (;;) {

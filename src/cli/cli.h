@@ -42,6 +42,8 @@ struct VmOptions {
   std::string workspace;              // --workspace DIR: a git working tree copied to /workspace
   std::string workspace_quota;        // --workspace-quota SIZE (default: the daemon's, 1 GiB)
   uint64_t quota_bytes = 0;           // parsed; 0 = the daemon's default
+  std::string workspace_quota_entries;  // --workspace-quota-entries N
+  int64_t quota_entries = 0;            // parsed; 0 = the daemon's default
 };
 
 struct ExecOptions {

@@ -81,7 +81,20 @@ Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autosta
     ASSIGN_OR_RETURN(UniqueFd log,
                      OpenFile(log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0600));
     SpawnOptions opts;
-    opts.argv = {DaemonBinary()};
+    // The daemon owns its log from here (rotated at a size cap); what it prints before
+    // that still lands in the same file.
+    opts.argv = {DaemonBinary(), "--log-file", log_path};
+    // A scrubbed environment: the CLI's may hold API keys and other secrets, which the daemon
+    // must never inherit (it is told what it needs by requests).
+    std::vector<std::string> env;
+    for (const char* name :
+         {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TRYBOX_HOME", "TRYBOX_IMAGES",
+          "TRYBOX_CACHE", "TRYBOX_QEMU", "TRYBOX_BOOT_TIMEOUT", "TRYBOX_SPARES",
+          "TRYBOX_AGENT_IDLE_S", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME",
+          "XDG_CACHE_HOME", "XDG_CONFIG_HOME"}) {
+      if (const char* v = std::getenv(name)) env.push_back(std::string(name) + "=" + v);
+    }
+    opts.env = env;
     opts.stdout_fd = log.get();
     opts.stderr_fd = log.get();
     opts.new_session = true;

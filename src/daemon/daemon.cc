@@ -5,12 +5,21 @@
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/private_dir.h"
 
 namespace trybox::daemon {
+namespace {
+
+constexpr auto kHousekeepingEvery = std::chrono::seconds(60);
+
+}  // namespace
 
 Status Daemon::Init() {
   const Paths& p = opts_.paths;
-  for (const auto& d : {p.state, p.runtime, p.vms()}) RETURN_IF_ERROR(MakeDirs(d, 0700));
+  // The runtime directory holds the socket: a directory someone else made or can write
+  // into is refused, never repaired (docs/security.md).
+  RETURN_IF_ERROR(MakePrivateDir(p.runtime));
+  for (const auto& d : {p.state, p.vms()}) RETURN_IF_ERROR(MakeDirs(d, 0700));
   ASSIGN_OR_RETURN(lock_fd_, OpenFile(p.runtime + "/tryboxd.lock", O_RDWR | O_CREAT, 0600));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
@@ -51,11 +60,25 @@ Status Daemon::Init() {
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");
   });
   RETURN_IF_ERROR(server_->Listen(p.socket()));
+  housekeeping_ = std::thread([this] { Housekeeping(); });
   LogInfo("daemon", "listening on " + p.socket());
   return Status::Ok();
 }
 
 Status Daemon::Serve() { return server_->Serve(); }
+
+void Daemon::Housekeeping() {
+  MutexLock lock(mu_);
+  for (;;) {
+    auto next = std::chrono::steady_clock::now() + kHousekeepingEvery;
+    while (!stopping_ && housekeeping_cv_.WaitUntil(mu_, next)) {
+    }
+    if (stopping_) return;
+    mu_.Unlock();
+    egress_->Housekeeping();
+    mu_.Lock();
+  }
+}
 
 void Daemon::Stop() {
   if (server_) server_->Stop();
@@ -63,6 +86,12 @@ void Daemon::Stop() {
 
 Daemon::~Daemon() {
   if (server_) server_->Stop();
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+    housekeeping_cv_.SignalAll();
+  }
+  if (housekeeping_.joinable()) housekeeping_.join();
   // Background work (template rebuilds, spare refills) uses the launcher: it stops first.
   background_.reset();
   agents_.reset();

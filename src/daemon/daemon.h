@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "daemon/agent_process.h"
 #include "daemon/agent_runner.h"
@@ -83,6 +84,12 @@ class Daemon {
   std::unique_ptr<Services> services_;
   VerbTable verbs_;
   std::unique_ptr<ControlServer> server_;
+  // Now and then: audit summaries and retention.
+  void Housekeeping() EXCLUDES(mu_);
+  Mutex mu_;
+  CondVar housekeeping_cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::thread housekeeping_;
 };
 
 }  // namespace trybox::daemon

@@ -87,8 +87,21 @@ Result<std::unique_ptr<EgressGateway>> EgressGateway::Make(const std::string& co
   for (const auto& o : g->config_.internal_allow) {
     LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
   }
-  g->audit_ = std::make_unique<StoreAudit>(store);
+  g->audit_ = std::make_unique<egress::RateLimitedAudit>(std::make_unique<StoreAudit>(store),
+                                                        egress::RateLimitedAudit::Options{});
   return g;
+}
+
+void EgressGateway::VmGone(const std::string& vm_id) { audit_->FlushVm(vm_id); }
+
+void EgressGateway::Housekeeping() {
+  audit_->FlushExpired();
+  auto pruned = store_.PruneEgress(config_.audit_max_age.count(), config_.audit_max_rows);
+  if (!pruned.ok()) {
+    LogWarn("egress", "audit retention: " + pruned.status().message());
+  } else if (*pruned > 0) {
+    LogInfo("egress", "audit retention removed " + std::to_string(*pruned) + " rows");
+  }
 }
 
 EgressGateway::~EgressGateway() {
@@ -99,6 +112,7 @@ EgressGateway::~EgressGateway() {
   while (in_flight_ > 0 && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  audit_->Flush();
 }
 
 Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string>& allow,

@@ -16,6 +16,7 @@
 
 #include "channel/mux.h"
 #include "egress/config.h"
+#include "egress/audit_limit.h"
 #include "egress/proxy.h"
 #include "store/store.h"
 
@@ -54,6 +55,11 @@ class EgressGateway {
   channel::Mux::OpenHandler GuestHandler(const std::string& vm_id, std::shared_ptr<EgressVm> vm);
 
   // At most `max_rows` per page (a reply stays under the frame limit).
+  // A VM is gone: the audit's counts for it are written now.
+  void VmGone(const std::string& vm_id);
+  // Now and then: summaries of refusal windows that have ended; audit rows past their age.
+  void Housekeeping();
+
   static constexpr int64_t kMaxPageRows = 1000;
   Result<AuditPage> Audit(const std::string& vm_id, int64_t limit,
                           std::optional<int64_t> before_id) const;
@@ -66,7 +72,8 @@ class EgressGateway {
   const egress::Config config_;
   store::Store& store_;
   std::unique_ptr<egress::Resolver> resolver_;
-  std::unique_ptr<egress::AuditSink> audit_;
+  // The store's egress table behind a rate limit on refusals (egress/audit_limit.h).
+  std::unique_ptr<egress::RateLimitedAudit> audit_;
   std::atomic<int> in_flight_{0};
 };
 

@@ -152,6 +152,7 @@ Result<WorkspaceInRequest> ParseWorkspaceIn(const Json& j) {
   ASSIGN_OR_RETURN(r.vm, VmId(f));
   ASSIGN_OR_RETURN(r.dir, AbsolutePath(f, "dir", true));
   ASSIGN_OR_RETURN(r.quota_bytes, f.Int("quota_bytes", 1, int64_t{1} << 50, 0));
+  ASSIGN_OR_RETURN(r.quota_entries, f.Int("quota_entries", 1, int64_t{1} << 32, 0));
   ASSIGN_OR_RETURN(r.setup, f.Bool("setup", true));
   ASSIGN_OR_RETURN(r.setup_timeout_ms, f.Int("setup_timeout_ms", 0, kMaxTimeoutMs, 0));
   return r;

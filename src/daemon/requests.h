@@ -75,7 +75,8 @@ struct AuditRequest {
 struct WorkspaceInRequest {
   std::string vm;
   std::string dir;
-  int64_t quota_bytes = 0;  // 0: the default
+  int64_t quota_bytes = 0;    // 0: the default
+  int64_t quota_entries = 0;  // 0: the default
   bool setup = true;
   int64_t setup_timeout_ms = 0;
 };

@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
                  "Seconds a vm_agent run waiting for an answer or a resume keeps its VM (env "
                  "TRYBOX_AGENT_IDLE_S)")
       ->check(CLI::PositiveNumber);
+  std::string log_file;
+  app.add_option("--log-file", log_file,
+                 "Write the log to this file (rotated at 16 MiB, one old file kept) instead of "
+                 "stderr");
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
@@ -41,6 +45,13 @@ int main(int argc, char** argv) {
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
+  if (!log_file.empty()) {
+    trybox::Status st = trybox::SetLogFile(log_file, 16u << 20);
+    if (!st.ok()) {
+      std::cerr << "tryboxd: " << st.ToString() << "\n";
+      return 1;
+    }
+  }
 
   // Signals are taken by one thread with sigwait; every other thread has them blocked.
   sigset_t set;

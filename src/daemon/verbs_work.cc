@@ -17,6 +17,7 @@ Json CollectJson(const store::CollectRecord& c, int64_t offset, int64_t limit) {
           {"files", c.files},
           {"bytes", c.bytes},
           {"skipped", c.skipped},
+          {"skipped_unlisted", c.skipped_unlisted},
           {"commit", c.commit},
           {"branch", c.branch},
           {"note", c.note},
@@ -24,7 +25,7 @@ Json CollectJson(const store::CollectRecord& c, int64_t offset, int64_t limit) {
           {"changes", page},
           {"changes_offset", offset},
           {"changes_total", total},
-          {"changes_truncated", offset > 0 || offset + limit < total}};
+          {"changes_truncated", offset + static_cast<int64_t>(page.size()) < total}};
 }
 
 Json WorkspaceInJson(const InjectOutcome& o) {
@@ -37,6 +38,7 @@ Json WorkspaceInJson(const InjectOutcome& o) {
                   {"files", rec.files},
                   {"bytes", rec.bytes},
                   {"quota_bytes", rec.quota_bytes},
+                  {"quota_entries", rec.quota_entries},
                   {"skipped", rec.skipped},
                   {"exclude", rec.excludes}}},
                 {"setup", nullptr}};

@@ -79,6 +79,7 @@ Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   }
   NoteDeath(*e);
   vmm::DestroyReport report = e->Destroy();
+  egress_.VmGone(id);
   (void)store_.UpdateVmState(id, "destroyed", report.ToJson().dump());
   return report;
 }

@@ -11,12 +11,6 @@ namespace {
 
 namespace ws = trybox::workspace;
 
-Json SkippedJson(const std::vector<ws::Skipped>& v) {
-  Json a = Json::array();
-  for (const auto& s : v) a.push_back({{"path", s.path}, {"reason", s.reason}});
-  return a;
-}
-
 std::string JoinArgv(const Json& argv) {
   std::string s;
   for (const auto& a : argv) {
@@ -48,7 +42,7 @@ Status WorkspaceService::SendTree(VmEntry& vm, const std::string& root,
 }
 
 Result<store::WorkspaceRecord> WorkspaceService::Inject(VmEntry& vm, const ws::InjectPlan& plan,
-                                                        int64_t quota) {
+                                                        const ws::Quota& quota) {
   Status st = SendTree(vm, plan.dir, plan.manifest);
   if (!st.ok()) return st.Annotate("copy the workspace into VM " + vm.id());
   store::WorkspaceRecord rec;
@@ -57,10 +51,11 @@ Result<store::WorkspaceRecord> WorkspaceService::Inject(VmEntry& vm, const ws::I
   rec.base = plan.base.value_or("");
   rec.excludes = plan.excludes.project_lines();
   rec.manifest = ws::ManifestToJson(plan.manifest);
-  rec.quota_bytes = quota;
+  rec.quota_bytes = static_cast<int64_t>(quota.bytes);
+  rec.quota_entries = static_cast<int64_t>(quota.entries);
   rec.files = static_cast<int64_t>(plan.manifest.size());
   rec.bytes = static_cast<int64_t>(ws::TotalBytes(plan.manifest));
-  rec.skipped = SkippedJson(plan.skipped);
+  rec.skipped = ws::SkippedToJson(plan.skipped);
   rec.injected_at = store::NowSeconds();
   st = store_.InsertWorkspace(rec);
   if (!st.ok()) return st.Annotate("record the workspace");
@@ -96,13 +91,14 @@ Result<std::optional<SetupOutcome>> WorkspaceService::RunSetup(VmEntry& vm,
 
 Result<InjectOutcome> WorkspaceService::WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,
                                                     channel::Stream* client) {
-  int64_t quota =
-      req.quota_bytes > 0 ? req.quota_bytes : static_cast<int64_t>(ws::kDefaultQuotaBytes);
+  ws::Quota quota;
+  if (req.quota_bytes > 0) quota.bytes = static_cast<uint64_t>(req.quota_bytes);
+  if (req.quota_entries > 0) quota.entries = static_cast<uint64_t>(req.quota_entries);
   ASSIGN_OR_RETURN(auto existing, store_.GetWorkspace(vm.id()));
   if (existing) {
     return FailedPrecondition("VM " + vm.id() + " already has a workspace, from " + existing->dir);
   }
-  ASSIGN_OR_RETURN(ws::InjectPlan plan, ws::PlanInject(req.dir, static_cast<uint64_t>(quota)));
+  ASSIGN_OR_RETURN(ws::InjectPlan plan, ws::PlanInject(req.dir, quota));
   InjectOutcome out;
   ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota));
   // The project's hook runs before any command; its output goes to the caller as it is
@@ -165,18 +161,24 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
     return failed(reader.status());
   }
   ws::ExtractReport report;
-  ws::ExtractOptions xo;
-  xo.excludes = &excludes;
-  xo.quota_bytes = static_cast<uint64_t>(w.quota_bytes);
+  ws::ExtractOptions xo = ws::ExtractOptions::ForCollect(
+      &excludes, static_cast<uint64_t>(w.quota_bytes), static_cast<uint64_t>(w.quota_entries));
   Status st = ws::ExtractTar([&] { return (*reader)->Next(); }, staging, xo, &report);
-  if (st.code() == Code::kResourceExhausted && report.bytes > xo.quota_bytes) {
+  if (st.code() == Code::kResourceExhausted &&
+      (report.bytes > xo.quota_bytes || (xo.quota_entries && report.entries > xo.quota_entries))) {
     (*reader)->Abort("over the workspace quota");
+    bool entries = xo.quota_entries && report.entries > xo.quota_entries;
+    std::string what =
+        entries ? "more than the workspace quota of " + std::to_string(w.quota_entries) +
+                      " entries (files, directories and symlinks)"
+                : "more than the workspace quota of " +
+                      ws::FormatBytes(static_cast<uint64_t>(w.quota_bytes)) + " (" +
+                      std::to_string(w.quota_bytes) + " bytes)";
     return failed(ResourceExhausted(
-        "/workspace holds more than the workspace quota of " +
-        ws::FormatBytes(static_cast<uint64_t>(w.quota_bytes)) + " (" +
-        std::to_string(w.quota_bytes) +
-        " bytes); nothing was collected and the VM keeps running (remove files, or create "
-        "the VM with a larger --workspace-quota)"));
+        "/workspace holds " + what +
+        "; nothing was collected and the VM keeps running (remove files, or create the VM "
+        "with a larger " +
+        (entries ? "--workspace-quota-entries" : "--workspace-quota") + ")"));
   }
   if (!st.ok()) {
     (*reader)->Abort("collect failed");
@@ -189,13 +191,14 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
     return failed(warnings.status());
   }
   for (auto& s : ws::SkippedFromTarWarnings(*warnings)) report.skipped.push_back(std::move(s));
-  auto after = ws::ManifestFromTree(staging, excludes);
+  auto after = ws::ManifestFromTree(staging, excludes, &report.skipped);
   if (!after.ok()) return failed(after.status());
   auto changes = ws::Diff(before, *after);
   rec.changes = ws::ChangesToJson(changes);
   rec.files = static_cast<int64_t>(after->size());
   rec.bytes = static_cast<int64_t>(ws::TotalBytes(*after));
-  rec.skipped = SkippedJson(report.skipped);
+  rec.skipped = ws::SkippedToJson(report.skipped);
+  rec.skipped_unlisted = static_cast<int64_t>(report.skipped_unlisted);
   rec.branch = "trybox/" + (opts.branch_id.empty() ? id : opts.branch_id);
 
   ws::CommitOutcome commit;
@@ -206,15 +209,14 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
       if (execs.ok() && !execs->empty()) command = JoinArgv(execs->back().argv);
     }
     store::VmRecord vr = vm.record();
-    std::string message = "trybox: work of VM " + id + "\n\nVM: " + id + "\nImage: " + vr.image +
-                          " (manifest sha256 " + vr.image_sha256 + ")\nCommand: " + command +
-                          "\nFiles changed: " + std::to_string(changes.size()) + " " +
-                          CountChanges(rec.changes).dump() + "\n";
-    if (!rec.skipped.empty()) message += "Skipped (not collected): " + rec.skipped.dump() + "\n";
-    ws::CommitInput ci{w.dir,      w.base.empty() ? std::nullopt : std::optional(w.base),
-                       excludes,   before,
-                       *after,     staging,
-                       rec.branch, message};
+    ws::CommitInput ci{w.dir,     w.base.empty() ? std::nullopt : std::optional(w.base),
+                       excludes,  before,
+                       *after,    staging,
+                       rec.branch, ws::CollectCommitMessage({id, vr.image, vr.image_sha256,
+                                                             command, changes, report.skipped,
+                                                             report.skipped_unlisted})};
+    // The daemon's own directories never appear in a user's history.
+    ci.private_paths = {state_dir_};
     auto c = ws::CommitCollected(ci);
     if (!c.ok()) return failed(c.status());
     commit = *c;

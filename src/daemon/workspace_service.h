@@ -59,7 +59,7 @@ class WorkspaceService {
                                     channel::Stream* client);
   // Sends a planned workspace to /workspace, records it and marks the VM as having one.
   Result<store::WorkspaceRecord> Inject(VmEntry& vm, const workspace::InjectPlan& plan,
-                                        int64_t quota);
+                                        const workspace::Quota& quota);
   // Sends the tree `root` (the entries of `manifest`) to /workspace.
   Status SendTree(VmEntry& vm, const std::string& root, const workspace::Manifest& manifest);
   // Runs the project's .trybox/setup.sh (if `manifest` has one that is not a symlink) in

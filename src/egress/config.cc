@@ -13,7 +13,8 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
   if (!j.is_object()) return InvalidArgument("egress config must be a JSON object");
   static const std::set<std::string> kKeys = {
       "profiles", "max_tunnels_per_vm", "head_timeout_ms", "connect_timeout_ms", "internal_allow",
-      "resolve",  "qemu_netns",         "qemu_drop_uid",   "qemu_uid_base"};
+      "resolve",  "qemu_netns",         "qemu_drop_uid",   "qemu_uid_base", "audit_max_age_days",
+      "audit_max_rows"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
   }
@@ -49,6 +50,13 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
     c.qemu_netns = j.value("qemu_netns", true);
     c.qemu_drop_uid = j.value("qemu_drop_uid", true);
     c.qemu_uid_base = j.value("qemu_uid_base", c.qemu_uid_base);
+    int64_t days = j.value("audit_max_age_days", int64_t{30});
+    c.audit_max_rows = j.value("audit_max_rows", c.audit_max_rows);
+    if (days < 0 || c.audit_max_rows < 0) {
+      return InvalidArgument("egress config: audit_max_age_days and audit_max_rows must not be "
+                             "negative (0 keeps everything)");
+    }
+    c.audit_max_age = std::chrono::seconds(days * 86400);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("egress config: ") + e.what());
   }

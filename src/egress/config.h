@@ -28,6 +28,10 @@ struct Config {
   bool qemu_netns = true;
   bool qemu_drop_uid = true;
   uint32_t qemu_uid_base = 2000000000;  // root daemons run each VM's QEMU as base + slot
+  // Retention of the audit (docs/store.md): rows of connections older than this, and the
+  // oldest beyond this many, are pruned. 0 keeps everything.
+  std::chrono::seconds audit_max_age{30 * 86400};
+  int64_t audit_max_rows = 1'000'000;
 };
 
 // A missing file gives the defaults. Unknown keys, wrong types and invalid entries fail,
