@@ -91,7 +91,12 @@ std::string RenderReportText(const Json& r) {
   o << "VM: " << Word(vm, "id") << " (" << Word(vm, "state") << ")\n";
 
   const Json& cmds = r.value("commands", Json::array());
-  o << "Commands run: " << cmds.size() << "\n";
+  o << "Commands run: " << cmds.size();
+  if (!cmds.empty()) {
+    // The guest's word: commands run as root there, and trybox-init reports how they ended.
+    o << " (as root in the VM; their exit codes are what the guest reported)";
+  }
+  o << "\n";
   size_t n = 0;
   for (const auto& c : cmds) {
     if (++n > kTextCommands) {
@@ -106,11 +111,19 @@ std::string RenderReportText(const Json& r) {
     }
   }
 
+  const Json& others = r.value("other_commands", Json::array());
+  if (!others.empty()) {
+    o << "Other commands in this VM, not the agent's (run by hand while the run waited): "
+      << others.size() << "\n";
+  }
+
   const Json& files = r.value("files", Json());
   if (files.is_object()) {
     const Json& changes = files.value("changes", Json::array());
     const Json& counts = files.value("counts", Json::object());
-    o << "Files changed in /workspace: " << changes.size();
+    o << "Files changed in /workspace: "
+      << (files.contains("changes_total") ? Num(files, "changes_total")
+                                          : std::to_string(changes.size()));
     std::string sep = " (";
     for (const char* k : {"added", "modified", "deleted", "renamed", "mode_changed"}) {
       if (Num(counts, k) != "0" && Num(counts, k) != "?") {
@@ -150,7 +163,13 @@ std::string RenderReportText(const Json& r) {
     o << "Verification (tryboxd re-ran it in a fresh VM from the collected /workspace):\n";
     o << "  Command: " << InlineQuote(Str(v, "command"), 600) << " (given by the "
       << Word(v, "source") << ")\n";
-    o << "  VM: " << Word(v, "vm") << "\n";
+    o << "  VM: " << Word(v, "vm");
+    if (v.contains("user") && v["user"].is_string()) {
+      o << ", run as " << Word(v, "user")
+        << " with no capabilities and no_new_privs (nothing it ran could reach the guest's "
+           "control channel)";
+    }
+    o << "\n";
     o << "  Result: " << Ending(v) << " after " << Num(v, "duration_ms") << " ms\n";
     if (v.contains("error") && v["error"].is_string() && !v["error"].get<std::string>().empty()) {
       o << "  Error: " << InlineQuote(v["error"].get<std::string>(), 600) << "\n";

@@ -995,6 +995,18 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   resume->add_flag("--json", inv.json, "Print the report as JSON");
   auto* show = agent->add_subcommand("show", "Print a run's report again");
   show->add_option("run", inv.agent.run_id, "Run id")->required();
+  show->add_flag("-f,--follow", inv.agent.follow,
+                 "While the run works: print each step and command as it happens, then the report");
+  auto* agent_ls = agent->add_subcommand("ls", "List runs, newest first");
+  agent_ls->add_flag("--json", inv.json, "JSON output");
+  auto* transcript =
+      agent->add_subcommand("transcript", "Print a run's conversation with its model");
+  transcript->add_option("run", inv.agent.run_id, "Run id")->required();
+  transcript->add_flag("--json", inv.json, "JSON output");
+  auto* cancel = agent->add_subcommand(
+      "cancel",
+      "Stop a run: the command in flight is killed, its work collected, its VM destroyed");
+  cancel->add_option("run", inv.agent.run_id, "Run id")->required();
   show->add_flag("--json", inv.json, "Print the report as JSON");
   auto* mcp = app.add_subcommand(
       "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
@@ -1033,14 +1045,19 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
   if (agent->parsed()) {
-    inv.command = answer->parsed()   ? "agent-answer"
-                  : resume->parsed() ? "agent-resume"
-                  : show->parsed()   ? "agent-show"
-                                     : "agent";
+    inv.command = answer->parsed()       ? "agent-answer"
+                  : resume->parsed()     ? "agent-resume"
+                  : show->parsed()       ? "agent-show"
+                  : agent_ls->parsed()   ? "agent-ls"
+                  : transcript->parsed() ? "agent-transcript"
+                  : cancel->parsed()     ? "agent-cancel"
+                                         : "agent";
     if (inv.command == "agent" && inv.agent.task.empty()) {
       return InvalidArgument("agent: give the task, e.g. trybox agent \"make the tests pass\"");
     }
-    if (inv.command != "agent") RETURN_IF_ERROR(ValidateName("run id", inv.agent.run_id));
+    if (inv.command != "agent" && inv.command != "agent-ls") {
+      RETURN_IF_ERROR(ValidateName("run id", inv.agent.run_id));
+    }
   }
   if (mcp->parsed()) inv.command = "mcp";
   RETURN_IF_ERROR(ParseNumberFlags(nf, &inv));

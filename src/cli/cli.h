@@ -35,13 +35,13 @@ struct VmOptions {
   std::string image = "debian-12";
   int64_t memory_mib = 512;
   int64_t cpus = 1;
-  bool cold = false;                  // boot instead of restoring from the template
-  bool privileged = false;            // commands keep every capability (docs/security.md)
-  std::vector<std::string> allow;     // egress allow-list entries HOST[:PORT], validated
-  std::vector<std::string> profiles;  // named allow-lists from the daemon's egress.json
-  std::string workspace;              // --workspace DIR: a git working tree copied to /workspace
-  std::string workspace_quota;        // --workspace-quota SIZE (default: the daemon's, 1 GiB)
-  uint64_t quota_bytes = 0;           // parsed; 0 = the daemon's default
+  bool cold = false;                    // boot instead of restoring from the template
+  bool privileged = false;              // commands keep every capability (docs/security.md)
+  std::vector<std::string> allow;       // egress allow-list entries HOST[:PORT], validated
+  std::vector<std::string> profiles;    // named allow-lists from the daemon's egress.json
+  std::string workspace;                // --workspace DIR: a git working tree copied to /workspace
+  std::string workspace_quota;          // --workspace-quota SIZE (default: the daemon's, 1 GiB)
+  uint64_t quota_bytes = 0;             // parsed; 0 = the daemon's default
   std::string workspace_quota_entries;  // --workspace-quota-entries N
   int64_t quota_entries = 0;            // parsed; 0 = the daemon's default
 };
@@ -62,6 +62,7 @@ struct AgentOptions {
   int64_t max_turns = 0;     // 0: the daemon's default
   int64_t wall_clock_s = 0;  // --timeout, rounded up to whole seconds; 0: the daemon's default
   int64_t max_tokens = 0;    // 0: the daemon's default
+  bool follow = false;       // show --follow
 };
 
 struct Invocation {

@@ -88,7 +88,7 @@ Result<std::unique_ptr<EgressGateway>> EgressGateway::Make(const std::string& co
     LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
   }
   g->audit_ = std::make_unique<egress::RateLimitedAudit>(std::make_unique<StoreAudit>(store),
-                                                        egress::RateLimitedAudit::Options{});
+                                                         egress::RateLimitedAudit::Options{});
   return g;
 }
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "channel/mux.h"
-#include "egress/config.h"
 #include "egress/audit_limit.h"
+#include "egress/config.h"
 #include "egress/proxy.h"
 #include "store/store.h"
 

@@ -45,14 +45,21 @@ Json ReportBuilder::Build(const store::AgentRunRecord& rec, const RunState& s) c
   if (auto v = store_.GetVm(rec.vm_id); v.ok() && v->has_value()) vm_state = (*v)->state;
   r["vm"] = {{"id", rec.vm_id}, {"state", vm_state}};
 
-  Json commands = Json::array();
+  // The run's own commands; anything else run in its VM (a person's `trybox exec` while
+  // the run waited) is listed apart, as theirs.
+  Json commands = Json::array(), others = Json::array();
   if (auto execs = store_.ListExecs(rec.vm_id); execs.ok()) {
     for (const auto& e : *execs) {
       auto tool = s.exec_tools.find(e.id);
-      commands.push_back(CommandJson(e, tool == s.exec_tools.end() ? "exec" : tool->second));
+      if (tool == s.exec_tools.end()) {
+        others.push_back(CommandJson(e, "exec"));
+      } else {
+        commands.push_back(CommandJson(e, tool->second));
+      }
     }
   }
   r["commands"] = commands;
+  if (!others.empty()) r["other_commands"] = others;
 
   r["files"] = nullptr;
   r["commit"] = nullptr;

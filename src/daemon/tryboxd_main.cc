@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
                  "Seconds a vm_agent run waiting for an answer or a resume keeps its VM (env "
                  "TRYBOX_AGENT_IDLE_S)")
       ->check(CLI::PositiveNumber);
+  if (const char* a = std::getenv("TRYBOX_AGENT_BINARY"); a && *a) opts.agent_binary = a;
+  app.add_option("--agent-binary", opts.agent_binary,
+                 "The vm_agent loop's program (default: trybox-agent beside tryboxd; env "
+                 "TRYBOX_AGENT_BINARY)");
   std::string log_file;
   app.add_option("--log-file", log_file,
                  "Write the log to this file (rotated at 16 MiB, one old file kept) instead of "

@@ -168,12 +168,12 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
       (report.bytes > xo.quota_bytes || (xo.quota_entries && report.entries > xo.quota_entries))) {
     (*reader)->Abort("over the workspace quota");
     bool entries = xo.quota_entries && report.entries > xo.quota_entries;
-    std::string what =
-        entries ? "more than the workspace quota of " + std::to_string(w.quota_entries) +
-                      " entries (files, directories and symlinks)"
-                : "more than the workspace quota of " +
-                      ws::FormatBytes(static_cast<uint64_t>(w.quota_bytes)) + " (" +
-                      std::to_string(w.quota_bytes) + " bytes)";
+    std::string what = entries
+                           ? "more than the workspace quota of " + std::to_string(w.quota_entries) +
+                                 " entries (files, directories and symlinks)"
+                           : "more than the workspace quota of " +
+                                 ws::FormatBytes(static_cast<uint64_t>(w.quota_bytes)) + " (" +
+                                 std::to_string(w.quota_bytes) + " bytes)";
     return failed(ResourceExhausted(
         "/workspace holds " + what +
         "; nothing was collected and the VM keeps running (remove files, or create the VM "
@@ -209,12 +209,15 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
       if (execs.ok() && !execs->empty()) command = JoinArgv(execs->back().argv);
     }
     store::VmRecord vr = vm.record();
-    ws::CommitInput ci{w.dir,     w.base.empty() ? std::nullopt : std::optional(w.base),
-                       excludes,  before,
-                       *after,    staging,
-                       rec.branch, ws::CollectCommitMessage({id, vr.image, vr.image_sha256,
-                                                             command, changes, report.skipped,
-                                                             report.skipped_unlisted})};
+    ws::CommitInput ci{w.dir,
+                       w.base.empty() ? std::nullopt : std::optional(w.base),
+                       excludes,
+                       before,
+                       *after,
+                       staging,
+                       rec.branch,
+                       ws::CollectCommitMessage({id, vr.image, vr.image_sha256, command, changes,
+                                                 report.skipped, report.skipped_unlisted})};
     // The daemon's own directories never appear in a user's history.
     ci.private_paths = {state_dir_};
     auto c = ws::CommitCollected(ci);
