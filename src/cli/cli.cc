@@ -1007,6 +1007,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       "cancel",
       "Stop a run: the command in flight is killed, its work collected, its VM destroyed");
   cancel->add_option("run", inv.agent.run_id, "Run id")->required();
+  cancel->add_flag("--json", inv.json, "Print the report as JSON");
   show->add_flag("--json", inv.json, "Print the report as JSON");
   auto* mcp = app.add_subcommand(
       "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
@@ -1141,6 +1142,14 @@ int Run(const Invocation& inv) {
   if (inv.command == "image-ls") return CmdImageLs(inv.json);
   if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
   ::signal(SIGPIPE, SIG_IGN);
+  if (inv.command == "agent" || inv.command == "agent-answer" || inv.command == "agent-resume") {
+    // Ctrl-C cancels the run (agent_cmd.cc): blocked here, before the connection's threads
+    // exist, so that only the thread waiting for it ever takes the signal.
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGINT, SIGTERM, SIGUSR2}) sigaddset(&set, sig);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  }
   auto client = Client::Connect(Paths::FromEnvironment());
   if (!client.ok()) return Fail(std::cerr, client.status());
   return RunWithClient(**client, inv, std::cout, std::cerr);
