@@ -46,7 +46,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
   Status SendFrame(uint32_t stream, FrameType type, uint8_t channel, std::string_view payload) {
     char hdr[kHeaderSize];
     EncodeHeader(stream, type, channel, static_cast<uint32_t>(payload.size()), hdr);
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     if (write_failed_) return Unavailable("channel lost: " + DeathReason());
     struct iovec iov[2] = {{hdr, kHeaderSize}, {const_cast<char*>(payload.data()), payload.size()}};
     size_t total = kHeaderSize + payload.size();
@@ -80,19 +80,19 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
   }
 
   std::string DeathReason() const {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    MutexLock lock(state_mu_);
     return death_reason_;
   }
 
   bool Alive() const {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    MutexLock lock(state_mu_);
     return death_reason_.empty();
   }
 
   Result<std::shared_ptr<Stream>> Open(const Json& request) {
     std::shared_ptr<Stream> s;
     {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      MutexLock lock(state_mu_);
       if (!death_reason_.empty()) return Unavailable("channel lost: " + death_reason_);
       uint32_t id = next_id_;
       next_id_ += 2;
@@ -113,7 +113,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
   }
 
   void Forget(uint32_t id) {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    MutexLock lock(state_mu_);
     streams_.erase(id);
   }
 
@@ -162,27 +162,29 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
   void Die(const std::string& reason) {
     std::map<uint32_t, std::weak_ptr<Stream>> streams;
     DeathHandler_t on_death;
+    std::string why;
     {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      MutexLock lock(state_mu_);
       if (!death_reason_.empty()) return;
       death_reason_ = reason.empty() ? "connection closed" : reason;
+      why = death_reason_;
       streams.swap(streams_);
       on_death = on_death_;
     }
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      MutexLock lock(write_mu_);
       write_failed_ = true;
     }
     for (auto& [id, weak] : streams) {
       if (auto s = weak.lock()) {
-        std::lock_guard<std::mutex> lock(s->mu_);
-        s->conn_error_ = death_reason_;
-        s->cv_.notify_all();
+        MutexLock lock(s->mu_);
+        s->conn_error_ = why;
+        s->cv_.SignalAll();
       }
     }
     if (on_death) {
       try {
-        on_death(death_reason_);
+        on_death(why);
       } catch (...) {
       }
     }
@@ -211,7 +213,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
     }
     std::shared_ptr<Stream> s;
     {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      MutexLock lock(state_mu_);
       auto it = streams_.find(f.stream);
       if (it != streams_.end()) s = it->second.lock();
     }
@@ -223,19 +225,22 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
       case FrameType::kCredit: {
         const auto* u = reinterpret_cast<const unsigned char*>(f.payload.data());
         uint32_t grant = u[0] | u[1] << 8 | u[2] << 16 | static_cast<uint32_t>(u[3]) << 24;
-        std::lock_guard<std::mutex> lock(s->mu_);
+        MutexLock lock(s->mu_);
         s->send_credit_ += grant;
-        s->cv_.notify_all();
+        s->cv_.SignalAll();
         return;
       }
       case FrameType::kData: {
-        std::unique_lock<std::mutex> lock(s->mu_);
-        if (f.payload.size() > s->recv_window_) {
-          lock.unlock();
+        bool violated;
+        {
+          MutexLock lock(s->mu_);
+          violated = f.payload.size() > s->recv_window_;
+          if (!violated) s->recv_window_ -= f.payload.size();
+        }
+        if (violated) {
           (void)s->Reset("flow control violated: peer sent past its window");
           return;
         }
-        s->recv_window_ -= f.payload.size();
         m.kind = Stream::Message::Kind::kData;
         m.channel = f.channel;
         m.data = std::move(f.payload);
@@ -270,7 +275,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
     const bool is_reset = m.kind == Stream::Message::Kind::kReset;
     bool forget = false;
     {
-      std::lock_guard<std::mutex> lock(s->mu_);
+      MutexLock lock(s->mu_);
       if (s->remote_done_) return;  // nothing is accepted after END/RESET
       if (finish) {
         s->remote_done_ = true;
@@ -278,7 +283,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
         forget = s->local_done_;
       }
       s->inbox_.push_back(std::move(m));
-      s->cv_.notify_all();
+      s->cv_.SignalAll();
     }
     if (forget) Forget(f.stream);
   }
@@ -289,7 +294,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
     std::shared_ptr<Stream> s;
     std::string refuse;
     {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      MutexLock lock(state_mu_);
       if (!peer_parity_ok) {
         refuse = "stream id has the wrong parity for the opener";
       } else if (streams_.count(f.stream)) {
@@ -330,9 +335,9 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
   const Role role_;
   FrameDecoder decoder_;       // reader thread only
   std::string control_error_;  // reader thread only: a bad stream-0 event ends the connection
-  std::mutex write_mu_;
+  Mutex write_mu_;
   bool write_failed_ GUARDED_BY(write_mu_) = false;
-  mutable std::mutex state_mu_;
+  mutable Mutex state_mu_;
   std::map<uint32_t, std::weak_ptr<Stream>> streams_ GUARDED_BY(state_mu_);
   uint32_t next_id_ GUARDED_BY(state_mu_) = 1;
   std::string death_reason_ GUARDED_BY(state_mu_);
@@ -348,7 +353,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
 Stream::~Stream() {
   bool abandoned;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // Abandoned means finished by neither side. After our own END the peer has its answer:
     // a RESET on top would contradict it (a responder drops its stream right after END).
     abandoned = !local_done_ && !remote_done_ && conn_error_.empty();
@@ -366,10 +371,10 @@ Status Stream::Write(uint8_t channel, std::string_view data) {
   while (!data.empty()) {
     size_t n;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return send_credit_ > 0 || local_done_ || remote_done_ || !conn_error_.empty();
-      });
+      MutexLock lock(mu_);
+      while (send_credit_ == 0 && !local_done_ && !remote_done_ && conn_error_.empty()) {
+        cv_.Wait(mu_);
+      }
       if (!conn_error_.empty()) return Unavailable("channel lost: " + conn_error_);
       if (local_done_) return FailedPrecondition("write after the stream was finished");
       if (remote_done_ && send_credit_ == 0) {
@@ -402,11 +407,11 @@ Status Stream::End(const Json& body) {
   }
   bool forget;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (local_done_) return FailedPrecondition("stream already finished");
     local_done_ = true;
     forget = remote_done_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   Status st = core_->SendFrame(id_, FrameType::kEnd, 0, *payload);
   if (forget) core_->Forget(id_);
@@ -415,12 +420,12 @@ Status Stream::End(const Json& body) {
 
 Status Stream::Reset(const std::string& reason) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (local_done_ && remote_done_) return Status::Ok();
     local_done_ = true;
     remote_done_ = true;
     reset_here_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   auto payload = EncodeJsonPayload(Json{{"reason", reason}});
   Status st = core_->SendFrame(
@@ -431,18 +436,18 @@ Status Stream::Reset(const std::string& reason) {
 }
 
 uint64_t Stream::wakeups() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return wakeups_;
 }
 
 void Stream::Interrupt() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   interrupted_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool Stream::finished() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return local_done_ || remote_done_;
 }
 
@@ -450,19 +455,19 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
   uint64_t grant = 0;
   Message m;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto ready = [&] {
+    MutexLock lock(mu_);
+    auto ready = [&]() REQUIRES(mu_) {
       return !inbox_.empty() || !conn_error_.empty() || end_delivered_ || reset_here_ ||
              interrupted_;
     };
     while (!ready()) {
       ++wakeups_;
       if (deadline) {
-        if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout && !ready()) {
+        if (!cv_.WaitUntil(mu_, *deadline) && !ready()) {
           return DeadlineExceeded("no message in time");
         }
       } else {
-        cv_.wait(lock);
+        cv_.Wait(mu_);
       }
     }
     if (inbox_.empty()) {
@@ -495,7 +500,7 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
 // ---- Mux ----
 
 Mux::Mux(UniqueFd fd, Role role) : core_(std::make_shared<MuxCore>(std::move(fd), role)) {
-  std::lock_guard<std::mutex> lock(core_->state_mu_);
+  MutexLock lock(core_->state_mu_);
   core_->next_id_ = role == Role::kHost ? 1 : 2;
 }
 

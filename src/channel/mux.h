@@ -31,6 +31,7 @@
 
 #include "channel/frame.h"
 #include "util/fd.h"
+#include "util/mutex.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
 
@@ -98,8 +99,8 @@ class Stream {
   std::shared_ptr<MuxCore> core_;
   const uint32_t id_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   std::deque<Message> inbox_ GUARDED_BY(mu_);
   uint64_t send_credit_ GUARDED_BY(mu_) = kInitialWindow;
   uint64_t recv_window_ GUARDED_BY(mu_) = kInitialWindow;  // bytes the peer may still send

@@ -194,9 +194,10 @@ void FinishRelay(GuestChannel& guest, channel::Stream& client, const std::option
   (void)client.End(st.ok() ? Json{{"ok", true}, {"bytes", bytes}} : ErrorReply(st, kind));
 }
 
-// A get's meta EVENT as the daemon forwards it: only known, well-typed fields.
-Result<Json> MetaEvent(const Json& b) {
-  if (!b.contains("type") || !b["type"].is_string()) {
+}  // namespace
+
+Result<Json> GuestMetaEvent(const Json& b) {
+  if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) {
     return InvalidArgument("an event without a string 'type'");
   }
   if (b["type"] != "meta") return Json();
@@ -213,8 +214,6 @@ Result<Json> MetaEvent(const Json& b) {
   }
   return out;
 }
-
-}  // namespace
 
 void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client) {
   auto s = guest.Open(greq);
@@ -294,7 +293,7 @@ void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client) {
                                                                 : channel::kChanErr);
         break;
       case Kind::kEvent: {
-        auto ev = MetaEvent(m->body);
+        auto ev = GuestMetaEvent(m->body);
         if (!ev.ok()) {
           (void)s->get()->Reset("malformed event");
           failure = Internal("the guest's reply was malformed: " + ev.status().message());

@@ -16,18 +16,6 @@ ExecResult BadReply(const std::string& what) {
   return r;
 }
 
-// A guest EVENT on an exec stream: only {"type":"started","pid":N} is known. Unknown types
-// are ignored (a newer guest); a malformed one is an error.
-Result<std::optional<Json>> ExecEvent(const Json& body) {
-  if (!body.contains("type") || !body["type"].is_string()) {
-    return InvalidArgument("an exec event without a string 'type'");
-  }
-  if (body["type"] != "started") return std::optional<Json>();
-  auto pid = IntIn(body.value("pid", Json()), 1, INT32_MAX);
-  if (!pid) return InvalidArgument("a 'started' event without an integer 'pid'");
-  return std::optional<Json>(Json{{"type", "started"}, {"pid", *pid}});
-}
-
 // The client side of an exec: forwards its input (when `forward`), and turns its reset or
 // loss into the command's cancellation. Returns when the exec is over (the stream is then
 // Interrupt()ed), the client cancelled, or the client's input ended.
@@ -157,6 +145,16 @@ ExecResult ExecResultFromGuest(const Json& end) {
   return r;
 }
 
+Result<std::optional<Json>> GuestExecEvent(const Json& body) {
+  if (!body.is_object() || !body.contains("type") || !body["type"].is_string()) {
+    return InvalidArgument("an exec event without a string 'type'");
+  }
+  if (body["type"] != "started") return std::optional<Json>();
+  auto pid = IntIn(body.value("pid", Json()), 1, INT32_MAX);
+  if (!pid) return InvalidArgument("a 'started' event without an integer 'pid'");
+  return std::optional<Json>(Json{{"type", "started"}, {"pid", *pid}});
+}
+
 Json GuestExecRequest(const ExecSpec& spec) {
   Json req = {{"op", "exec"},
               {"argv", spec.argv},
@@ -214,7 +212,7 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
         if (io.client && !client_gone) (void)io.client->CloseWrite(m->channel);
         break;
       case Kind::kEvent: {
-        auto ev = ExecEvent(m->body);
+        auto ev = GuestExecEvent(m->body);
         if (!ev.ok()) {
           (void)s->Reset("malformed event");
           result = BadReply(ev.status().message());

@@ -73,6 +73,12 @@ struct ExecResult {
 // kError result with error "bad_guest_reply" naming the field.
 ExecResult ExecResultFromGuest(const Json& end);
 
+// The guest's EVENTs, type-checked: an exec's {"type":"started","pid":N} (unknown types
+// give nullopt: a newer guest), a get's {"type":"meta",...} (other types give null). The
+// result holds only the known fields; a malformed one is kInvalidArgument naming the field.
+Result<std::optional<Json>> GuestExecEvent(const Json& body);
+Result<Json> GuestMetaEvent(const Json& body);
+
 struct ExecSpec {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;

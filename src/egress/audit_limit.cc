@@ -15,7 +15,7 @@ int64_t RateLimitedAudit::Decided(const Decision& d) {
   std::vector<Decision> ended;
   bool record = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto now = clock_();
     auto it = windows_.find(d.vm_id);
     if (it != windows_.end() && now - it->second.start >= options_.window) {
@@ -82,7 +82,7 @@ void RateLimitedAudit::Emit(const std::vector<Decision>& summaries) {
 void RateLimitedAudit::FlushExpired() {
   std::vector<Decision> ended;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto now = clock_();
     for (auto it = windows_.begin(); it != windows_.end();) {
       if (now - it->second.start < options_.window) {
@@ -100,7 +100,7 @@ void RateLimitedAudit::FlushExpired() {
 void RateLimitedAudit::FlushVm(const std::string& vm_id) {
   std::vector<Decision> ended;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = windows_.find(vm_id);
     if (it == windows_.end()) return;
     ended = Summaries(vm_id, it->second);
@@ -112,7 +112,7 @@ void RateLimitedAudit::FlushVm(const std::string& vm_id) {
 void RateLimitedAudit::Flush() {
   std::vector<Decision> ended;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [vm, w] : windows_) {
       auto s = Summaries(vm, w);
       ended.insert(ended.end(), s.begin(), s.end());

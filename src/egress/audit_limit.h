@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "egress/proxy.h"
+#include "util/mutex.h"
 #include "util/thread_annotations.h"
 
 namespace trybox::egress {
@@ -72,7 +73,7 @@ class RateLimitedAudit : public AuditSink {
   const std::unique_ptr<AuditSink> inner_;
   const Options options_;
   const Clock clock_;
-  std::mutex mu_;
+  Mutex mu_;
   std::map<std::string, Window> windows_ GUARDED_BY(mu_);  // by VM
 };
 

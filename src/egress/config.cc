@@ -12,9 +12,10 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
   Config c;
   if (!j.is_object()) return InvalidArgument("egress config must be a JSON object");
   static const std::set<std::string> kKeys = {
-      "profiles", "max_tunnels_per_vm", "head_timeout_ms", "connect_timeout_ms", "internal_allow",
-      "resolve",  "qemu_netns",         "qemu_drop_uid",   "qemu_uid_base", "audit_max_age_days",
-      "audit_max_rows"};
+      "profiles",           "max_tunnels_per_vm", "head_timeout_ms",
+      "connect_timeout_ms", "internal_allow",     "resolve",
+      "qemu_netns",         "qemu_drop_uid",      "qemu_uid_base",
+      "audit_max_age_days", "audit_max_rows"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
   }
@@ -53,8 +54,9 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
     int64_t days = j.value("audit_max_age_days", int64_t{30});
     c.audit_max_rows = j.value("audit_max_rows", c.audit_max_rows);
     if (days < 0 || c.audit_max_rows < 0) {
-      return InvalidArgument("egress config: audit_max_age_days and audit_max_rows must not be "
-                             "negative (0 keeps everything)");
+      return InvalidArgument(
+          "egress config: audit_max_age_days and audit_max_rows must not be "
+          "negative (0 keeps everything)");
     }
     c.audit_max_age = std::chrono::seconds(days * 86400);
   } catch (const nlohmann::json::exception& e) {

@@ -25,7 +25,7 @@ Result<HashCache::Identity> HashCache::Stat(const std::string& path) {
 Result<std::string> HashCache::Sha256(const std::string& path) {
   ASSIGN_OR_RETURN(Identity before, Stat(path));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(path);
     if (it != entries_.end() && it->second.id == before) return it->second.sha256;
   }
@@ -37,7 +37,7 @@ Result<std::string> HashCache::Sha256(const std::string& path) {
   ::clock_gettime(CLOCK_REALTIME, &now);
   bool settled = Nanos(now) - std::max(after.mtime_ns, after.ctime_ns) >= settle_.count();
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++hashes_;
   if (after == before && settled) {
     entries_[path] = Entry{after, sha};
@@ -48,7 +48,7 @@ Result<std::string> HashCache::Sha256(const std::string& path) {
 }
 
 uint64_t HashCache::hashes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return hashes_;
 }
 

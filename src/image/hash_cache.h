@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 
+#include "util/mutex.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
 
@@ -51,7 +52,7 @@ class HashCache {
   static Result<Identity> Stat(const std::string& path);
 
   const std::chrono::nanoseconds settle_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, Entry> entries_ GUARDED_BY(mu_);  // one per path: the latest hash
   uint64_t hashes_ GUARDED_BY(mu_) = 0;
 };

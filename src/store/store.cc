@@ -264,7 +264,7 @@ Status Store::Migrate() {
   for (const auto& c : kAddedColumns) {
     bool present;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Stmt s(db_, "SELECT 1 FROM pragma_table_info(?) WHERE name = ?");
       RETURN_IF_ERROR(s.prepared());
       s.Bind(1, std::string(c.table)).Bind(2, std::string(c.column));
@@ -281,7 +281,7 @@ Status Store::Migrate() {
 Store::~Store() { sqlite3_close(db_); }
 
 Status Store::Exec(const std::string& sql) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   char* err = nullptr;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : "unknown error";
@@ -292,7 +292,7 @@ Status Store::Exec(const std::string& sql) {
 }
 
 Status Store::InsertVm(const VmRecord& v) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "INSERT INTO vms (id, image, image_sha256, state, pid, accel, memory_mib, cpus, dir, "
          "created_at, ended_at, note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
@@ -307,7 +307,7 @@ Status Store::InsertVm(const VmRecord& v) {
 
 Status Store::UpdateVmState(const std::string& id, const std::string& state,
                             const std::string& note) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "UPDATE vms SET state = ?, note = ?, ended_at = ? WHERE id = ?");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, state).Bind(2, note).Bind(3, state == "running" ? 0.0 : NowSeconds()).Bind(4, id);
@@ -318,7 +318,7 @@ Status Store::UpdateVmState(const std::string& id, const std::string& state,
 }
 
 Result<std::optional<VmRecord>> Store::GetVm(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, (std::string("SELECT ") + kVmColumns + " FROM vms WHERE id = ?").c_str());
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, id);
@@ -328,7 +328,7 @@ Result<std::optional<VmRecord>> Store::GetVm(const std::string& id) {
 }
 
 Result<std::vector<VmRecord>> Store::ListVms(const std::vector<std::string>& states) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string sql = std::string("SELECT ") + kVmColumns + " FROM vms";
   if (!states.empty()) {
     sql += " WHERE state IN (";
@@ -349,7 +349,7 @@ Result<std::vector<VmRecord>> Store::ListVms(const std::vector<std::string>& sta
 }
 
 Result<int64_t> Store::InsertExec(const ExecRecord& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "INSERT INTO execs (vm_id, argv, cwd, started_at, outcome) VALUES (?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, e.vm_id).Bind(2, Dump(e.argv)).Bind(3, e.cwd).Bind(4, e.started_at);
@@ -360,7 +360,7 @@ Result<int64_t> Store::InsertExec(const ExecRecord& e) {
 }
 
 Status Store::FinishExec(const ExecRecord& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "UPDATE execs SET ended_at = ?, outcome = ?, exit_code = ?, signal = ?, error = ?, "
          "stdout_bytes = ?, stderr_bytes = ? WHERE id = ?");
@@ -373,7 +373,7 @@ Status Store::FinishExec(const ExecRecord& e) {
 }
 
 Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "SELECT id, vm_id, argv, cwd, started_at, ended_at, outcome, exit_code, signal, error, "
          "stdout_bytes, stderr_bytes FROM execs WHERE vm_id = ? ORDER BY id");
@@ -402,7 +402,7 @@ Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
 }
 
 Result<int64_t> Store::InsertEgress(const EgressRecord& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "INSERT INTO egress (vm_id, started_at, method, host, port, address, verdict, reason, "
          "override, status) VALUES (?,?,?,?,?,?,?,?,?,?)");
@@ -416,7 +416,7 @@ Result<int64_t> Store::InsertEgress(const EgressRecord& e) {
 }
 
 Status Store::FinishEgress(const EgressRecord& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "UPDATE egress SET ended_at = ?, verdict = ?, reason = ?, bytes_up = ?, bytes_down = ?, "
          "duration_ms = ? WHERE id = ?");
@@ -431,7 +431,7 @@ Status Store::FinishEgress(const EgressRecord& e) {
 
 Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, int64_t limit,
                                                     int64_t before_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string sql =
       "SELECT id, vm_id, started_at, ended_at, method, host, port, address, verdict, reason, "
       "override, status, bytes_up, bytes_down, duration_ms FROM egress WHERE 1";
@@ -470,7 +470,7 @@ Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, in
 }
 
 Result<int64_t> Store::PruneEgress(double max_age_seconds, int64_t max_rows, double now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // A row that may describe a tunnel still open: never closed, its VM still running.
   const std::string live =
       "(ended_at = 0 AND vm_id IN (SELECT id FROM vms WHERE state = 'running'))";
@@ -501,7 +501,7 @@ Result<int64_t> Store::PruneEgress(double max_age_seconds, int64_t max_rows, dou
 }
 
 Status Store::Checkpoint() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return CheckpointLocked();
 }
 
@@ -515,7 +515,7 @@ Status Store::CheckpointLocked() {
 }
 
 Status Store::InsertWorkspace(const WorkspaceRecord& w) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "INSERT INTO workspaces (vm_id, dir, base, excludes, manifest, quota_bytes, files, bytes, "
          "skipped, injected_at, quota_entries) VALUES (?,?,?,?,?,?,?,?,?,?,?)");
@@ -530,7 +530,7 @@ Status Store::InsertWorkspace(const WorkspaceRecord& w) {
 
 Status Store::SetWorkspaceSetup(const std::string& vm_id, std::optional<int> exec_id,
                                 const std::string& output) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "UPDATE workspaces SET setup_exec_id = ?, setup_output = ? WHERE vm_id = ?");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, exec_id).Bind(2, output).Bind(3, vm_id);
@@ -540,7 +540,7 @@ Status Store::SetWorkspaceSetup(const std::string& vm_id, std::optional<int> exe
 }
 
 Result<std::optional<WorkspaceRecord>> Store::GetWorkspace(const std::string& vm_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "SELECT vm_id, dir, base, excludes, manifest, quota_bytes, files, bytes, skipped, "
          "injected_at, setup_exec_id, setup_output, quota_entries FROM workspaces WHERE vm_id = ?");
@@ -566,7 +566,7 @@ Result<std::optional<WorkspaceRecord>> Store::GetWorkspace(const std::string& vm
 }
 
 Status Store::PutAgentRun(const AgentRunRecord& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "INSERT OR REPLACE INTO agent_runs (id, created_at, updated_at, outcome, vm_id, state, "
          "transcript) VALUES (?,?,?,?,?,?,?)");
@@ -582,7 +582,7 @@ Status Store::PutAgentRun(const AgentRunRecord& r) {
 }
 
 Result<std::optional<AgentRunRecord>> Store::GetAgentRun(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "SELECT id, created_at, updated_at, outcome, vm_id, state, transcript FROM agent_runs "
          "WHERE id = ?");
@@ -602,7 +602,7 @@ Result<std::optional<AgentRunRecord>> Store::GetAgentRun(const std::string& id) 
 }
 
 Result<std::vector<AgentRunRecord>> Store::ListAgentRuns(int64_t limit) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "SELECT id, created_at, updated_at, outcome, vm_id, state FROM agent_runs "
          "ORDER BY created_at DESC, id LIMIT ?");
@@ -625,14 +625,14 @@ Result<std::vector<AgentRunRecord>> Store::ListAgentRuns(int64_t limit) {
 }
 
 Result<int64_t> Store::InsertCollect(const CollectRecord& c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   char* err = nullptr;
   if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : "unknown error";
     sqlite3_free(err);
     return Internal("sqlite: " + msg);
   }
-  auto insert = [&]() -> Result<int64_t> {
+  auto insert = [&]() REQUIRES(mu_) -> Result<int64_t> {
     Stmt s(db_,
            "INSERT INTO collects (vm_id, exec_id, collected_at, outcome, error, files, bytes, "
            "skipped, commit_id, branch, note, skipped_unlisted) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
@@ -663,7 +663,7 @@ Result<int64_t> Store::InsertCollect(const CollectRecord& c) {
 }
 
 Result<std::optional<CollectRecord>> Store::LatestCollect(const std::string& vm_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_,
          "SELECT id, vm_id, exec_id, collected_at, outcome, error, files, bytes, skipped, "
          "commit_id, branch, note, skipped_unlisted FROM collects WHERE vm_id = ? ORDER BY id DESC "
@@ -708,7 +708,7 @@ Result<std::optional<CollectRecord>> Store::LatestCollect(const std::string& vm_
 }
 
 Result<std::optional<int>> Store::LastExecId(const std::string& vm_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "SELECT max(id) FROM execs WHERE vm_id = ?");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, vm_id);

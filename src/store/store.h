@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "util/mutex.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
 
@@ -177,8 +178,8 @@ class Store {
   Status Exec(const std::string& sql);
   // Adds the columns later versions introduced to a database made by an earlier one.
   Status Migrate();
-  Status CheckpointLocked();
-  std::mutex mu_;
+  Status CheckpointLocked() REQUIRES(mu_);
+  Mutex mu_;
   sqlite3* db_ GUARDED_BY(mu_);
 };
 

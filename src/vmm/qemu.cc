@@ -473,8 +473,7 @@ Status Vm::Identify(Clock::time_point deadline) {
                          {"seed", RandomHex(64)},
                          {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
                         deadline));
-  if (!BoolOr(reply, "ok"))
-    return Unavailable("the guest refused its identity: " + reply.dump());
+  if (!BoolOr(reply, "ok")) return Unavailable("the guest refused its identity: " + reply.dump());
   boot_id_ = StrOr(reply, "boot_id");
   phases_["identity_ms"] = MsSince(start);
   if (reply.contains("timings_us")) phases_["identity_guest_us"] = reply["timings_us"];

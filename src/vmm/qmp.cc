@@ -1,7 +1,5 @@
 #include "vmm/qmp.h"
 
-#include "util/json.h"
-
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "util/json.h"
 #include "util/socket.h"
 
 namespace trybox::vmm {

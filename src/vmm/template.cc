@@ -103,8 +103,8 @@ Result<TemplateKey> ComputeTemplateKey(const TemplateShape& shape) {
 std::string TemplateMismatch(const Json& meta, const TemplateKey& key) {
   if (IntOr(meta, "format") != kMetaFormat) return "its format is not this trybox's";
   if (StrOr(meta, "key") == key.hash) return "";
-  const Json old = meta.contains("inputs") && meta["inputs"].is_object() ? meta["inputs"]
-                                                                         : Json::object();
+  const Json old =
+      meta.contains("inputs") && meta["inputs"].is_object() ? meta["inputs"] : Json::object();
   auto differs = [&](const char* field) {
     return (old.contains(field) ? old[field] : Json()) != key.inputs[field];
   };
