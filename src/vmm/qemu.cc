@@ -200,7 +200,12 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       // The frozen root is opened read-only; the guest writes only to its own qcow2 layer.
       "-drive", "id=root,file=" + img + "/rootfs.ext4,format=raw,if=none,readonly=on",
       "-device", "virtio-blk-device,drive=root",
-      "-drive", "id=disk,file=" + disk + ",format=qcow2,if=none,discard=unmap",
+      // A VM's layer is deleted at destroy: the guest's flushes need not reach the host's
+      // disk (cache=unsafe). Each fdatasync they caused allocated and journaled blocks that
+      // destroy then had to free: unlinking a 0.6 MB layer took 23-38 ms on a loaded host.
+      // A template's layer is kept, and flushed as before.
+      "-drive", "id=disk,file=" + disk + ",format=qcow2,if=none,discard=unmap,cache=" +
+                    (c.mode == StartMode::kTemplate ? "writeback" : "unsafe"),
       "-device", "virtio-blk-device,drive=disk",
       "-device", "virtio-rng-device",
       "-device", "virtio-serial-device",
