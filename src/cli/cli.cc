@@ -468,10 +468,21 @@ int CmdDoctor(Client& client) {
   std::cout << "qemu: " << (*r)["qemu"].get<std::string>() << "\n";
   std::cout << "daemon: pid " << (*r)["daemon_pid"] << ", socket "
             << (*r)["paths"]["socket"].get<std::string>() << "\n";
-  if (r->contains("spares") && !(*r)["spares"].empty()) {
-    std::cout << "spare clones ready:";
-    for (const auto& [shape, n] : (*r)["spares"].items()) std::cout << " " << shape << "=" << n;
-    std::cout << "\n";
+  if (r->contains("spare_pool") && (*r)["spare_pool"].is_object()) {
+    const Json& p = (*r)["spare_pool"];
+    if (!p.value("enabled", false)) {
+      std::cout << "spare clones: off (tryboxd --spares 0)\n";
+    } else {
+      std::cout << "spare clones: " << p.value("used_mib", 0) << " of " << p.value("budget_mib", 0)
+                << " MiB budget; at least " << p.value("min_spares", 0)
+                << " per shape in use, more with the creates of the last "
+                << p.value("demand_window_s", 0) << " s\n";
+      for (const auto& [shape, v] : p["shapes"].items()) {
+        std::cout << "  " << shape << ": " << v.value("ready", 0) << " ready, "
+                  << v.value("refilling", 0) << " refilling, target " << v.value("target", 0)
+                  << " (" << v.value("recent_creates", 0) << " recent creates)\n";
+      }
+    }
   }
   std::cout << "images (" << (*r)["paths"]["images"].get<std::string>() << "):\n";
   if ((*r)["images"].empty()) std::cout << "  none; run: trybox image build\n";

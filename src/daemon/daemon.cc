@@ -29,7 +29,8 @@ Status Daemon::Init() {
   lo.qemu = opts_.qemu;
   lo.force_accel = opts_.force_accel;
   lo.boot_timeout = opts_.boot_timeout;
-  lo.spares = opts_.spares;
+  lo.pool.min_spares = opts_.spares;
+  lo.pool.memory_budget_mib = opts_.spare_memory_mib;
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();

@@ -25,9 +25,16 @@ int main(int argc, char** argv) {
                  "TRYBOX_BOOT_TIMEOUT)");
   if (const char* n = std::getenv("TRYBOX_SPARES"); n && *n) opts.spares = std::atoi(n);
   app.add_option("--spares", opts.spares,
-                 "Restored, warmed clones kept ready per machine shape in use; 0 restores on "
-                 "demand (env TRYBOX_SPARES)")
+                 "Restored, warmed clones kept ready per machine shape in use, at least (more "
+                 "with demand); 0 restores on demand (env TRYBOX_SPARES)")
       ->check(CLI::Range(0, 16));
+  if (const char* n = std::getenv("TRYBOX_SPARE_MEMORY_MIB"); n && *n) {
+    opts.spare_memory_mib = std::atoll(n);
+  }
+  app.add_option("--spare-memory", opts.spare_memory_mib,
+                 "MiB all spare clones may take together (each counted at its memory size); "
+                 "the pool grows with demand up to this (env TRYBOX_SPARE_MEMORY_MIB)")
+      ->check(CLI::NonNegativeNumber);
   int64_t agent_idle_s = 3600;
   if (const char* n = std::getenv("TRYBOX_AGENT_IDLE_S"); n && *n) agent_idle_s = std::atoll(n);
   app.add_option("--agent-idle", agent_idle_s,

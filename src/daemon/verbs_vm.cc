@@ -65,6 +65,7 @@ Json Doctor(Services& s) {
           {"qemu", qv.ok() ? *qv : qv.status().message()},
           {"images", images},
           {"spares", s.launcher.SpareCounts()},
+          {"spare_pool", s.launcher.DescribeSpares()},
           {"paths",
            {{"socket", s.paths.socket()},
             {"state", s.paths.state},

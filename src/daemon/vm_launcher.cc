@@ -3,6 +3,7 @@
 #include "util/fd.h"
 #include "util/log.h"
 #include "util/names.h"
+#include "util/process.h"
 
 namespace trybox::daemon {
 namespace {
@@ -12,6 +13,22 @@ using Clock = std::chrono::steady_clock;
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 }  // namespace
+
+VmLauncher::VmLauncher(LauncherOptions opts, vmm::TemplateStore& templates, UidPool& uids,
+                       BackgroundQueue& background)
+    : opts_(std::move(opts)),
+      refill_nice_(opts_.refill_nice > 0 && CanRestorePriority() ? opts_.refill_nice : 0),
+      templates_(templates),
+      uids_(uids),
+      background_(background),
+      pool_(opts_.pool) {
+  if (opts_.refill_nice > 0 && refill_nice_ == 0) {
+    LogInfo("daemon",
+            "spare refills run at normal priority: this daemon could not raise a spare's "
+            "priority back when handing it out (no CAP_SYS_NICE, RLIMIT_NICE below 20)");
+  }
+  keeper_ = std::thread([this] { Keep(); });
+}
 
 VmLauncher::~VmLauncher() { DestroySpares(); }
 
@@ -57,13 +74,20 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   const vmm::TemplateShape shape = Shape(spec, Accel(spec.image_dir).accel);
   LaunchedVm out;
   if (!spec.cold) {
-    if (auto spare = TakeSpare(shape)) {
+    auto spare = TakeSpare(shape);
+    // The next spare is started now, at a lower priority than the VM handed out here.
+    RefillLater(shape);
+    if (spare) {
+      if (spare->niced) {
+        Status st = spare->vm->SetNice(0);
+        if (!st.ok())
+          LogWarn("daemon", "could not give a spare its priority back: " + st.message());
+      }
       Status st = spare->vm->Identify(Clock::now() + opts_.boot_timeout);
       if (st.ok()) {
         out.vm = std::move(spare->vm);
         out.uid = std::move(spare->uid);
         out.start = {{"mode", "restored"}, {"spare", true}};
-        RefillLater(shape);
         return out;
       }
       LogWarn("daemon", "a spare clone failed its identity; restoring another: " + st.message());
@@ -101,7 +125,6 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   if (vm.ok()) {
     out.vm = std::move(*vm);
     out.start = {{"mode", "restored"}, {"spare", false}, {"template", template_info}};
-    RefillLater(shape);
     return out;
   }
   std::string why = FirstLine(vm.status().message());
@@ -123,23 +146,14 @@ std::optional<VmLauncher::Spare> VmLauncher::TakeSpare(const vmm::TemplateShape&
   auto key = vmm::ComputeTemplateKey(shape);
   if (!key.ok()) return std::nullopt;
   std::vector<Spare> stale;
-  std::optional<Spare> found;
-  {
-    MutexLock lock(mu_);
-    auto& list = spares_[templates_.DirFor(shape)];
-    while (!list.empty() && !found) {
-      Spare s = std::move(list.back());
-      list.pop_back();
-      // A spare of an older template (the image or QEMU changed since) is not this shape.
-      if (s.key == key->hash && s.vm->alive()) {
-        found = std::move(s);
-      } else {
-        stale.push_back(std::move(s));
-      }
-    }
-  }
+  const auto now = Clock::now();
+  // A spare of an older template (the image or QEMU changed since) is not this shape.
+  auto spare = pool_.Take(
+      templates_.DirFor(shape), shape.memory_mib, now, now + opts_.boot_timeout,
+      [&](const Spare& s) { return s.key == key->hash && s.vm->alive(); }, &stale);
   for (auto& s : stale) s.vm->Destroy();
-  return found;
+  PokeKeeper();
+  return spare;
 }
 
 void VmLauncher::RebuildLater(const vmm::TemplateShape& shape) {
@@ -151,55 +165,91 @@ void VmLauncher::RebuildLater(const vmm::TemplateShape& shape) {
 }
 
 void VmLauncher::RefillLater(const vmm::TemplateShape& shape) {
-  if (opts_.spares <= 0) return;
-  // The create that just took a spare is about to run its caller's first commands;
-  // restoring the next spare at the same moment would take a core from them.
-  auto not_before = Clock::now() + opts_.refill_delay;
-  background_.Enqueue("refill " + templates_.DirFor(shape), [this, shape, not_before] {
-    if (background_.SleepUntil(not_before)) Refill(shape);
-  });
+  if (!pool_.enabled()) return;
+  background_.Enqueue("refill " + templates_.DirFor(shape), [this, shape] { Refill(shape); });
 }
 
 void VmLauncher::Refill(const vmm::TemplateShape& shape) {
   const std::string dir = templates_.DirFor(shape);
+  while (pool_.Wanted(dir, shape.memory_mib, Clock::now()) > 0) {
+    pool_.RefillStarted(dir);
+    auto spare = MakeSpare(shape, dir);
+    if (!spare.ok())
+      LogWarn("daemon", "could not prepare a spare clone: " + spare.status().message());
+    auto leftover = pool_.RefillDone(
+        dir, spare.ok() ? std::optional<Spare>(std::move(*spare)) : std::nullopt, Clock::now());
+    PokeKeeper();
+    if (leftover) leftover->vm->Destroy();
+    if (!spare.ok() || background_.stopping()) return;
+  }
+}
+
+Result<VmLauncher::Spare> VmLauncher::MakeSpare(const vmm::TemplateShape& shape,
+                                                const std::string& dir) {
+  ASSIGN_OR_RETURN(auto key, vmm::ComputeTemplateKey(shape));
+  ASSIGN_OR_RETURN(auto lease, GetTemplate(shape));
+  ASSIGN_OR_RETURN(UidLease uid, uids_.Acquire());
+  vmm::VmConfig cfg = BaseConfig(shape, NewId());
+  cfg.mode = vmm::StartMode::kRestore;
+  cfg.template_dir = lease.dir;
+  cfg.memory_fd = lease.memory_fd;
+  cfg.qemu_uid = uid.uid();
+  cfg.nice = refill_nice_;
+  auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
+  lease.hold.unlock();
+  if (!vm.ok()) return vm.status();
+  Spare spare{std::move(*vm), key.hash, std::move(uid), refill_nice_ != 0};
+  // A create is waiting for this one: it need not yield any more.
+  if (spare.niced && pool_.Claimed(dir) && spare.vm->SetNice(0).ok()) spare.niced = false;
+  Status st = spare.vm->Warm(Clock::now() + opts_.boot_timeout);
+  if (!st.ok()) {
+    spare.vm->Destroy();
+    return st;
+  }
+  return spare;
+}
+
+void VmLauncher::PokeKeeper() {
+  MutexLock lock(keeper_mu_);
+  keeper_poked_ = true;
+  keeper_cv_.SignalAll();
+}
+
+void VmLauncher::Keep() {
   for (;;) {
     {
-      MutexLock lock(mu_);
-      if (stopping_ || static_cast<int>(spares_[dir].size()) >= opts_.spares) return;
-    }
-    auto key = vmm::ComputeTemplateKey(shape);
-    auto lease = GetTemplate(shape);
-    auto uid = uids_.Acquire();
-    if (!key.ok() || !lease.ok() || !uid.ok()) return;
-    vmm::VmConfig cfg = BaseConfig(shape, NewId());
-    cfg.mode = vmm::StartMode::kRestore;
-    cfg.template_dir = lease->dir;
-    cfg.memory_fd = lease->memory_fd;
-    cfg.qemu_uid = uid->uid();
-    auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
-    lease->hold.unlock();
-    Status st = vm.ok() ? (*vm)->Warm(Clock::now() + opts_.boot_timeout) : vm.status();
-    if (!st.ok()) {
-      LogWarn("daemon", "could not prepare a spare clone: " + st.message());
-      return;
-    }
-    {
-      MutexLock lock(mu_);
-      if (!stopping_) {
-        spares_[dir].push_back({std::move(*vm), key->hash, std::move(*uid)});
-        continue;
+      MutexLock lock(keeper_mu_);
+      while (!keeper_stop_ && !keeper_poked_) {
+        auto next = pool_.NextRelease(Clock::now());
+        if (!next) {
+          keeper_cv_.Wait(keeper_mu_);
+        } else if (!keeper_cv_.WaitUntil(keeper_mu_, *next)) {
+          break;  // one is due
+        }
       }
+      if (keeper_stop_) return;
+      keeper_poked_ = false;
     }
-    (*vm)->Destroy();
-    return;
+    for (auto& s : pool_.Release(Clock::now())) {
+      LogInfo("daemon", "released an idle spare clone (" + s.vm->config().id + ")");
+      s.vm->Destroy();
+    }
   }
 }
 
 Json VmLauncher::SpareCounts() const {
   Json out = Json::object();
-  MutexLock lock(mu_);
-  for (const auto& [dir, list] : spares_) out[dir.substr(dir.rfind('/') + 1)] = list.size();
+  for (const auto& [dir, n] : pool_.ReadyCounts()) out[dir.substr(dir.rfind('/') + 1)] = n;
   return out;
+}
+
+Json VmLauncher::DescribeSpares() const {
+  Json d = pool_.Describe(Clock::now());
+  Json shapes = Json::object();
+  for (auto& [dir, v] : d["shapes"].items()) shapes[dir.substr(dir.rfind('/') + 1)] = v;
+  d["shapes"] = shapes;
+  d["refill_nice"] = refill_nice_;
+  return d;
 }
 
 Json VmLauncher::DescribeTemplate(const std::string& image_name, const std::string& image_dir,
@@ -209,15 +259,13 @@ Json VmLauncher::DescribeTemplate(const std::string& image_name, const std::stri
 }
 
 void VmLauncher::DestroySpares() {
-  std::map<std::string, std::vector<Spare>> spares;
   {
-    MutexLock lock(mu_);
-    stopping_ = true;
-    spares.swap(spares_);
+    MutexLock lock(keeper_mu_);
+    keeper_stop_ = true;
+    keeper_cv_.SignalAll();
   }
-  for (auto& [dir, list] : spares) {
-    for (auto& s : list) s.vm->Destroy();
-  }
+  if (keeper_.joinable()) keeper_.join();
+  for (auto& s : pool_.Stop()) s.vm->Destroy();
 }
 
 }  // namespace trybox::daemon

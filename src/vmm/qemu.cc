@@ -97,6 +97,7 @@ Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
   QemuSandbox q;
   q.seen = c;
   q.spawn.new_netns = c.netns;
+  q.spawn.nice = c.nice;
   // QEMU's environment names the VM directory, so a test can find a sandboxed QEMU whose
   // command line only says /proc/self/fd/4.
   std::vector<std::string> env;
@@ -478,8 +479,7 @@ Status Vm::Identify(Clock::time_point deadline) {
                          {"seed", RandomHex(64)},
                          {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
                         deadline));
-  if (!BoolOr(reply, "ok"))
-    return Unavailable("the guest refused its identity: " + reply.dump());
+  if (!BoolOr(reply, "ok")) return Unavailable("the guest refused its identity: " + reply.dump());
   boot_id_ = StrOr(reply, "boot_id");
   phases_["identity_ms"] = MsSince(start);
   if (reply.contains("timings_us")) phases_["identity_guest_us"] = reply["timings_us"];
@@ -607,6 +607,11 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
 }
 
 std::string Vm::ConsoleTail(size_t max) const { return Tail(config_.vm_dir + "/console.log", max); }
+
+Status Vm::SetNice(int nice) {
+  if (pid_ <= 0) return FailedPrecondition("QEMU is not running");
+  return SetProcessNice(pid_, nice);
+}
 
 DestroyReport Vm::Destroy() {
   if (destroyed_) return *destroyed_;

@@ -55,6 +55,9 @@ struct VmConfig {
   // (/proc/self/fd/3 and /proc/self/fd/4), so neither path's ancestors need opening up.
   bool netns = true;
   std::optional<uid_t> qemu_uid;
+  // QEMU's nice value from its start (a spare being prepared yields the CPU to the VMs in
+  // use; Vm::SetNice takes it back when the spare is handed out).
+  int nice = 0;
 };
 
 // Descriptors QEMU inherits: the image and VM directories (O_PATH) when it runs as another
@@ -142,6 +145,9 @@ class Vm {
   // Where streams the guest opens (egress tunnels) go. Until one is set they are refused.
   // A spare clone gets its handler when it is handed out.
   void SetGuestOpen(channel::Mux::OpenHandler handler);
+
+  // Sets the nice value of every QEMU thread.
+  Status SetNice(int nice);
 
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
   // Idempotent: a second call returns the first report.
