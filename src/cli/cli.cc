@@ -150,10 +150,46 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
   }
 }
 
+// The END of `s`. The daemon's progress EVENTs ({"progress": {stage, message}}) are printed
+// on stderr once the wait has lasted a second (a quick answer prints nothing), if `show`.
+Result<Json> AwaitWithProgress(channel::Stream& s, bool show) {
+  const auto print_from = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  std::optional<std::string> pending;
+  bool printing = false;
+  for (;;) {
+    channel::Stream::Deadline deadline;
+    if (show && !printing && pending) deadline = print_from;
+    auto m = s.Next(deadline);
+    if (!m.ok() && m.status().code() == Code::kDeadlineExceeded) {
+      printing = true;
+      std::cerr << "trybox: " << *pending << "...\n";
+      pending.reset();
+      continue;
+    }
+    if (!m.ok()) return m.status();
+    if (m->kind == Kind::kEnd) {
+      RETURN_IF_ERROR(StatusFromReply(m->body));
+      return m->body;
+    }
+    if (m->kind == Kind::kReset) {
+      return Unavailable("tryboxd aborted the request: " + m->body.value("reason", ""));
+    }
+    if (m->kind == Kind::kEvent && m->body.contains("progress") &&
+        m->body["progress"].is_object()) {
+      std::string msg = m->body["progress"].value("message", "");
+      if (printing) {
+        std::cerr << "trybox: " << msg << "...\n";
+      } else {
+        pending = msg;
+      }
+    }
+  }
+}
+
 // `ephemeral`: the daemon destroys the VM when this connection closes, so a `run` that is
 // interrupted or killed never leaves its VM behind.
-Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral) {
-  ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "create"},
+Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral, bool quiet) {
+  ASSIGN_OR_RETURN(auto s, client.Open({{"verb", "create"},
                                         {"image", vm.image},
                                         {"memory_mib", vm.memory_mib},
                                         {"cpus", vm.cpus},
@@ -162,6 +198,7 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
                                         {"allow", vm.allow},
                                         {"profiles", vm.profiles},
                                         {"ephemeral", ephemeral}}));
+  ASSIGN_OR_RETURN(Json r, AwaitWithProgress(*s, ShowProgress(quiet)));
   // A fallback (template unusable, booted cold) is news; --cold is not.
   const Json& start = r["vm"]["start"];
   if (!vm.cold && start.is_object() && start.contains("note")) {
@@ -383,7 +420,8 @@ int CmdImageBuild(const Invocation& inv) {
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
   o.init_binary = dir.substr(0, dir.rfind('/')) + "/trybox-init";
-  o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
+  if (ShowProgress(inv.quiet))
+    o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
   // Ctrl-C: kill the build's children (mmdebstrap runs in its own process group and would
   // not see the terminal's signal), so the build fails and removes its partial output.
   sigset_t set;
@@ -458,8 +496,8 @@ int CmdImageLs(bool json) {
   return 0;
 }
 
-int CmdDoctor(Client& client) {
-  auto r = client.Call({{"verb", "doctor"}});
+int CmdDoctor(Client& client, bool probe) {
+  auto r = client.Call({{"verb", "doctor"}, {"probe", probe}});
   if (!r.ok()) return Fail(r.status());
   const Json& a = (*r)["accel"];
   std::cout << "acceleration: "
@@ -556,6 +594,14 @@ Status ValidateEnvAssignment(const std::string& kv) {
   return Status::Ok();
 }
 
+bool ShowProgress(bool quiet) {
+  if (quiet) return false;
+  const char* force = std::getenv("TRYBOX_PROGRESS");
+  if (force && std::string(force) == "always") return true;
+  if (force && std::string(force) == "never") return false;
+  return ::isatty(2) == 1;
+}
+
 int ExitCodeFor(const nlohmann::json& result, std::string* message) {
   std::string outcome = result.value("outcome", "");
   message->clear();
@@ -636,6 +682,13 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   ils->add_flag("--json", inv.json, "JSON output");
 
   auto* doctor = app.add_subcommand("doctor", "Show the acceleration choice and the set-up");
+  doctor->add_flag("--probe", inv.probe,
+                   "Probe the acceleration again instead of using the answer kept from an "
+                   "earlier probe");
+  for (auto* cmd : {run, create, build}) {
+    cmd->add_flag("-q,--quiet", inv.quiet,
+                  "Print no progress on stderr (it is printed only to a terminal anyway)");
+  }
 
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
@@ -757,7 +810,7 @@ int Run(const Invocation& inv) {
   if (inv.command == "ls") return CmdLs(c, inv.json);
   if (inv.command == "rm") return CmdRm(c, inv.ids);
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst);
-  if (inv.command == "doctor") return CmdDoctor(c);
+  if (inv.command == "doctor") return CmdDoctor(c, inv.probe);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "collect") {
@@ -770,7 +823,7 @@ int Run(const Invocation& inv) {
     if (!st.ok()) return Fail(st);
   }
   if (inv.command == "create") {
-    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false);
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false, inv.quiet);
     if (!id.ok()) return Fail(id.status());
     if (!inv.vm.workspace.empty()) {
       int code = InjectWorkspace(c, *id, inv.vm);
@@ -783,7 +836,7 @@ int Run(const Invocation& inv) {
     return 0;
   }
   if (inv.command == "run") {
-    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true);
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true, inv.quiet);
     if (!id.ok()) return Fail(id.status());
     int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm);
     bool ran = code == 0;

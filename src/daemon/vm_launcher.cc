@@ -4,6 +4,7 @@
 #include "util/log.h"
 #include "util/names.h"
 #include "util/process.h"
+#include "vmm/accel.h"
 
 namespace trybox::daemon {
 namespace {
@@ -32,24 +33,58 @@ VmLauncher::VmLauncher(LauncherOptions opts, vmm::TemplateStore& templates, UidP
 
 VmLauncher::~VmLauncher() { DestroySpares(); }
 
-vmm::AccelChoice VmLauncher::Accel(const std::string& image_dir) {
+vmm::AccelChoice VmLauncher::Accel(const std::string& image_dir, const Progress& progress) {
   {
     MutexLock lock(mu_);
     if (accel_) return *accel_;
   }
-  vmm::AccelChoice c;
-  if (!opts_.force_accel.empty()) {
-    c = {opts_.force_accel, "forced by --accel " + opts_.force_accel};
-  } else {
-    c = vmm::ProbeAccel(image_dir, opts_.probe_dir, opts_.qemu);
-  }
-  LogInfo("daemon", "acceleration: " + c.accel + " (" + c.reason + ")");
-  if (!opts_.accel_file.empty()) {
-    (void)WriteFileAtomic(opts_.accel_file, Json{{"accel", c.accel}, {"reason", c.reason}}.dump());
-  }
+  vmm::AccelChoice c = ChooseAccel(image_dir, /*fresh=*/false, progress);
   MutexLock lock(mu_);
   if (!accel_) accel_ = c;
   return *accel_;
+}
+
+vmm::AccelChoice VmLauncher::Reprobe(const std::string& image_dir) {
+  vmm::AccelChoice c = ChooseAccel(image_dir, /*fresh=*/true, {});
+  MutexLock lock(mu_);
+  accel_ = c;
+  return c;
+}
+
+vmm::AccelChoice VmLauncher::ChooseAccel(const std::string& image_dir, bool fresh,
+                                         const Progress& progress) {
+  if (!opts_.force_accel.empty()) {
+    vmm::AccelChoice c{opts_.force_accel, "forced by --accel " + opts_.force_accel};
+    // No key: a forced choice is no probe's answer, and is never reused as one.
+    if (!opts_.accel_file.empty()) {
+      (void)WriteFileAtomic(opts_.accel_file,
+                            Json{{"accel", c.accel}, {"reason", c.reason}}.dump());
+    }
+    return c;
+  }
+  auto key = opts_.accel_key ? opts_.accel_key(image_dir) : vmm::AccelKey(opts_.qemu, image_dir);
+  if (!key.ok())
+    LogWarn("daemon", "the acceleration probe's answer cannot be kept: " + key.status().message());
+  if (!fresh && key.ok() && !opts_.accel_file.empty()) {
+    if (auto cached = vmm::LoadCachedAccel(opts_.accel_file, *key)) {
+      cached->reason +=
+          " (the answer of an earlier probe on this host, kernel, QEMU and CPU; "
+          "`trybox doctor --probe` probes again)";
+      LogInfo("daemon", "acceleration: " + cached->accel + ", cached");
+      return *cached;
+    }
+  }
+  if (progress) {
+    progress("probe", "checking whether KVM runs a guest on this host (once; the answer is kept)");
+  }
+  vmm::AccelChoice c = opts_.probe ? opts_.probe(image_dir)
+                                   : vmm::ProbeAccel(image_dir, opts_.probe_dir, opts_.qemu);
+  LogInfo("daemon", "acceleration: " + c.accel + " (" + c.reason + ")");
+  if (key.ok() && !opts_.accel_file.empty()) {
+    Status st = vmm::SaveAccel(opts_.accel_file, *key, c);
+    if (!st.ok()) LogWarn("daemon", "could not keep the probe's answer: " + st.message());
+  }
+  return c;
 }
 
 vmm::TemplateShape VmLauncher::Shape(const LaunchSpec& spec, const std::string& accel) const {
@@ -71,7 +106,8 @@ vmm::VmConfig VmLauncher::BaseConfig(const vmm::TemplateShape& shape, const std:
 }
 
 Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
-  const vmm::TemplateShape shape = Shape(spec, Accel(spec.image_dir).accel);
+  const Progress& progress = spec.progress;
+  const vmm::TemplateShape shape = Shape(spec, Accel(spec.image_dir, progress).accel);
   LaunchedVm out;
   if (!spec.cold) {
     auto spare = TakeSpare(shape);
@@ -99,11 +135,12 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   cfg.qemu_uid = out.uid.uid();
   auto boot_cold = [&](const std::string& note) -> Result<LaunchedVm> {
     out.start = {{"mode", "cold"}, {"note", note}};
+    if (progress) progress("cold", "booting the kernel (" + note + ")");
     ASSIGN_OR_RETURN(out.vm, vmm::Vm::Boot(cfg, opts_.boot_timeout));
     return std::move(out);
   };
   if (spec.cold) return boot_cold("a full boot was asked for (--cold)");
-  auto tpl = GetTemplate(shape);
+  auto tpl = GetTemplate(shape, progress);
   if (!tpl.ok()) {
     // No template means no restore, not no VM: the cold boot may still work.
     std::string note =
@@ -120,6 +157,7 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   restore.mode = vmm::StartMode::kRestore;
   restore.template_dir = tpl->dir;
   restore.memory_fd = tpl->memory_fd;
+  if (progress) progress("restore", "restoring a clone of the template (no spare clone was ready)");
   auto vm = vmm::Vm::Restore(restore, opts_.boot_timeout);
   tpl->hold.unlock();
   if (vm.ok()) {
@@ -136,10 +174,11 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   return boot_cold(note);
 }
 
-Result<vmm::TemplateStore::Lease> VmLauncher::GetTemplate(const vmm::TemplateShape& shape) {
+Result<vmm::TemplateStore::Lease> VmLauncher::GetTemplate(const vmm::TemplateShape& shape,
+                                                          const Progress& progress) {
   ASSIGN_OR_RETURN(UidLease uid, uids_.Acquire());
   // The template VM, if one is booted, is gone when Get returns; the uid goes with `uid`.
-  return templates_.Get(shape, vmm::TemplateStore::Sandbox{opts_.netns, uid.uid()});
+  return templates_.Get(shape, vmm::TemplateStore::Sandbox{opts_.netns, uid.uid()}, progress);
 }
 
 std::optional<VmLauncher::Spare> VmLauncher::TakeSpare(const vmm::TemplateShape& shape) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -33,11 +34,15 @@ namespace trybox::daemon {
 
 using Json = nlohmann::json;
 
+// Told before a step of a create that may take seconds: (stage, what is being done).
+// Stages: "probe", "template", "memory", "restore", "cold" (docs/protocol/daemon.md).
+using Progress = std::function<void(const std::string& stage, const std::string& message)>;
+
 struct LauncherOptions {
   std::string vms_dir;        // per-VM directories
   std::string templates_dir;  // TemplateStore's root
   std::string probe_dir;      // where the acceleration probe runs
-  std::string accel_file;     // the probe's result, written for people to read
+  std::string accel_file;     // the probe's result and its key (vmm/accel.h), reused
   std::string qemu = "qemu-system-x86_64";
   std::string force_accel;  // "kvm", "tcg", or "" to probe
   std::chrono::milliseconds boot_timeout{120000};
@@ -46,6 +51,10 @@ struct LauncherOptions {
   // could not take it back: no CAP_SYS_NICE, RLIMIT_NICE below 20).
   int refill_nice = 10;
   bool netns = true;
+  // Seams for tests; empty means the real ones: vmm::ProbeAccel (5 s at most) and
+  // vmm::AccelKey.
+  std::function<vmm::AccelChoice(const std::string& image_dir)> probe;
+  std::function<Result<Json>(const std::string& image_dir)> accel_key;
 };
 
 struct LaunchSpec {
@@ -55,6 +64,7 @@ struct LaunchSpec {
   int memory_mib = 512;
   int cpus = 1;
   bool cold = false;
+  Progress progress;  // may be empty
 };
 
 struct LaunchedVm {
@@ -72,8 +82,11 @@ class VmLauncher {
   // Destroys the spares.
   ~VmLauncher();
 
-  // The accelerator for VMs of `image_dir`'s kernel: probed once, then kept.
-  vmm::AccelChoice Accel(const std::string& image_dir) EXCLUDES(mu_);
+  // The accelerator for VMs of `image_dir`'s kernel: the probe's answer kept in accel_file
+  // while its key holds (across restarts), else probed once and kept.
+  vmm::AccelChoice Accel(const std::string& image_dir, const Progress& progress = {}) EXCLUDES(mu_);
+  // Probes again whatever is cached (doctor --probe), and keeps the new answer.
+  vmm::AccelChoice Reprobe(const std::string& image_dir) EXCLUDES(mu_);
   // Starts a VM. Returns once its guest agent answered (and, for a clone, took its
   // identity). A VM id is chosen here (a spare brings its own).
   Result<LaunchedVm> Launch(const LaunchSpec& spec) EXCLUDES(mu_);
@@ -95,9 +108,11 @@ class VmLauncher {
     UidLease uid;
     bool niced = false;  // still at the refill's priority
   };
+  vmm::AccelChoice ChooseAccel(const std::string& image_dir, bool fresh, const Progress& progress);
   vmm::TemplateShape Shape(const LaunchSpec& spec, const std::string& accel) const;
   vmm::VmConfig BaseConfig(const vmm::TemplateShape& shape, const std::string& id) const;
-  Result<vmm::TemplateStore::Lease> GetTemplate(const vmm::TemplateShape& shape);
+  Result<vmm::TemplateStore::Lease> GetTemplate(const vmm::TemplateShape& shape,
+                                                const Progress& progress = {});
   // A ready spare of `shape`'s current template (or one being prepared, waited for).
   std::optional<Spare> TakeSpare(const vmm::TemplateShape& shape);
   void RebuildLater(const vmm::TemplateShape& shape);

@@ -42,7 +42,8 @@ class VmService {
   // allow-list.
   Status Validate(const CreateRequest& req) const;
   // Validates everything before anything boots, then starts and records the VM.
-  Result<CreatedVm> Create(const CreateRequest& req);
+  // `progress` hears of the steps that may take seconds (vm_launcher.h).
+  Result<CreatedVm> Create(const CreateRequest& req, const Progress& progress = {});
   // Kills the VM and reports what was observed. FAILED_PRECONDITION if it was already
   // destroyed (or is being destroyed), NOT_FOUND if it never existed.
   Result<vmm::DestroyReport> Destroy(const std::string& id);

@@ -237,7 +237,7 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
 }
 
 AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir,
-                       const std::string& qemu) {
+                       const std::string& qemu, std::chrono::milliseconds timeout) {
   if (::access("/dev/kvm", F_OK) != 0) return {"tcg", "/dev/kvm does not exist"};
   int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
   if (fd < 0) {
@@ -268,7 +268,7 @@ AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir
                        image_dir + "/initrd.cpio",
                        "-append",
                        "console=ttyS0 quiet panic=-1 trybox.probe=1"},
-                      std::chrono::seconds(30));
+                      timeout);
   double ms = MsSince(start);
   std::string console = Tail(log, 4096);
   ::unlink(log.c_str());
@@ -372,7 +372,7 @@ Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::millis
   const std::string disk = DiskLayer(config);
   Status st = RunChecked({"qemu-img", "create", "-q", "-f", "qcow2", "-b",
                           config.image_dir + "/scratch.qcow2", "-F", "qcow2", disk},
-                         std::chrono::seconds(30));
+                         timeout);
   if (!st.ok()) return vm->Fail(st.Annotate("create the VM's disk layer"));
   if (config.mode == StartMode::kTemplate) {
     // The file QEMU maps as guest RAM; sparse until the guest touches it.
