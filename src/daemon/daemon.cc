@@ -34,7 +34,8 @@ Status Daemon::Init() {
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();
-  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images);
+  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
+                                     opts_.disk_transfers);
   vms_->ReapLeftovers(p.vms(), p.templates());
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);

@@ -47,6 +47,8 @@ struct Options {
   // turns spares off.
   int spares = 1;
   int64_t spare_memory_mib = 2048;
+  // Bulk data (workspaces, cp) through each VM's transfer disk; false: always the channel.
+  bool disk_transfers = true;
   // A vm_agent run left waiting (NEEDS_INPUT, IN_PROGRESS, ERROR) keeps its VM this long
   // after its last call; then the VM is destroyed and the run can no longer continue.
   std::chrono::seconds agent_idle{3600};

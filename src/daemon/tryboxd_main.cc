@@ -41,10 +41,17 @@ int main(int argc, char** argv) {
                  "Seconds a vm_agent run waiting for an answer or a resume keeps its VM (env "
                  "TRYBOX_AGENT_IDLE_S)")
       ->check(CLI::PositiveNumber);
+  std::string transfer = "disk";
+  if (const char* t = std::getenv("TRYBOX_TRANSFER"); t && *t) transfer = t;
+  app.add_option("--transfer", transfer,
+                 "How bulk data (workspaces, cp) reaches a VM: through its transfer disk, or "
+                 "only the control channel (env TRYBOX_TRANSFER)")
+      ->check(CLI::IsMember({"disk", "channel"}));
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
+  opts.disk_transfers = transfer == "disk";
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);

@@ -38,7 +38,8 @@ Json WorkspaceInJson(const InjectOutcome& o) {
                   {"bytes", rec.bytes},
                   {"quota_bytes", rec.quota_bytes},
                   {"skipped", rec.skipped},
-                  {"exclude", rec.excludes}}},
+                  {"exclude", rec.excludes},
+                  {"transfer", o.via_disk ? "disk" : "channel"}}},
                 {"setup", nullptr}};
   if (o.setup) {
     reply["setup"] = {{"result", o.setup->result.ToJson()},
@@ -77,6 +78,7 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
     out["injected_commit"] = c->injected_commit;
     out["excluded"] = c->excluded;
     out["tar_bytes"] = c->tar_bytes;
+    out["transfer"] = c->via_disk ? "disk" : "channel";
     out["into"] = c->into;
     out["dir"] = c->dir;
     return {{"ok", true}, {"collect", out}};

@@ -45,7 +45,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   auto eg = egress_.NewVm(std::move(allow));
   launched->vm->SetGuestOpen(egress_.GuestHandler(cfg.id, eg));
   out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), eg, rec,
-                                        req.privileged);
+                                        req.privileged, disk_transfers_);
   Status st = store_.InsertVm(rec);
   if (!st.ok()) {
     out.entry->Destroy();

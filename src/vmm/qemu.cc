@@ -134,6 +134,7 @@ Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
     RETURN_IF_ERROR(GiveTo(c.template_dir + kTemplateMemory, uid));
   }
   RETURN_IF_ERROR(GiveTo(disk, uid));
+  RETURN_IF_ERROR(GiveTo(c.vm_dir + "/" + kTransferDisk, uid));
   if (!restore) {
     // The layer names its backing file by path; point it through the image's fd. -u
     // rewrites the header only. (A clone's layer names the template's disk through fd 5.)
@@ -208,6 +209,11 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       "-drive", "id=disk,file=" + disk + ",format=qcow2,if=none,discard=unmap,cache=" +
                     (c.mode == StartMode::kTemplate ? "writeback" : "unsafe"),
       "-device", "virtio-blk-device,drive=disk",
+      // The transfer disk (docs/protocol/guest.md, "Bulk data through a disk"): a raw file
+      // of the VM's own, empty and of capacity 0 except during a transfer, when the daemon
+      // fills it (or lets the guest fill it) and announces its size (QMP block_resize).
+      "-drive", "id=xfer,file=" + dir + "/" + kTransferDisk + ",format=raw,if=none,cache=unsafe",
+      "-device", std::string("virtio-blk-device,drive=xfer,serial=") + kTransferDiskSerial,
       "-device", "virtio-rng-device",
       "-device", "virtio-serial-device",
       "-chardev", "socket,id=ctl,path=" + dir + "/ctl.sock,server=on,wait=off",
@@ -219,6 +225,7 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
   };
   // clang-format on
+  a.insert(a.end(), {"-qmp", "unix:" + dir + "/qmp.sock,server=on,wait=off"});
   if (!cold) {
     // The template's RAM is a file. The template maps it shared, so its RAM lands in the
     // file and the saved state need not carry it (x-ignore-shared). Clones map a sealed
@@ -227,10 +234,9 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
     // clones' included, can write the original.
     const bool share = c.mode == StartMode::kTemplate;
     const std::string path = share ? c.template_dir + kTemplateMemory : FdPath(kRestoreMemoryFd);
-    a.insert(a.end(), {"-object",
-                       "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mib) +
-                           "M,mem-path=" + path + (share ? ",share=on" : ",share=off"),
-                       "-qmp", "unix:" + dir + "/qmp.sock,server=on,wait=off"});
+    a.insert(a.end(),
+             {"-object", "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mib) +
+                             "M,mem-path=" + path + (share ? ",share=on" : ",share=off")});
   }
   if (c.mode == StartMode::kRestore) a.insert(a.end(), {"-incoming", "defer"});
   return a;
@@ -306,6 +312,9 @@ Status Vm::Fail(const Status& st) {
 }
 
 Status Vm::Spawn(int state_fd) {
+  // The transfer disk starts empty: capacity 0, nothing for the guest to read or write.
+  ASSIGN_OR_RETURN(UniqueFd xfer, OpenFile(config_.vm_dir + "/" + kTransferDisk,
+                                           O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   ASSIGN_OR_RETURN(QemuSandbox sandbox, SandboxQemu(config_, state_fd));
   auto log = OpenFile(config_.vm_dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!log.ok()) return log.status();
@@ -359,7 +368,9 @@ Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
       return DeadlineExceeded("the guest agent did not answer in time");
     }
   }
-  return fut.get();
+  Json got = fut.get();
+  transfer_disk_ = BoolOr(got, "transfer_disk");
+  return got;
 }
 
 Result<std::unique_ptr<Vm>> Vm::Boot(const VmConfig& config, std::chrono::milliseconds timeout) {
@@ -607,6 +618,17 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
 }
 
 std::string Vm::ConsoleTail(size_t max) const { return Tail(config_.vm_dir + "/console.log", max); }
+
+std::string Vm::transfer_disk_path() const { return config_.vm_dir + "/" + kTransferDisk; }
+
+Status Vm::ResizeTransferDisk(uint64_t bytes) {
+  if (!alive()) return Unavailable("the guest is gone: " + death_reason());
+  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", Clock::now() + std::chrono::seconds(10));
+  if (!qmp.ok()) return qmp.status().Annotate("resize the transfer disk");
+  return qmp->Execute("block_resize", {{"device", "xfer"}, {"size", bytes}})
+      .status()
+      .Annotate("resize the transfer disk to " + std::to_string(bytes) + " bytes");
+}
 
 Status Vm::SetNice(int nice) {
   if (pid_ <= 0) return FailedPrecondition("QEMU is not running");

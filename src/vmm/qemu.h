@@ -75,6 +75,10 @@ inline constexpr const char* kTemplateState = "/state";
 inline constexpr const char* kTemplateDisk = "/disk.qcow2";
 inline constexpr const char* kTemplateCloneDisk = "/clone.qcow2";  // empty overlay for clones
 
+// The transfer disk: a file in every VM's directory behind a virtio-blk slot with this serial.
+inline constexpr const char* kTransferDisk = "xfer.img";
+inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+
 // The full argv for a VM: -M microvm, no network card, no default devices, the frozen root
 // read-only, a per-VM qcow2 layer, and the control port org.trybox.ctl on a unix socket.
 std::vector<std::string> QemuArgv(const VmConfig& c);
@@ -153,6 +157,16 @@ class Vm {
   // Sets the nice value of every QEMU thread.
   Status SetNice(int nice);
 
+  // The transfer disk (docs/protocol/guest.md): usable once the guest's hello said it has
+  // it open. Its host file, and its capacity as the guest sees it (QMP block_resize, which
+  // also truncates or extends the file). One transfer at a time: TryLockTransferDisk.
+  bool has_transfer_disk() const { return transfer_disk_; }
+  std::string transfer_disk_path() const;
+  Status ResizeTransferDisk(uint64_t bytes);
+  std::unique_lock<std::mutex> TryLockTransferDisk() {
+    return std::unique_lock<std::mutex>(transfer_mu_, std::try_to_lock);
+  }
+
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
   // Idempotent: a second call returns the first report.
   DestroyReport Destroy();
@@ -192,6 +206,8 @@ class Vm {
   std::optional<ExitInfo> qemu_exit_ GUARDED_BY(mu_);
   std::string death_ GUARDED_BY(mu_);
   std::optional<DestroyReport> destroyed_;
+  std::atomic<bool> transfer_disk_{false};
+  std::mutex transfer_mu_;
 };
 
 // Kills a QEMU left behind by a daemon that died, if `pid` is still that VM's process (its

@@ -1,6 +1,7 @@
 // End to end, issue 20 ("speed as users feel it"): what the speed work promises, checked
 // for function, never for time. Real tryboxd, real CLI, real guests.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +10,11 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/client.h"
 #include "tests/e2e/harness.h"
 #include "util/fd.h"
+#include "util/paths.h"
+#include "util/process.h"
 
 namespace trybox::e2e {
 namespace {
@@ -122,6 +126,149 @@ TEST(SpeedE2E, TheSparePoolGrowsWithDemandAndHandsOutSparesAtNormalPriority) {
   // The first create took no spare; the next ones may have. A VM made from a spare that was
   // prepared at low priority runs at normal priority now (checked above for all three).
   for (const auto& id : ids) EXPECT_EQ((*h)->Cli({"rm", id}).code, 0);
+}
+
+// ---- bulk data through the transfer disk ----
+
+using Kind = channel::Stream::Message::Kind;
+
+std::string Bytes(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 2654435761u + seed) >> 13);
+  return s;
+}
+
+// The put verb with `data`, as the CLI sends it: its END.
+Json PutBytes(cli::Client& c, const std::string& vm, const std::string& path,
+              const std::string& data) {
+  auto s = c.Open({{"verb", "put"}, {"vm", vm}, {"path", path}, {"kind", "file"}, {"mode", 0600}});
+  if (!s.ok()) return {{"open", s.status().ToString()}};
+  for (size_t at = 0; at < data.size(); at += 1 << 20) {
+    (void)(*s)->Write(channel::kChanIn, std::string_view(data).substr(at, 1 << 20));
+  }
+  (void)(*s)->CloseWrite(channel::kChanIn);
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) return {{"lost", m.status().ToString()}};
+    if (m->kind == Kind::kEnd || m->kind == Kind::kReset) return m->body;
+  }
+}
+
+// The get verb: the bytes, and the END in *end.
+std::string GetBytes(cli::Client& c, const std::string& vm, const std::string& path, Json* end) {
+  std::string data;
+  auto s = c.Open({{"verb", "get"}, {"vm", vm}, {"path", path}});
+  if (!s.ok()) return data;
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok()) return data;
+    if (m->kind == Kind::kData) data += m->data;
+    if (m->kind == Kind::kEnd || m->kind == Kind::kReset) {
+      *end = m->body;
+      return data;
+    }
+  }
+}
+
+std::unique_ptr<cli::Client> Connect(Harness& h) {
+  Paths paths = Paths::FromEnvironment();
+  paths.runtime = h.home() + "/run";
+  auto c = cli::Client::Connect(paths, false);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+std::string Sh(const std::string& script) {
+  auto r = RunCommand({"/bin/sh", "-c", script});
+  return r.ok() ? r->output : r.status().ToString();
+}
+
+// Files, trees and a workspace, in and out of a restored clone: through the transfer disk
+// by default, through the channel when the daemon is told to; the same bytes either way.
+TEST(SpeedE2E, BulkDataTakesTheDiskByDefaultAndTheChannelWhenTold) {
+  auto tmp = TempDir::Make("/tmp", "tbx-speed-e2e-");
+  ASSERT_TRUE(tmp.ok());
+  const std::string t = tmp->path();
+  // A repository, and a tree with a symlink and an executable.
+  ASSERT_EQ(Sh("set -e; git init -q -b main '" + t + "/repo' && cd '" + t +
+               "/repo' && mkdir -p a/b && for i in $(seq 1 300); do echo line $i > a/b/f$i; "
+               "done && printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh && ln -s "
+               "a/b/f1 link && git add -A && git commit -qm init && echo ok"),
+            "ok\n");
+  for (const std::string mode : {"disk", "channel"}) {
+    SCOPED_TRACE(mode);
+    auto h = Harness::Start({"TRYBOX_TRANSFER=" + mode});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    auto created = (*h)->Call({{"verb", "create"}});
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    EXPECT_EQ((*created)["vm"]["start"]["mode"], "restored");
+    const std::string id = (*created)["vm"]["id"];
+    auto c = Connect(**h);
+    ASSERT_NE(c, nullptr);
+
+    const std::string data = Bytes(5 << 20, mode.size());
+    Json put = PutBytes(*c, id, "/root/blob", data);
+    EXPECT_EQ(put["ok"], true) << put.dump();
+    EXPECT_EQ(put["via"], mode);
+    Json end;
+    EXPECT_TRUE(GetBytes(*c, id, "/root/blob", &end) == data);
+    EXPECT_EQ(end["via"], mode) << end.dump();
+
+    CliResult in = (*h)->Cli({"cp", t + "/repo/a", id + ":/srv/tree"});
+    ASSERT_EQ(in.code, 0) << in.err;
+    const std::string back = t + "/back-" + mode;
+    CliResult out = (*h)->Cli({"cp", id + ":/srv/tree", back});
+    ASSERT_EQ(out.code, 0) << out.err;
+    EXPECT_EQ(Sh("diff -r '" + t + "/repo/a' '" + back + "' && echo same"), "same\n");
+
+    auto ws = (*h)->Call({{"verb", "workspace_in"}, {"vm", id}, {"dir", t + "/repo"}});
+    ASSERT_TRUE(ws.ok()) << ws.status().ToString();
+    EXPECT_EQ((*ws)["workspace"]["transfer"], mode);
+    ASSERT_EQ((*h)->Cli({"exec", id, "--", "sh", "-c", "./run.sh > out.txt && rm a/b/f2"}).code, 0);
+    CliResult col = (*h)->Cli({"collect", id, "--no-commit", "--json"});
+    ASSERT_EQ(col.code, 0) << col.err;
+    Json cj = Json::parse(col.out, nullptr, false);
+    EXPECT_EQ(cj["transfer"], mode) << col.out;
+    EXPECT_EQ(cj["counts"]["added"], 1) << col.out;
+    EXPECT_EQ(cj["counts"]["deleted"], 1) << col.out;
+    EXPECT_EQ(cj["files"], 302) << col.out;  // 299 files, run.sh, link, out.txt
+    // Between transfers the disk is empty: nothing for the guest to read or write.
+    struct stat st;
+    ASSERT_EQ(::stat(((*h)->vms_dir() + "/" + id + "/xfer.img").c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, 0);
+    EXPECT_EQ((*h)->Cli({"rm", id}).code, 0);
+  }
+}
+
+// A guest that dies while it unpacks what came through the disk: the transfer fails naming
+// the guest's death, the daemon carries on, and nothing of the VM is left.
+TEST(SpeedE2E, AGuestDyingMidTransferFailsItAndLeavesNothing) {
+  auto h = Harness::Start();
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  CliResult c = (*h)->Cli({"create"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string id = c.out.substr(0, c.out.find('\n'));
+  // tar reads a little of the disk, then powers the machine off.
+  ASSERT_EQ((*h)->Cli({"exec", id, "--", "sh", "-c",
+                       "cp /bin/tar /bin/tar.real && printf '#!/bin/sh\nhead -c 20000 > "
+                       "/dev/null\necho o > /proc/sysrq-trigger\nsleep 60\n' > /bin/tar"})
+                .code,
+            0);
+  auto tmp = TempDir::Make("/tmp", "tbx-speed-e2e-");
+  ASSERT_TRUE(tmp.ok());
+  ASSERT_EQ(Sh("mkdir -p '" + tmp->path() + "/t' && head -c 3000000 /dev/urandom > '" +
+               tmp->path() + "/t/f' && echo ok"),
+            "ok\n");
+  CliResult in = (*h)->Cli({"cp", tmp->path() + "/t", id + ":/srv/t"});
+  EXPECT_EQ(in.code, 125);
+  EXPECT_NE(in.err.find("guest"), std::string::npos) << in.err;
+  // The daemon still serves, and the dead VM's directory (its transfer disk too) is gone
+  // once it is removed.
+  CliResult next = (*h)->Cli({"run", "--", "true"});
+  EXPECT_EQ(next.code, 0) << next.err;
+  (void)(*h)->Cli({"rm", id});
+  struct stat st;
+  EXPECT_NE(::stat(((*h)->vms_dir() + "/" + id).c_str(), &st), 0);
 }
 
 }  // namespace
