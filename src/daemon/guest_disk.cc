@@ -15,6 +15,18 @@ using Kind = channel::Stream::Message::Kind;
 // The guest sees whole sectors.
 uint64_t Sectors(uint64_t bytes) { return (bytes + 511) / 512 * 512; }
 
+// All of `d` at `offset`.
+Status PWriteFull(int fd, std::string_view d, uint64_t offset) {
+  while (!d.empty()) {
+    ssize_t n = ::pwrite(fd, d.data(), d.size(), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoError("write the transfer disk");
+    d.remove_prefix(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
 // Empties the disk when a transfer is over, however it ended (unless kept for a reader).
 class EmptyAfter {
  public:
@@ -39,17 +51,15 @@ bool DiskRefused(const Json& end) {
   return e == "no_transfer_disk" || e == "disk_busy" || e == "disk_full";
 }
 
-DiskContent::DiskContent(TransferDiskPort& port, std::unique_lock<std::mutex> lock, UniqueFd file,
-                         uint64_t bytes, std::vector<Json> events, Json end)
+DiskContent::DiskContent(TransferDiskPort& port, std::unique_lock<std::mutex> lock, uint64_t bytes,
+                         std::vector<Json> events, Json end)
     : port_(port),
       lock_(std::move(lock)),
-      file_(std::move(file)),
       bytes_(bytes),
       events_(std::move(events)),
       end_(std::move(end)) {}
 
 DiskContent::~DiskContent() {
-  file_.Reset();
   Status st = port_.Announce(0);
   if (!st.ok()) LogDebug("daemon", "empty the transfer disk: " + st.message());
 }
@@ -59,7 +69,8 @@ Result<std::string> DiskContent::Read(size_t max) {
   std::string out(want, '\0');
   size_t got = 0;
   while (got < want) {
-    ssize_t n = ::pread(file_.get(), out.data() + got, want - got, static_cast<off_t>(read_ + got));
+    ssize_t n =
+        ::pread(port_.fd_for_io(), out.data() + got, want - got, static_cast<off_t>(read_ + got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoError("read the transfer disk");
     // The guest said it wrote more than the file holds: the rest is missing, not zeros.
@@ -77,12 +88,11 @@ Result<std::optional<Json>> PutViaDisk(GuestChannel& guest, Json greq, const Con
   std::unique_lock<std::mutex> lock = port->TryLock();
   if (!lock) return refused;
   EmptyAfter empty(*port);
-  auto file = OpenFile(port->path(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-  if (!file.ok()) return refused;
+  // The disk is empty after every transfer; the announced size cuts whatever follows.
   uint64_t bytes = 0;
   bool host_full = false;
   Status st = write([&](std::string_view d) -> Status {
-    Status w = WriteFull(file->get(), d);
+    Status w = PWriteFull(port->fd_for_io(), d, bytes);
     host_full = !w.ok();
     bytes += d.size();
     return w;
@@ -146,11 +156,9 @@ Result<std::unique_ptr<DiskContent>> GetViaDisk(GuestChannel& guest, Json greq,
     bytes = static_cast<uint64_t>(IntIn(end.value("bytes", Json(0)), 0, INT64_MAX).value_or(0));
     bytes = std::min(bytes, max_bytes);
   }
-  auto file = OpenFile(port->path(), O_RDONLY | O_CLOEXEC);
-  if (!file.ok()) return file.status().Annotate("open the transfer disk");
   empty.Keep();  // DiskContent empties it when dropped
-  return std::make_unique<DiskContent>(*port, std::move(lock), std::move(*file), bytes,
-                                       std::move(events), std::move(end));
+  return std::make_unique<DiskContent>(*port, std::move(lock), bytes, std::move(events),
+                                       std::move(end));
 }
 
 bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& client) {
@@ -159,12 +167,10 @@ bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& cli
   std::unique_lock<std::mutex> lock = port->TryLock();
   if (!lock) return false;
   EmptyAfter empty(*port);
-  auto file = OpenFile(port->path(), O_RDWR | O_TRUNC | O_CLOEXEC);
-  if (!file.ok()) return false;
   // The upload goes to the file as it arrives. Should the host's disk fill up, what could
   // not be written is kept, and the rest of the put takes the channel.
   Spooled spooled;
-  spooled.fd = file->get();
+  spooled.fd = port->fd_for_io();
   bool host_full = false;
   while (!host_full && !spooled.upload_ended) {
     auto m = client.Next();
@@ -173,7 +179,7 @@ bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& cli
     if (m->kind != Kind::kData) continue;
     std::string_view d = m->data;
     while (!d.empty()) {
-      ssize_t n = ::write(file->get(), d.data(), d.size());
+      ssize_t n = ::pwrite(spooled.fd, d.data(), d.size(), static_cast<off_t>(spooled.bytes));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         host_full = true;

@@ -31,8 +31,8 @@ namespace trybox::daemon {
 // The disk stays locked while this lives; dropping it empties the disk.
 class DiskContent {
  public:
-  DiskContent(TransferDiskPort& port, std::unique_lock<std::mutex> lock, UniqueFd file,
-              uint64_t bytes, std::vector<Json> events, Json end);
+  DiskContent(TransferDiskPort& port, std::unique_lock<std::mutex> lock, uint64_t bytes,
+              std::vector<Json> events, Json end);
   ~DiskContent();
   DiskContent(const DiskContent&) = delete;
   DiskContent& operator=(const DiskContent&) = delete;
@@ -46,7 +46,6 @@ class DiskContent {
  private:
   TransferDiskPort& port_;
   std::unique_lock<std::mutex> lock_;
-  UniqueFd file_;
   const uint64_t bytes_;
   uint64_t read_ = 0;
   const std::vector<Json> events_;

@@ -28,11 +28,11 @@ using Kind = Stream::Message::Kind;
 // The host's side of the disk: a file, and every size announced.
 class FilePort : public TransferDiskPort {
  public:
-  explicit FilePort(std::string path) : path_(std::move(path)) {}
-  std::string path() const override { return path_; }
+  explicit FilePort(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CLOEXEC)) {}
+  int fd_for_io() const override { return fd_.get(); }
   Status Announce(uint64_t bytes) override {
     announced.push_back(bytes);
-    if (::truncate(path_.c_str(), static_cast<off_t>(bytes)) != 0) return ErrnoError("truncate");
+    if (::ftruncate(fd_.get(), static_cast<off_t>(bytes)) != 0) return ErrnoError("truncate");
     return Status::Ok();
   }
   std::unique_lock<std::mutex> TryLock() override {
@@ -42,7 +42,7 @@ class FilePort : public TransferDiskPort {
   std::vector<uint64_t> announced;
 
  private:
-  std::string path_;
+  UniqueFd fd_;
   std::mutex mu_;
 };
 

@@ -30,11 +30,13 @@
 namespace trybox::daemon {
 
 // A guest's transfer disk as the host holds it (docs/protocol/guest.md, "Bulk data through a
-// disk"): a file the guest sees as a disk of the capacity last announced.
+// disk"): a file the guest sees as a disk of the capacity last announced. The host uses the
+// descriptor it created the file with, never its path: the VM's directory belongs to
+// QEMU's uid, which could put a symlink there.
 class TransferDiskPort {
  public:
   virtual ~TransferDiskPort() = default;
-  virtual std::string path() const = 0;
+  virtual int fd_for_io() const = 0;
   // The guest sees `bytes` of capacity from now on; the file is cut or extended to it.
   virtual Status Announce(uint64_t bytes) = 0;
   // Exclusive use for one transfer; an empty lock while another one runs.

@@ -61,7 +61,7 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
 
  private:
   // TransferDiskPort over the VM's transfer disk.
-  std::string path() const override { return vm_->transfer_disk_path(); }
+  int fd_for_io() const override { return vm_->transfer_disk_fd(); }
   Status Announce(uint64_t bytes) override { return vm_->ResizeTransferDisk(bytes); }
   std::unique_lock<std::mutex> TryLock() override { return vm_->TryLockTransferDisk(); }
 

@@ -565,10 +565,10 @@ void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat&
 void ServePut(Reaper& reaper, Stream& stream, const Json& request, TransferDisk* disk) {
   auto req = ParsePutRequest(request);
   if (!req.ok()) return DrainThenEnd(stream, Fail("bad_request", req.status().message()));
-  std::unique_lock<std::mutex> held;
+  std::unique_lock<std::timed_mutex> held;
   if (req->disk_bytes) {
     if (!disk) return DrainThenEnd(stream, Fail("no_transfer_disk", "this guest has none"));
-    held = disk->TryLock();
+    held = disk->Lock();
     if (!held) return DrainThenEnd(stream, Fail("disk_busy", "another transfer uses the disk"));
     if (Status st = disk->AwaitCapacity(*req->disk_bytes); !st.ok()) {
       return DrainThenEnd(stream, Fail("io", st.message()));
@@ -585,13 +585,13 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request, TransferDisk*
     (void)stream.End(Fail("bad_request", req.status().message()));
     return;
   }
-  std::unique_lock<std::mutex> held;
+  std::unique_lock<std::timed_mutex> held;
   if (req->disk_max_bytes) {
     if (!disk) {
       (void)stream.End(Fail("no_transfer_disk", "this guest has none"));
       return;
     }
-    held = disk->TryLock();
+    held = disk->Lock();
     if (!held) {
       (void)stream.End(Fail("disk_busy", "another transfer uses the disk"));
       return;

@@ -4,10 +4,11 @@
 //
 // trybox-init opens it once at boot and removes its /dev node, as for the other disks: no
 // command can open it. Its capacity is 0 between transfers; the host announces a size just
-// before a request that uses it. One transfer at a time: TryLock() refuses a second.
+// before a request that uses it. One transfer at a time: Lock() refuses a second.
 // Thread-safe. In unit tests a regular file stands in for the device.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -27,9 +28,11 @@ class TransferDisk {
   // node. kNotFound if the machine has none.
   static Result<std::unique_ptr<TransferDisk>> Find();
 
-  // Exclusive use for one transfer; an empty lock when another one is under way.
-  std::unique_lock<std::mutex> TryLock() {
-    return std::unique_lock<std::mutex>(mu_, std::try_to_lock);
+  // Exclusive use for one transfer; an empty lock when another one is still under way after
+  // a second. (The host runs one transfer at a time per VM and starts the next on the last
+  // one's END, which the guest sends a moment before its handler lets go of the disk.)
+  std::unique_lock<std::timed_mutex> Lock() {
+    return std::unique_lock<std::timed_mutex>(mu_, std::chrono::seconds(1));
   }
 
   // Waits until the capacity is at least `bytes`. The host resized the disk before sending
@@ -47,7 +50,7 @@ class TransferDisk {
   int fd_for_io() const { return fd_.get(); }
 
  private:
-  std::mutex mu_;
+  std::timed_mutex mu_;
   UniqueFd fd_;
 };
 

@@ -312,9 +312,10 @@ Status Vm::Fail(const Status& st) {
 }
 
 Status Vm::Spawn(int state_fd) {
-  // The transfer disk starts empty: capacity 0, nothing for the guest to read or write.
-  ASSIGN_OR_RETURN(UniqueFd xfer, OpenFile(config_.vm_dir + "/" + kTransferDisk,
-                                           O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  // The transfer disk starts empty: capacity 0, nothing for the guest to read or write. The
+  // daemon keeps this descriptor and never opens the path again.
+  ASSIGN_OR_RETURN(transfer_fd_, OpenFile(config_.vm_dir + "/" + kTransferDisk,
+                                          O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   ASSIGN_OR_RETURN(QemuSandbox sandbox, SandboxQemu(config_, state_fd));
   auto log = OpenFile(config_.vm_dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!log.ok()) return log.status();
@@ -618,8 +619,6 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
 }
 
 std::string Vm::ConsoleTail(size_t max) const { return Tail(config_.vm_dir + "/console.log", max); }
-
-std::string Vm::transfer_disk_path() const { return config_.vm_dir + "/" + kTransferDisk; }
 
 Status Vm::ResizeTransferDisk(uint64_t bytes) {
   if (!alive()) return Unavailable("the guest is gone: " + death_reason());

@@ -160,8 +160,9 @@ class Vm {
   // The transfer disk (docs/protocol/guest.md): usable once the guest's hello said it has
   // it open. Its host file, and its capacity as the guest sees it (QMP block_resize, which
   // also truncates or extends the file). One transfer at a time: TryLockTransferDisk.
-  bool has_transfer_disk() const { return transfer_disk_; }
-  std::string transfer_disk_path() const;
+  bool has_transfer_disk() const { return transfer_disk_ && transfer_fd_.valid(); }
+  // The file, as created before QEMU started (its path is in a directory QEMU's uid owns).
+  int transfer_disk_fd() const { return transfer_fd_.get(); }
   Status ResizeTransferDisk(uint64_t bytes);
   std::unique_lock<std::mutex> TryLockTransferDisk() {
     return std::unique_lock<std::mutex>(transfer_mu_, std::try_to_lock);
@@ -207,6 +208,7 @@ class Vm {
   std::string death_ GUARDED_BY(mu_);
   std::optional<DestroyReport> destroyed_;
   std::atomic<bool> transfer_disk_{false};
+  UniqueFd transfer_fd_;
   std::mutex transfer_mu_;
 };
 

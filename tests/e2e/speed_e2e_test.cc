@@ -248,14 +248,30 @@ TEST(SpeedE2E, AGuestDyingMidTransferFailsItAndLeavesNothing) {
   CliResult c = (*h)->Cli({"create"});
   ASSERT_EQ(c.code, 0) << c.err;
   const std::string id = c.out.substr(0, c.out.find('\n'));
+  auto tmp = TempDir::Make("/tmp", "tbx-speed-e2e-");
+  ASSERT_TRUE(tmp.ok());
+  // QEMU's uid owns the VM's directory; a compromised QEMU could swap the disk's file for a
+  // symlink. The daemon never opens that path again: the victim is neither read nor
+  // written, and transfers still work.
+  const std::string victim = tmp->path() + "/victim";
+  ASSERT_TRUE(WriteFileAtomic(victim, "host secret\n", 0600).ok());
+  const std::string xfer = (*h)->vms_dir() + "/" + id + "/xfer.img";
+  ASSERT_EQ(::unlink(xfer.c_str()), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), xfer.c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomic(tmp->path() + "/small", std::string(100000, 'x')).ok());
+  CliResult put = (*h)->Cli({"cp", tmp->path() + "/small", id + ":/root/small"});
+  ASSERT_EQ(put.code, 0) << put.err;
+  CliResult get = (*h)->Cli({"cp", id + ":/etc/os-release", tmp->path() + "/os-release"});
+  ASSERT_EQ(get.code, 0) << get.err;
+  EXPECT_EQ(ReadFileToString(victim).value_or(""), "host secret\n");
+  EXPECT_EQ(ReadFileToString(tmp->path() + "/os-release").value_or("").find("secret"),
+            std::string::npos);
   // tar reads a little of the disk, then powers the machine off.
   ASSERT_EQ((*h)->Cli({"exec", id, "--", "sh", "-c",
                        "cp /bin/tar /bin/tar.real && printf '#!/bin/sh\nhead -c 20000 > "
                        "/dev/null\necho o > /proc/sysrq-trigger\nsleep 60\n' > /bin/tar"})
                 .code,
             0);
-  auto tmp = TempDir::Make("/tmp", "tbx-speed-e2e-");
-  ASSERT_TRUE(tmp.ok());
   ASSERT_EQ(Sh("mkdir -p '" + tmp->path() + "/t' && head -c 3000000 /dev/urandom > '" +
                tmp->path() + "/t/f' && echo ok"),
             "ok\n");
