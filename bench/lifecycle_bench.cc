@@ -5,8 +5,10 @@
 //   exec round trip of `true`         p50/p99, trybox vs qemu-guest-agent guest-exec
 //   stdout streaming                  MB/s, trybox vs qemu-guest-agent (same guest, same run)
 //   put / get                         MB/s
+//   `trybox exec ID -- true`          p50 through the CLI binary, beside the API's
 //
-// Usage: lifecycle_bench [--vms N] [--execs N] [--stream-mib N] [--file-mib N]
+// Usage: lifecycle_bench [--vms N] [--execs N] [--stream-mib N] [--file-mib N] [--quick]
+//                        [--figures FILE]   (headline figures as JSON, for scripts/bench.sh)
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/baseline.h"
 #include "bench/bench_util.h"
 #include "cli/client.h"
 #include "cli/transfer.h"
@@ -107,16 +110,32 @@ class Qga {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int vms = 10, execs = 100, stream_mib = 256, file_mib = 256, qga_stream_mib = 16;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  int vms = 10, execs = 100, stream_mib = 256, file_mib = 256, qga_stream_mib = 16, cli_execs = 20;
+  std::string figures_path;
+  for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    int v = std::atoi(argv[i + 1]);
+    if (a == "--quick") {
+      vms = 1;
+      execs = 40;
+      stream_mib = 64;
+      file_mib = 64;
+      qga_stream_mib = 4;
+      cli_execs = 10;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    const char* next = argv[++i];
+    int v = std::atoi(next);
     if (a == "--vms") vms = v;
     if (a == "--execs") execs = v;
     if (a == "--stream-mib") stream_mib = v;
     if (a == "--file-mib") file_mib = v;
     if (a == "--qga-stream-mib") qga_stream_mib = v;
+    if (a == "--cli-execs") cli_execs = v;
+    if (a == "--figures") figures_path = next;
   }
+  trybox::bench::FiguresFile figures(figures_path);
+  std::printf("load: %s\n", trybox::bench::LoadAverage().c_str());
   auto h = trybox::e2e::Harness::Start();
   if (!h.ok()) Die("start tryboxd", h.status());
   ::setenv("TRYBOX_HOME", (*h)->home().c_str(), 1);
@@ -163,6 +182,14 @@ int main(int argc, char** argv) {
       if (m->kind == Kind::kEnd) break;
     }
     if (i >= 5) transport.push_back(Ms(t0, Clock::now()));
+  }
+  // The same exec through the CLI binary: its start-up, connection and output handling.
+  std::vector<double> cli;
+  for (int i = 0; i < cli_execs + 2; ++i) {
+    auto t = Clock::now();
+    auto r = (*h)->Cli({"exec", id, "--", "/bin/true"});
+    if (r.code != 0) Die("trybox exec", trybox::Internal("exit " + std::to_string(r.code) + r.err));
+    if (i >= 2) cli.push_back(Ms(t, Clock::now()));
   }
   // 3. Streaming, trybox.
   auto t0 = Clock::now();
@@ -238,5 +265,28 @@ int main(int argc, char** argv) {
   }
   std::printf("\nput %.0f MB/s, get %.0f MB/s (%d MiB random file)\n", mb / put_s, mb / get_s,
               file_mib);
+  std::printf(
+      "trybox exec ID -- /bin/true through the CLI (n=%d): p50 %.2f ms, %.2f ms above the "
+      "API's\n",
+      cli_execs, Pct(cli, 50), Pct(cli, 50) - Pct(rt, 50));
+  std::printf("load: %s\n", trybox::bench::LoadAverage().c_str());
+
+  figures.Lower("cold.create_first_exec_p50_ms", Pct(cold, 50), "ms",
+                "cold create -> first exec reply, p50");
+  figures.Lower("exec.round_trip_p50_ms", Pct(rt, 50), "ms", "exec round trip of /bin/true, p50");
+  figures.Lower("exec.spawn_to_exit_p50_ms", Pct(in_guest, 50), "ms",
+                "  of which the guest's spawn-to-exit, p50");
+  figures.Lower("exec.transport_p50_ms", Pct(transport, 50), "ms",
+                "transport round trip (get of a small file), p50");
+  if (!qrt.empty()) {
+    figures.Higher("exec.qga_ratio", Pct(qrt, 50) / Pct(rt, 50), "x",
+                   "exec: qemu-guest-agent p50 / trybox p50");
+  }
+  figures.Lower("exec.cli_p50_ms", Pct(cli, 50), "ms", "trybox exec ID -- /bin/true (CLI), p50");
+  figures.Higher("stream.stdout_mb_s", trybox_stream, "MB/s", "exec stdout streaming");
+  figures.Higher("files.put_mb_s", mb / put_s, "MB/s", "put (trybox cp in), one file");
+  figures.Higher("files.get_mb_s", mb / get_s, "MB/s", "get (trybox cp out), one file");
+  Status st = figures.Write();
+  if (!st.ok()) Die("write figures", st);
   return 0;
 }

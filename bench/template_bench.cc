@@ -5,8 +5,11 @@
 //   host memory (PSS) per idle restored VM with N running, beside a cold-booted VM's
 //   where the restore's time goes (phases reported by the daemon)
 //
+//   ten `trybox run -- true` back to back (no wait for a spare), beside Anthropic's `srt`
+//   process sandbox doing `true` when it is installed
+//
 // Usage: template_bench [--restores N] [--cold N] [--runs N] [--idle N] [--memory MIB]
-//                       [--on-demand 0|1]
+//                       [--on-demand 0|1] [--back-to-back N] [--quick] [--figures FILE]
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,10 +22,12 @@
 #include <thread>
 #include <vector>
 
+#include "bench/baseline.h"
 #include "bench/bench_util.h"
 #include "cli/client.h"
 #include "tests/e2e/harness.h"
 #include "util/paths.h"
+#include "util/process.h"
 
 using trybox::Status;
 using Json = nlohmann::json;
@@ -92,6 +97,30 @@ void WaitForSpare(Bench& b) {
   }
 }
 
+// Ready spares and the pool's target summed over shapes, as doctor reports them.
+std::pair<int, int> PoolReadyAndTarget(Bench& b) {
+  auto d = b.c->Call({{"verb", "doctor"}});
+  int ready = 0, target = 0;
+  if (d.ok() && (*d)["spare_pool"].contains("shapes")) {
+    for (const auto& [shape, v] : (*d)["spare_pool"]["shapes"].items()) {
+      ready += v.value("ready", 0);
+      target += v.value("target", 0);
+    }
+  }
+  return {ready, target};
+}
+
+// Polls doctor until the pool holds its target (up to `limit`); returns the ready count.
+int WaitForPool(Bench& b, std::chrono::seconds limit) {
+  auto until = Clock::now() + limit;
+  auto [ready, target] = PoolReadyAndTarget(b);
+  while (ready < target && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::tie(ready, target) = PoolReadyAndTarget(b);
+  }
+  return ready;
+}
+
 // create -> first exec reply, n times. Fills `phases` with the daemon's per-phase times.
 std::vector<double> CreateToFirstExec(Bench& b, int n, bool cold, bool wait_for_spare,
                                       std::map<std::string, std::vector<double>>* phases,
@@ -151,19 +180,46 @@ void PrintPct(const char* what, const std::vector<double>& v) {
 
 }  // namespace
 
+// `srt true` (Anthropic's sandbox-runtime), n times, if `srt` is on PATH; empty otherwise.
+std::vector<double> SrtTrue(Bench& b, int n) {
+  std::vector<double> out;
+  auto srt = trybox::FindInPath("srt");
+  if (!srt) return out;
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    auto r = trybox::e2e::RunProgram({*srt, "true"}, b.h->Env());
+    if (r.code != 0) return {};
+    out.push_back(Ms(t0, Clock::now()));
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
-  int restores = 30, colds = 5, runs = 20, idle = 10, ondemand = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  int restores = 30, colds = 5, runs = 20, idle = 10, ondemand = 1, back_to_back = 10;
+  std::string figures_path;
+  for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    int v = std::atoi(argv[i + 1]);
+    if (a == "--quick") {
+      ondemand = 0;
+      restores = 10;
+      runs = 10;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    const char* next = argv[++i];
+    int v = std::atoi(next);
     if (a == "--restores") restores = v;
     if (a == "--cold") colds = v;
     if (a == "--runs") runs = v;
     if (a == "--idle") idle = v;
     if (a == "--memory") g_memory = v;
     if (a == "--on-demand") ondemand = v;  // 0: only the spare section
+    if (a == "--back-to-back") back_to_back = v;
+    if (a == "--figures") figures_path = next;
   }
-  std::printf("guest memory %d MiB, 1 vCPU\n", g_memory);
+  trybox::bench::FiguresFile figures(figures_path);
+  std::printf("guest memory %d MiB, 1 vCPU; load %s\n", g_memory,
+              trybox::bench::LoadAverage().c_str());
 
   // On demand: no spare clones, every create restores.
   if (ondemand) {
@@ -225,6 +281,34 @@ int main(int argc, char** argv) {
         Pct(phases["identity_guest_us.clock"], 50) / 1000,
         Pct(phases["identity_guest_us.names"], 50) / 1000);
     PrintPct("trybox run -- true (spare ready)", run);
+    // Back to back: each run starts as soon as the last one ended, spare or not; first
+    // right after the runs above, then once the pool has grown to what they asked for.
+    auto burst = RunTrue(b, back_to_back, false);
+    PrintPct("trybox run -- true, back to back", burst);
+    auto [ready, target] = PoolReadyAndTarget(b);
+    int grown = WaitForPool(b, std::chrono::seconds(60));
+    auto burst_grown = RunTrue(b, back_to_back, false);
+    std::printf(
+        "  pool after the burst: %d ready of a target of %d; filled to %d before the next\n", ready,
+        target, grown);
+    PrintPct("trybox run -- true, back to back, pool grown", burst_grown);
+    auto srt = SrtTrue(b, back_to_back);
+    if (srt.empty()) {
+      std::printf("srt (Anthropic sandbox-runtime): not installed here, no comparison\n");
+    } else {
+      PrintPct("srt true, back to back", srt);
+    }
+    figures.Lower("start.spare_create_first_exec_p50_ms", Pct(pooled, 50), "ms",
+                  "spare: create -> first exec reply, p50");
+    figures.Lower("start.run_true_spare_p50_ms", Pct(run, 50), "ms",
+                  "trybox run -- true, spare ready, p50");
+    figures.Lower("start.run_true_back_to_back_p50_ms", Pct(burst, 50), "ms",
+                  "trybox run -- true, back to back, p50");
+    figures.Lower("start.run_true_back_to_back_grown_p50_ms", Pct(burst_grown, 50), "ms",
+                  "  the same once the pool has grown, p50");
   }
+  std::printf("load %s\n", trybox::bench::LoadAverage().c_str());
+  Status st = figures.Write();
+  if (!st.ok()) Die("write figures", st);
   return 0;
 }

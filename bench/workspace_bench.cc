@@ -5,7 +5,7 @@
 //   beside  host `tar -c | tar -x` of the same tree, the host-only planning step, and the
 //           same tree through the plain put/get verbs (trybox cp)
 //
-// Usage: workspace_bench [--files N] [--mib N]
+// Usage: workspace_bench [--files N] [--mib N] [--quick] [--figures FILE]
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/baseline.h"
 #include "cli/client.h"
 #include "cli/transfer.h"
 #include "tests/e2e/harness.h"
@@ -45,10 +46,20 @@ void Row(const char* what, double s, double mib) {
 
 int main(int argc, char** argv) {
   int files = 5000, mib = 200;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::string figures_path;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      files = 1000;
+      mib = 40;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (!std::strcmp(argv[i], "--files")) files = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mib")) mib = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--figures")) figures_path = argv[i + 1];
+    ++i;
   }
+  trybox::bench::FiguresFile figures(figures_path);
   auto tmp = trybox::TempDir::Make("/tmp", "tbx-wsbench-");
   if (!tmp.ok()) Die("tmp", tmp.status());
   std::string home = tmp->path() + "/home", repo = tmp->path() + "/repo";
@@ -118,5 +129,19 @@ int main(int argc, char** argv) {
   Row("trybox cp ID:/srv/copy DIR (get, tar)", Sec(t9, t10), total);
   std::printf("  changes seen by the daemon: %zu; commit %s\n", (*col)["collect"]["changes"].size(),
               (*col)["collect"]["commit"].get<std::string>().c_str());
+  const double in_out = Sec(t3, t4) + Sec(t5, t6);
+  std::printf("  workspace in + out: %.2f s, %.1fx host tar | tar; load %s\n", in_out,
+              in_out / Sec(t0, t1), trybox::bench::LoadAverage().c_str());
+  figures.Lower("workspace.in_out_vs_tar", in_out / Sec(t0, t1), "x",
+                "workspace in + out / host tar | tar");
+  figures.Higher("workspace.in_mb_s", total * 1.048576 / Sec(t3, t4), "MB/s", "workspace in");
+  figures.Higher("workspace.out_mb_s", total * 1.048576 / Sec(t5, t6), "MB/s",
+                 "workspace out (collect)");
+  figures.Higher("files.cp_tree_in_mb_s", total * 1.048576 / Sec(t8, t9), "MB/s",
+                 "trybox cp of a tree, in");
+  figures.Higher("files.cp_tree_out_mb_s", total * 1.048576 / Sec(t9, t10), "MB/s",
+                 "trybox cp of a tree, out");
+  Status st = figures.Write();
+  if (!st.ok()) Die("write figures", st);
   return 0;
 }

@@ -275,11 +275,45 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
   }
 }
 
+// The END of `s`. The daemon's progress EVENTs ({"progress": {stage, message}}) are printed
+// on stderr once the wait has lasted a second (a quick answer prints nothing), if `show`.
+Result<Json> AwaitWithProgress(channel::Stream& s, bool show, std::ostream& err) {
+  const auto print_from = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  std::optional<std::string> pending;
+  bool printing = false;
+  for (;;) {
+    channel::Stream::Deadline deadline;
+    if (show && !printing && pending) deadline = print_from;
+    auto m = s.Next(deadline);
+    if (!m.ok() && m.status().code() == Code::kDeadlineExceeded) {
+      printing = true;
+      err << "trybox: " << *pending << "...\n";
+      pending.reset();
+      continue;
+    }
+    if (!m.ok()) return m.status();
+    if (m->kind == Kind::kEnd) {
+      RETURN_IF_ERROR(StatusFromReply(m->body));
+      return m->body;
+    }
+    if (m->kind == Kind::kReset) return StatusFromReset(m->body, "the create");
+    if (m->kind != Kind::kEvent) continue;
+    ASSIGN_OR_RETURN(auto progress, ReplyView(m->body).OptionalObject("progress"));
+    if (!progress) continue;
+    ASSIGN_OR_RETURN(std::string msg, progress->StringOr("message", ""));
+    if (printing) {
+      err << "trybox: " << msg << "...\n";
+    } else {
+      pending = msg;
+    }
+  }
+}
+
 // `ephemeral`: the daemon destroys the VM when this connection closes, so a `run` that is
 // interrupted or killed never leaves its VM behind.
-Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral,
+Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral, bool quiet,
                              std::ostream& err) {
-  ASSIGN_OR_RETURN(Json r, client.Call({{"verb", "create"},
+  ASSIGN_OR_RETURN(auto s, client.Open({{"verb", "create"},
                                         {"image", vm.image},
                                         {"memory_mib", vm.memory_mib},
                                         {"cpus", vm.cpus},
@@ -288,6 +322,7 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
                                         {"allow", vm.allow},
                                         {"profiles", vm.profiles},
                                         {"ephemeral", ephemeral}}));
+  ASSIGN_OR_RETURN(Json r, AwaitWithProgress(*s, ShowProgress(quiet), err));
   ASSIGN_OR_RETURN(ReplyView v, ReplyView(r).Object("vm"));
   ASSIGN_OR_RETURN(std::string id, v.String("id"));
   if (!ValidateName("VM id", id).ok()) {
@@ -614,7 +649,8 @@ int CmdImageBuild(const Invocation& inv) {
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
   o.init_binary = dir.substr(0, dir.rfind('/')) + "/trybox-init";
-  o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
+  if (ShowProgress(inv.quiet))
+    o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
   // Ctrl-C: kill the build's children (mmdebstrap runs in its own process group and would
   // not see the terminal's signal), so the build fails and removes its partial output.
   sigset_t set;
@@ -701,12 +737,33 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
   std::string out = "acceleration: " + accel.value_or("unknown") + "\n  why: " + why + "\n";
   out += "qemu: " + qemu + "\n";
   out += "daemon: pid " + std::to_string(pid) + ", socket " + socket + "\n";
-  ASSIGN_OR_RETURN(auto spares, r.OptionalObject("spares"));
-  if (spares && !spares->json().empty()) {
-    out += "spare clones ready:";
-    for (const auto& [shape, n] : spares->json().items()) {
-      ASSIGN_OR_RETURN(int64_t count, spares->Int(shape, 0));
-      out += " " + shape + "=" + std::to_string(count);
+  ASSIGN_OR_RETURN(auto pool, r.OptionalObject("spare_pool"));
+  if (pool) {
+    ASSIGN_OR_RETURN(bool enabled, pool->BoolOr("enabled", false));
+    if (!enabled) {
+      out += "spare clones: off (tryboxd --spares 0)\n";
+    } else {
+      ASSIGN_OR_RETURN(int64_t used, pool->IntOr("used_mib", 0, 0));
+      ASSIGN_OR_RETURN(int64_t budget, pool->IntOr("budget_mib", 0, 0));
+      ASSIGN_OR_RETURN(int64_t min_spares, pool->IntOr("min_spares", 0, 0));
+      ASSIGN_OR_RETURN(int64_t window, pool->IntOr("demand_window_s", 0, 0));
+      out += "spare clones: " + std::to_string(used) + " of " + std::to_string(budget) +
+             " MiB budget; at least " + std::to_string(min_spares) +
+             " per shape in use, more with the creates of the last " + std::to_string(window) +
+             " s\n";
+      ASSIGN_OR_RETURN(auto shapes, pool->OptionalObject("shapes"));
+      if (shapes) {
+        for (const auto& [shape, ignored] : shapes->json().items()) {
+          ASSIGN_OR_RETURN(ReplyView sv, shapes->Object(shape));
+          ASSIGN_OR_RETURN(int64_t ready, sv.IntOr("ready", 0, 0));
+          ASSIGN_OR_RETURN(int64_t refilling, sv.IntOr("refilling", 0, 0));
+          ASSIGN_OR_RETURN(int64_t target, sv.IntOr("target", 0, 0));
+          ASSIGN_OR_RETURN(int64_t recent, sv.IntOr("recent_creates", 0, 0));
+          out += "  " + shape + ": " + std::to_string(ready) + " ready, " +
+                 std::to_string(refilling) + " refilling, target " + std::to_string(target) + " (" +
+                 std::to_string(recent) + " recent creates)\n";
+        }
+      }
     }
     out += "\n";
   }
@@ -734,8 +791,8 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
   return out;
 }
 
-int CmdDoctor(Client& client, std::ostream& out, std::ostream& err) {
-  auto r = client.Call({{"verb", "doctor"}});
+int CmdDoctor(Client& client, bool probe, std::ostream& out, std::ostream& err) {
+  auto r = client.Call({{"verb", "doctor"}, {"probe", probe}});
   if (!r.ok()) return Fail(err, r.status());
   auto text = RenderDoctor(ReplyView(*r));
   if (!text.ok()) return Fail(err, text.status());
@@ -896,6 +953,14 @@ Status ValidateEnvAssignment(const std::string& kv) {
   return Status::Ok();
 }
 
+bool ShowProgress(bool quiet) {
+  if (quiet) return false;
+  const char* force = std::getenv("TRYBOX_PROGRESS");
+  if (force && std::string(force) == "always") return true;
+  if (force && std::string(force) == "never") return false;
+  return ::isatty(2) == 1;
+}
+
 int ExitCodeFor(const nlohmann::json& result, std::string* message) {
   message->clear();
   auto code = ExitCodeOf(ReplyView(result, "result"), message);
@@ -959,6 +1024,13 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   ils->add_flag("--json", inv.json, "JSON output");
 
   auto* doctor = app.add_subcommand("doctor", "Show the acceleration choice and the set-up");
+  doctor->add_flag("--probe", inv.probe,
+                   "Probe the acceleration again instead of using the answer kept from an "
+                   "earlier probe");
+  for (auto* cmd : {run, create, build}) {
+    cmd->add_flag("-q,--quiet", inv.quiet,
+                  "Print no progress on stderr (it is printed only to a terminal anyway)");
+  }
 
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
@@ -1084,7 +1156,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "ls") return CmdLs(c, inv.json, out, err);
   if (inv.command == "rm") return CmdRm(c, inv.ids, out, err);
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst, err);
-  if (inv.command == "doctor") return CmdDoctor(c, out, err);
+  if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec, err);
   if (inv.command == "collect") {
@@ -1097,7 +1169,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
     if (!st.ok()) return Fail(err, st);
   }
   if (inv.command == "create") {
-    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false, err);
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/false, inv.quiet, err);
     if (!id.ok()) return Fail(err, id.status());
     if (!inv.vm.workspace.empty()) {
       int code = InjectWorkspace(c, *id, inv.vm, err);
@@ -1110,7 +1182,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
     return 0;
   }
   if (inv.command == "run") {
-    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true, err);
+    auto id = CreateVm(c, inv.vm, /*ephemeral=*/true, inv.quiet, err);
     if (!id.ok()) return Fail(err, id.status());
     int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm, err);
     bool ran = code == 0;

@@ -79,6 +79,8 @@ struct Invocation {
   std::vector<std::string> ids;   // rm
   std::string src, dst;           // cp
   bool json = false;
+  bool quiet = false;                    // run, create, image build: no progress on stderr
+  bool probe = false;                    // doctor --probe
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
   std::string help;  // command == "help" or "version": the text to print
@@ -94,6 +96,10 @@ Status ValidateEnvAssignment(const std::string& kv);
 // The exit code for an exec result body from tryboxd, and a message for stderr (may be "").
 // A malformed result is 125 with a message naming the field.
 int ExitCodeFor(const nlohmann::json& result, std::string* message);
+
+// Whether progress goes to stderr: not with --quiet; otherwise only when stderr is a
+// terminal, unless TRYBOX_PROGRESS is "always" (or "never").
+bool ShowProgress(bool quiet);
 
 // Runs a parsed invocation; returns the process exit code.
 int Run(const Invocation& inv);

@@ -186,6 +186,30 @@ TEST(CliParseTest, VersionPrintsTheProjectVersion) {
   EXPECT_EQ(v->help.back(), '\n');
 }
 
+TEST(CliParseTest, QuietAndDoctorProbe) {
+  auto r = Parse({"trybox", "run", "--quiet", "--", "true"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->quiet);
+  EXPECT_EQ(r->argv, std::vector<std::string>{"true"});
+  r = Parse({"trybox", "create", "-q"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->quiet);
+  r = Parse({"trybox", "doctor", "--probe"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->command, "doctor");
+  EXPECT_TRUE(r->probe);
+  EXPECT_FALSE(Parse({"trybox", "doctor"})->probe);
+}
+
+TEST(ShowProgressTest, QuietWinsAndTheEnvironmentCanForceIt) {
+  ::setenv("TRYBOX_PROGRESS", "always", 1);
+  EXPECT_TRUE(ShowProgress(false));
+  EXPECT_FALSE(ShowProgress(true));
+  ::setenv("TRYBOX_PROGRESS", "never", 1);
+  EXPECT_FALSE(ShowProgress(false));
+  ::unsetenv("TRYBOX_PROGRESS");
+}
+
 TEST(ExitCodeTest, EveryOutcomeHasItsOwnCode) {
   std::string msg;
   EXPECT_EQ(ExitCodeFor({{"outcome", "exited"}, {"exit_code", 0}}, &msg), 0);

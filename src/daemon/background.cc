@@ -45,10 +45,11 @@ void BackgroundQueue::Run() {
       if (stopping_) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      // Asked for again while it runs, it runs again: the running one may have looked
+      // before what prompted the new request.
+      queued_.erase(task.first);
     }
     task.second();
-    MutexLock lock(mu_);
-    queued_.erase(task.first);
   }
 }
 

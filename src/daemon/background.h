@@ -1,5 +1,6 @@
 // BackgroundQueue: one worker thread that runs tasks in order, each key queued at most once
-// (a rebuild or refill asked for twice while pending runs once). Tasks may wait, but only
+// (a rebuild or refill asked for twice before it starts runs once; asked for while it runs,
+// it runs again after). Tasks may wait, but only
 // through SleepUntil, which Stop() cuts short. Thread-safe.
 #pragma once
 

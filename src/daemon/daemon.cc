@@ -38,11 +38,13 @@ Status Daemon::Init() {
   lo.qemu = opts_.qemu;
   lo.force_accel = opts_.force_accel;
   lo.boot_timeout = opts_.boot_timeout;
-  lo.spares = opts_.spares;
+  lo.pool.min_spares = opts_.spares;
+  lo.pool.memory_budget_mib = opts_.spare_memory_mib;
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();
-  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images);
+  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
+                                     opts_.disk_transfers);
   vms_->ReapLeftovers(p.vms(), p.templates());
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);

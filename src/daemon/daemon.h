@@ -44,8 +44,13 @@ struct Options {
   // Forces the acceleration instead of probing ("kvm" or "tcg"); empty means probe.
   std::string force_accel;
   std::chrono::milliseconds boot_timeout{120000};
-  // Restored, warmed clones kept ready per machine shape in use (docs/templates.md).
+  // Restored, warmed clones kept ready per machine shape in use, at least; the pool grows
+  // with demand up to spare_memory_mib for all spares together (docs/templates.md). 0
+  // turns spares off.
   int spares = 1;
+  int64_t spare_memory_mib = 2048;
+  // Bulk data (workspaces, cp) through each VM's transfer disk; false: always the channel.
+  bool disk_transfers = true;
   // A vm_agent run left waiting (NEEDS_INPUT, IN_PROGRESS, ERROR) keeps its VM this long
   // after its last call; then the VM is destroyed and the run can no longer continue.
   std::chrono::seconds agent_idle{3600};

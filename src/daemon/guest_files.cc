@@ -1,11 +1,18 @@
+#include <unistd.h>
+
+#include <algorithm>
 #include <thread>
 
+#include "daemon/guest_disk.h"
 #include "daemon/guest_ops.h"
 
 namespace trybox::daemon {
 namespace {
 
 using Kind = channel::Stream::Message::Kind;
+
+// How much of a transfer through the disk is handed on at a time.
+constexpr size_t kDiskChunk = 1 << 20;
 
 }  // namespace
 
@@ -104,10 +111,16 @@ Result<FileRead> ReadFile(GuestChannel& guest, const std::string& path, int64_t 
   }
 }
 
-Status PutTar(
-    GuestChannel& guest, const std::string& path,
-    const std::function<Status(const std::function<Status(std::string_view)>&)>& write_tar) {
-  auto s = guest.Open({{"op", "put"}, {"path", path}, {"kind", "tar"}, {"mode", 0755}});
+Status PutTar(GuestChannel& guest, const std::string& path, const ContentWriter& write_tar,
+              bool* via_disk) {
+  const Json greq = {{"op", "put"}, {"path", path}, {"kind", "tar"}, {"mode", 0755}};
+  ASSIGN_OR_RETURN(std::optional<Json> disk_end, PutViaDisk(guest, greq, write_tar));
+  if (via_disk) *via_disk = disk_end.has_value();
+  if (disk_end) {
+    Status st = FileEndStatus(*disk_end);
+    return st.ok() ? st : GuestGone(guest, st);
+  }
+  auto s = guest.Open(greq);
   if (!s.ok()) return GuestGone(guest, s.status());
   Status sent = write_tar([&](std::string_view d) { return (*s)->Write(channel::kChanIn, d); });
   if (sent.ok()) sent = (*s)->CloseWrite(channel::kChanIn);
@@ -123,13 +136,30 @@ Status PutTar(
 }
 
 Result<std::unique_ptr<TarReader>> TarReader::Open(GuestChannel& guest, const std::string& path,
-                                                   const std::vector<std::string>& excludes) {
-  auto s = guest.Open({{"op", "get"}, {"path", path}, {"exclude", excludes}});
+                                                   const std::vector<std::string>& excludes,
+                                                   uint64_t max_disk_bytes) {
+  const Json greq = {{"op", "get"}, {"path", path}, {"exclude", excludes}};
+  ASSIGN_OR_RETURN(auto content, GetViaDisk(guest, greq, max_disk_bytes));
+  if (content) {
+    Status st = FileEndStatus(content->end());
+    if (!st.ok()) return GuestGone(guest, st);
+    return std::unique_ptr<TarReader>(new TarReader(guest, std::move(content)));
+  }
+  auto s = guest.Open(greq);
   if (!s.ok()) return GuestGone(guest, s.status());
   return std::unique_ptr<TarReader>(new TarReader(guest, *s));
 }
 
+TarReader::TarReader(GuestChannel& guest, std::shared_ptr<channel::Stream> s)
+    : guest_(guest), s_(std::move(s)) {}
+
+TarReader::TarReader(GuestChannel& guest, std::unique_ptr<DiskContent> disk)
+    : guest_(guest), disk_(std::move(disk)), end_(disk_->end()) {}
+
+TarReader::~TarReader() = default;
+
 Result<std::string> TarReader::Next() {
+  if (disk_) return disk_->Read(kDiskChunk);
   for (;;) {
     if (eof_ || end_) return std::string();
     auto m = s_->Next();
@@ -156,7 +186,7 @@ Result<std::string> TarReader::Next() {
 }
 
 Result<std::string> TarReader::Finish() {
-  if (!end_) {
+  if (!end_ && s_) {
     auto end = AwaitEnd(*s_);
     if (!end.ok()) return GuestGone(guest_, end.status());
     end_ = *end;
@@ -166,7 +196,10 @@ Result<std::string> TarReader::Finish() {
   return w.is_string() ? w.get<std::string>() : std::string();
 }
 
-void TarReader::Abort(const std::string& why) { (void)s_->Reset(why); }
+void TarReader::Abort(const std::string& why) {
+  if (s_) (void)s_->Reset(why);
+  disk_.reset();  // the guest is done; the disk is emptied
+}
 
 // ---- the put and get verbs ----
 
@@ -179,11 +212,9 @@ void DrainInput(channel::Stream& client) {
   }
 }
 
-namespace {
-
 // Ends a put/get client stream: the guest's END in the daemon's shape, or why none came.
 void FinishRelay(GuestChannel& guest, channel::Stream& client, const std::optional<Json>& end,
-                 const Status& failure) {
+                 const Status& failure, bool via_disk) {
   if (!end) {
     (void)client.End(ErrorReply(GuestGone(guest, failure)));
     return;
@@ -191,10 +222,10 @@ void FinishRelay(GuestChannel& guest, channel::Stream& client, const std::option
   std::string kind;
   int64_t bytes = 0;
   Status st = FileEndStatus(*end, &kind, &bytes);
-  (void)client.End(st.ok() ? Json{{"ok", true}, {"bytes", bytes}} : ErrorReply(st, kind));
+  (void)client.End(
+      st.ok() ? Json{{"ok", true}, {"bytes", bytes}, {"via", via_disk ? "disk" : "channel"}}
+              : ErrorReply(st, kind));
 }
-
-}  // namespace
 
 Result<Json> GuestMetaEvent(const Json& b) {
   if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) {
@@ -216,9 +247,15 @@ Result<Json> GuestMetaEvent(const Json& b) {
 }
 
 void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client) {
+  if (RelayPutViaDisk(guest, greq, client)) return;
+  RelayPutChannel(guest, greq, client, nullptr);
+}
+
+void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& client,
+                     const Spooled* spooled) {
   auto s = guest.Open(greq);
   if (!s.ok()) {
-    DrainInput(client);
+    if (!spooled || !spooled->upload_ended) DrainInput(client);
     (void)client.End(ErrorReply(GuestGone(guest, s.status())));
     return;
   }
@@ -226,6 +263,34 @@ void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client) {
   // while the client still sends.
   std::thread pump([&] {
     bool forwarding = true;
+    if (spooled) {
+      // What a transfer through the disk had already taken from the client goes first.
+      std::string buf(kDiskChunk, '\0');
+      for (uint64_t at = 0; at < spooled->bytes && forwarding;) {
+        ssize_t n =
+            ::pread(spooled->fd, buf.data(),
+                    static_cast<size_t>(std::min<uint64_t>(kDiskChunk, spooled->bytes - at)),
+                    static_cast<off_t>(at));
+        if (n <= 0) {
+          if (n < 0 && errno == EINTR) continue;
+          (void)(*s)->Reset("the host lost part of the upload");
+          forwarding = false;
+          break;
+        }
+        if (!(*s)->Write(channel::kChanIn, std::string_view(buf.data(), static_cast<size_t>(n)))
+                 .ok()) {
+          forwarding = false;
+        }
+        at += static_cast<uint64_t>(n);
+      }
+      if (forwarding && !spooled->tail.empty()) {
+        forwarding = (*s)->Write(channel::kChanIn, spooled->tail).ok();
+      }
+      if (spooled->upload_ended) {
+        if (forwarding) (void)(*s)->CloseWrite(channel::kChanIn);
+        return;
+      }
+    }
     for (;;) {
       auto m = client.Next();
       if (!m.ok()) break;
@@ -263,6 +328,7 @@ void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client) {
 }
 
 void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client) {
+  if (RelayGetViaDisk(guest, greq, client)) return;
   auto s = guest.Open(greq);
   if (!s.ok()) {
     (void)client.End(ErrorReply(GuestGone(guest, s.status())));

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,6 +30,20 @@
 
 namespace trybox::daemon {
 
+// A guest's transfer disk as the host holds it (docs/protocol/guest.md, "Bulk data through a
+// disk"): a file the guest sees as a disk of the capacity last announced. The host uses the
+// descriptor it created the file with, never its path: the VM's directory belongs to
+// QEMU's uid, which could put a symlink there.
+class TransferDiskPort {
+ public:
+  virtual ~TransferDiskPort() = default;
+  virtual int fd_for_io() const = 0;
+  // The guest sees `bytes` of capacity from now on; the file is cut or extended to it.
+  virtual Status Announce(uint64_t bytes) = 0;
+  // Exclusive use for one transfer; an empty lock while another one runs.
+  virtual std::unique_lock<std::mutex> TryLock() = 0;
+};
+
 class GuestChannel {
  public:
   virtual ~GuestChannel() = default;
@@ -37,6 +52,8 @@ class GuestChannel {
   virtual bool alive() const = 0;
   // Why the guest is gone ("" while alive): QEMU's exit or the channel's loss.
   virtual std::string death_reason() const = 0;
+  // Its transfer disk, or null: bulk bytes then take the channel.
+  virtual TransferDiskPort* transfer_disk() { return nullptr; }
 };
 
 // The reason of a RESET body ("no reason given" if it has none).
@@ -135,30 +152,49 @@ struct FileRead {
 // kFailedPrecondition naming what it is.
 Result<FileRead> ReadFile(GuestChannel& guest, const std::string& path, int64_t max_bytes);
 
-// Streams a tar to `path` (a directory, created): `write_tar` produces it chunk by chunk.
-Status PutTar(
-    GuestChannel& guest, const std::string& path,
-    const std::function<Status(const std::function<Status(std::string_view)>&)>& write_tar);
+// Produces content chunk by chunk into the function it is given.
+using ContentWriter = std::function<Status(const std::function<Status(std::string_view)>&)>;
+
+// Bulk transfers use the guest's transfer disk when it has one (the channel then carries
+// only the request and its END) and the channel otherwise, or when the disk cannot be used
+// for this transfer (busy, too small, refused before anything was done).
+
+// Sends a tar to `path` (a directory, created): `write_tar` produces it chunk by chunk.
+// *via_disk (if given) says whether it went through the transfer disk.
+Status PutTar(GuestChannel& guest, const std::string& path, const ContentWriter& write_tar,
+              bool* via_disk = nullptr);
+
+class DiskContent;
 
 // Pulls `path` (a directory) as a tar. `excludes` are GNU tar patterns applied in the guest.
-// The chunks come through `next()` of the returned reader; after it returns "" (the end),
-// Finish() gives the guest's END: its warnings, or why the transfer failed.
+// Through the disk the tar may take at most `max_disk_bytes` (past that the channel, which
+// has no limit, carries it). The chunks come through `next()` of the returned reader; after
+// it returns "" (the end), Finish() gives the guest's END: its warnings, or why the
+// transfer failed.
 class TarReader {
  public:
   static Result<std::unique_ptr<TarReader>> Open(GuestChannel& guest, const std::string& path,
-                                                 const std::vector<std::string>& excludes);
+                                                 const std::vector<std::string>& excludes,
+                                                 uint64_t max_disk_bytes = kMaxDiskTransfer);
+  ~TarReader();
   // The next chunk of the tar; "" at its end.
   Result<std::string> Next();
   // After Next() returned "": the guest's END warnings (tar's own complaints), or the error.
   Result<std::string> Finish();
   // Stops the transfer (the guest stops producing it).
   void Abort(const std::string& why);
+  // True if the tar came through the transfer disk.
+  bool via_disk() const { return disk_ != nullptr; }
+
+  // The most a transfer through the disk may hold unless the caller says otherwise.
+  static constexpr uint64_t kMaxDiskTransfer = uint64_t{8} << 30;
 
  private:
-  TarReader(GuestChannel& guest, std::shared_ptr<channel::Stream> s)
-      : guest_(guest), s_(std::move(s)) {}
+  TarReader(GuestChannel& guest, std::shared_ptr<channel::Stream> s);
+  TarReader(GuestChannel& guest, std::unique_ptr<DiskContent> disk);
   GuestChannel& guest_;
   std::shared_ptr<channel::Stream> s_;
+  std::unique_ptr<DiskContent> disk_;
   bool eof_ = false;
   std::optional<Json> end_;
 };

@@ -353,7 +353,7 @@ TEST_F(GuestOpsFilesTest, GetRelaysMetaDataAndEndToTheClient) {
   EXPECT_EQ(meta["kind"], "file");
   EXPECT_EQ(meta["mode"], 0640);
   EXPECT_EQ(data, "hello");
-  EXPECT_EQ(end, (Json{{"ok", true}, {"bytes", 5}}));
+  EXPECT_EQ(end, (Json{{"ok", true}, {"bytes", 5}, {"via", "channel"}}));
 }
 
 TEST_F(GuestOpsFilesTest, PutErrorsKeepTheGuestsKind) {

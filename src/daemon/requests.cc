@@ -70,6 +70,14 @@ Result<VmRequest> ParseVmRequest(const Json& j) {
   return r;
 }
 
+Result<DoctorRequest> ParseDoctor(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  DoctorRequest r;
+  ASSIGN_OR_RETURN(r.probe, f.Bool("probe", false));
+  return r;
+}
+
 Result<ExecRequest> ParseExec(const Json& j) {
   Fields f(j);
   RETURN_IF_ERROR(f.CheckObject());

@@ -42,6 +42,10 @@ struct VmRequest {  // destroy
   std::string vm;
 };
 
+struct DoctorRequest {
+  bool probe = false;  // probe the acceleration again instead of using the kept answer
+};
+
 struct ExecRequest {
   std::string vm;
   std::vector<std::string> argv;
@@ -128,6 +132,7 @@ struct RunRequest {  // agent_show, agent_cancel, agent_transcript
 
 Result<CreateRequest> ParseCreate(const Json& j);
 Result<VmRequest> ParseVmRequest(const Json& j);
+Result<DoctorRequest> ParseDoctor(const Json& j);
 Result<ExecRequest> ParseExec(const Json& j);
 Result<PutRequest> ParsePut(const Json& j);
 Result<GetRequest> ParseGet(const Json& j);

@@ -109,6 +109,16 @@ TEST(DaemonRequestsTest, AuditPagingAndLimits) {
   ExpectInvalid(ParseAudit(J(R"({"vm":""})")).status(), "VM id");
 }
 
+TEST(DaemonRequestsTest, DoctorProbeIsABoolean) {
+  auto r = ParseDoctor(J(R"({"verb":"doctor"})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->probe);
+  r = ParseDoctor(J(R"({"probe":true})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->probe);
+  ExpectInvalid(ParseDoctor(J(R"({"probe":1})")).status(), "'probe'");
+}
+
 TEST(DaemonRequestsTest, CollectHasNoBranchOnTheWire) {
   // branch_id was reachable from the socket: a client could name another run's branch.
   auto r = ParseCollect(J(R"({"vm":"a","branch_id":"other-run","into":"/tmp/x"})"));

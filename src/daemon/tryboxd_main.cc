@@ -25,9 +25,16 @@ int main(int argc, char** argv) {
                  "TRYBOX_BOOT_TIMEOUT)");
   if (const char* n = std::getenv("TRYBOX_SPARES"); n && *n) opts.spares = std::atoi(n);
   app.add_option("--spares", opts.spares,
-                 "Restored, warmed clones kept ready per machine shape in use; 0 restores on "
-                 "demand (env TRYBOX_SPARES)")
+                 "Restored, warmed clones kept ready per machine shape in use, at least (more "
+                 "with demand); 0 restores on demand (env TRYBOX_SPARES)")
       ->check(CLI::Range(0, 16));
+  if (const char* n = std::getenv("TRYBOX_SPARE_MEMORY_MIB"); n && *n) {
+    opts.spare_memory_mib = std::atoll(n);
+  }
+  app.add_option("--spare-memory", opts.spare_memory_mib,
+                 "MiB all spare clones may take together (each counted at its memory size); "
+                 "the pool grows with demand up to this (env TRYBOX_SPARE_MEMORY_MIB)")
+      ->check(CLI::NonNegativeNumber);
   int64_t agent_idle_s = 3600;
   if (const char* n = std::getenv("TRYBOX_AGENT_IDLE_S"); n && *n) agent_idle_s = std::atoll(n);
   app.add_option("--agent-idle", agent_idle_s,
@@ -42,10 +49,17 @@ int main(int argc, char** argv) {
   app.add_option("--log-file", log_file,
                  "Write the log to this file (rotated at 16 MiB, one old file kept) instead of "
                  "stderr");
+  std::string transfer = "disk";
+  if (const char* t = std::getenv("TRYBOX_TRANSFER"); t && *t) transfer = t;
+  app.add_option("--transfer", transfer,
+                 "How bulk data (workspaces, cp) reaches a VM: through its transfer disk, or "
+                 "only the control channel (env TRYBOX_TRANSFER)")
+      ->check(CLI::IsMember({"disk", "channel"}));
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
+  opts.disk_transfers = transfer == "disk";
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);

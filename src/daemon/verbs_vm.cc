@@ -35,7 +35,7 @@ Json VmJson(const store::VmRecord& r) {
           {"cpus", r.cpus}, {"pid", r.pid},     {"created_at", r.created_at}};
 }
 
-Json Doctor(Services& s) {
+Json Doctor(Services& s, bool probe) {
   Json images = Json::array();
   auto list = image::ListImages(s.paths.images);
   std::string first_valid;
@@ -47,8 +47,11 @@ Json Doctor(Services& s) {
   Json accel = {{"accel", nullptr},
                 {"reason", "no image is built yet; the probe boots an image's kernel"}};
   if (!first_valid.empty()) {
-    auto c = s.launcher.Accel(first_valid);
+    auto c = probe ? s.launcher.Reprobe(first_valid) : s.launcher.Accel(first_valid);
     accel = {{"accel", c.accel}, {"reason", c.reason}};
+  } else if (probe) {
+    return ErrorReply(
+        FailedPrecondition("no image is built yet; the probe boots an image's kernel"));
   }
   if (list.ok()) {
     for (const auto& im : *list) {
@@ -65,6 +68,7 @@ Json Doctor(Services& s) {
           {"qemu", qv.ok() ? *qv : qv.status().message()},
           {"images", images},
           {"spares", s.launcher.SpareCounts()},
+          {"spare_pool", s.launcher.DescribeSpares()},
           {"paths",
            {{"socket", s.paths.socket()},
             {"state", s.paths.state},
@@ -76,17 +80,25 @@ Json Doctor(Services& s) {
 }  // namespace
 
 void AddVmVerbs(VerbTable& t, Services& s) {
-  t.AddUnary("create", [&s](const Json& j, Connection& conn) -> Json {
-    auto req = ParseCreate(j);
-    if (!req.ok()) return ErrorReply(req.status());
-    auto c = s.vms.Create(*req);
-    if (!c.ok()) return ErrorReply(c.status());
-    if (req->ephemeral && !conn.AddEphemeral(c->entry->id())) {
-      // The client left while the VM booted: nobody will ever use it.
-      (void)s.vms.Destroy(c->entry->id());
-      return ErrorReply(Unavailable("the client left while the VM booted; it was destroyed"));
-    }
-    return CreatedJson(*c, s.egress);
+  t.AddStreaming("create", [&s](channel::Stream& client, const Json& j, Connection& conn) {
+    auto reply = [&]() -> Json {
+      auto req = ParseCreate(j);
+      if (!req.ok()) return ErrorReply(req.status());
+      // Steps that may take seconds are announced as they start (the CLI prints those that
+      // outlast a second).
+      Progress progress = [&client](const std::string& stage, const std::string& message) {
+        (void)client.SendEvent({{"progress", {{"stage", stage}, {"message", message}}}});
+      };
+      auto c = s.vms.Create(*req, progress);
+      if (!c.ok()) return ErrorReply(c.status());
+      if (req->ephemeral && !conn.AddEphemeral(c->entry->id())) {
+        // The client left while the VM booted: nobody will ever use it.
+        (void)s.vms.Destroy(c->entry->id());
+        return ErrorReply(Unavailable("the client left while the VM booted; it was destroyed"));
+      }
+      return CreatedJson(*c, s.egress);
+    }();
+    (void)client.End(reply);
   });
   t.AddStreaming("exec", [&s](channel::Stream& client, const Json& j, Connection&) {
     auto req = ParseExec(j);
@@ -143,7 +155,11 @@ void AddVmVerbs(VerbTable& t, Services& s) {
     for (const auto& r : s.vms.List()) vms.push_back(VmJson(r));
     return {{"ok", true}, {"vms", vms}};
   });
-  t.AddUnary("doctor", [&s](const Json&, Connection&) { return Doctor(s); });
+  t.AddUnary("doctor", [&s](const Json& j, Connection&) -> Json {
+    auto req = ParseDoctor(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    return Doctor(s, req->probe);
+  });
   t.AddUnary("audit", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseAudit(j);
     if (!req.ok()) return ErrorReply(req.status());

@@ -40,7 +40,8 @@ Json WorkspaceInJson(const InjectOutcome& o) {
                   {"quota_bytes", rec.quota_bytes},
                   {"quota_entries", rec.quota_entries},
                   {"skipped", rec.skipped},
-                  {"exclude", rec.excludes}}},
+                  {"exclude", rec.excludes},
+                  {"transfer", o.via_disk ? "disk" : "channel"}}},
                 {"setup", nullptr}};
   if (o.setup) {
     reply["setup"] = {{"result", o.setup->result.ToJson()},
@@ -79,6 +80,7 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
     out["injected_commit"] = c->injected_commit;
     out["excluded"] = c->excluded;
     out["tar_bytes"] = c->tar_bytes;
+    out["transfer"] = c->via_disk ? "disk" : "channel";
     out["into"] = c->into;
     out["dir"] = c->dir;
     return {{"ok", true}, {"collect", out}};

@@ -3,6 +3,8 @@
 #include "util/fd.h"
 #include "util/log.h"
 #include "util/names.h"
+#include "util/process.h"
+#include "vmm/accel.h"
 
 namespace trybox::daemon {
 namespace {
@@ -13,26 +15,76 @@ std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 
 }  // namespace
 
+VmLauncher::VmLauncher(LauncherOptions opts, vmm::TemplateStore& templates, UidPool& uids,
+                       BackgroundQueue& background)
+    : opts_(std::move(opts)),
+      refill_nice_(opts_.refill_nice > 0 && CanRestorePriority() ? opts_.refill_nice : 0),
+      templates_(templates),
+      uids_(uids),
+      background_(background),
+      pool_(opts_.pool) {
+  if (opts_.refill_nice > 0 && refill_nice_ == 0) {
+    LogInfo("daemon",
+            "spare refills run at normal priority: this daemon could not raise a spare's "
+            "priority back when handing it out (no CAP_SYS_NICE, RLIMIT_NICE below 20)");
+  }
+  keeper_ = std::thread([this] { Keep(); });
+}
+
 VmLauncher::~VmLauncher() { DestroySpares(); }
 
-vmm::AccelChoice VmLauncher::Accel(const std::string& image_dir) {
+vmm::AccelChoice VmLauncher::Accel(const std::string& image_dir, const Progress& progress) {
   {
     MutexLock lock(mu_);
     if (accel_) return *accel_;
   }
-  vmm::AccelChoice c;
-  if (!opts_.force_accel.empty()) {
-    c = {opts_.force_accel, "forced by --accel " + opts_.force_accel};
-  } else {
-    c = vmm::ProbeAccel(image_dir, opts_.probe_dir, opts_.qemu);
-  }
-  LogInfo("daemon", "acceleration: " + c.accel + " (" + c.reason + ")");
-  if (!opts_.accel_file.empty()) {
-    (void)WriteFileAtomic(opts_.accel_file, Json{{"accel", c.accel}, {"reason", c.reason}}.dump());
-  }
+  vmm::AccelChoice c = ChooseAccel(image_dir, /*fresh=*/false, progress);
   MutexLock lock(mu_);
   if (!accel_) accel_ = c;
   return *accel_;
+}
+
+vmm::AccelChoice VmLauncher::Reprobe(const std::string& image_dir) {
+  vmm::AccelChoice c = ChooseAccel(image_dir, /*fresh=*/true, {});
+  MutexLock lock(mu_);
+  accel_ = c;
+  return c;
+}
+
+vmm::AccelChoice VmLauncher::ChooseAccel(const std::string& image_dir, bool fresh,
+                                         const Progress& progress) {
+  if (!opts_.force_accel.empty()) {
+    vmm::AccelChoice c{opts_.force_accel, "forced by --accel " + opts_.force_accel};
+    // No key: a forced choice is no probe's answer, and is never reused as one.
+    if (!opts_.accel_file.empty()) {
+      (void)WriteFileAtomic(opts_.accel_file,
+                            Json{{"accel", c.accel}, {"reason", c.reason}}.dump());
+    }
+    return c;
+  }
+  auto key = opts_.accel_key ? opts_.accel_key(image_dir) : vmm::AccelKey(opts_.qemu, image_dir);
+  if (!key.ok())
+    LogWarn("daemon", "the acceleration probe's answer cannot be kept: " + key.status().message());
+  if (!fresh && key.ok() && !opts_.accel_file.empty()) {
+    if (auto cached = vmm::LoadCachedAccel(opts_.accel_file, *key)) {
+      cached->reason +=
+          " (the answer of an earlier probe on this host, kernel, QEMU and CPU; "
+          "`trybox doctor --probe` probes again)";
+      LogInfo("daemon", "acceleration: " + cached->accel + ", cached");
+      return *cached;
+    }
+  }
+  if (progress) {
+    progress("probe", "checking whether KVM runs a guest on this host (once; the answer is kept)");
+  }
+  vmm::AccelChoice c = opts_.probe ? opts_.probe(image_dir)
+                                   : vmm::ProbeAccel(image_dir, opts_.probe_dir, opts_.qemu);
+  LogInfo("daemon", "acceleration: " + c.accel + " (" + c.reason + ")");
+  if (key.ok() && !opts_.accel_file.empty()) {
+    Status st = vmm::SaveAccel(opts_.accel_file, *key, c);
+    if (!st.ok()) LogWarn("daemon", "could not keep the probe's answer: " + st.message());
+  }
+  return c;
 }
 
 vmm::TemplateShape VmLauncher::Shape(const LaunchSpec& spec, const std::string& accel) const {
@@ -54,16 +106,24 @@ vmm::VmConfig VmLauncher::BaseConfig(const vmm::TemplateShape& shape, const std:
 }
 
 Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
-  const vmm::TemplateShape shape = Shape(spec, Accel(spec.image_dir).accel);
+  const Progress& progress = spec.progress;
+  const vmm::TemplateShape shape = Shape(spec, Accel(spec.image_dir, progress).accel);
   LaunchedVm out;
   if (!spec.cold) {
-    if (auto spare = TakeSpare(shape)) {
+    auto spare = TakeSpare(shape);
+    // The next spare is started now, at a lower priority than the VM handed out here.
+    RefillLater(shape);
+    if (spare) {
+      if (spare->niced) {
+        Status st = spare->vm->SetNice(0);
+        if (!st.ok())
+          LogWarn("daemon", "could not give a spare its priority back: " + st.message());
+      }
       Status st = spare->vm->Identify(Clock::now() + opts_.boot_timeout);
       if (st.ok()) {
         out.vm = std::move(spare->vm);
         out.uid = std::move(spare->uid);
         out.start = {{"mode", "restored"}, {"spare", true}};
-        RefillLater(shape);
         return out;
       }
       LogWarn("daemon", "a spare clone failed its identity; restoring another: " + st.message());
@@ -75,11 +135,12 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   cfg.qemu_uid = out.uid.uid();
   auto boot_cold = [&](const std::string& note) -> Result<LaunchedVm> {
     out.start = {{"mode", "cold"}, {"note", note}};
+    if (progress) progress("cold", "booting the kernel (" + note + ")");
     ASSIGN_OR_RETURN(out.vm, vmm::Vm::Boot(cfg, opts_.boot_timeout));
     return std::move(out);
   };
   if (spec.cold) return boot_cold("a full boot was asked for (--cold)");
-  auto tpl = GetTemplate(shape);
+  auto tpl = GetTemplate(shape, progress);
   if (!tpl.ok()) {
     // No template means no restore, not no VM: the cold boot may still work.
     std::string note =
@@ -96,12 +157,12 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   restore.mode = vmm::StartMode::kRestore;
   restore.template_dir = tpl->dir;
   restore.memory_fd = tpl->memory_fd;
+  if (progress) progress("restore", "restoring a clone of the template (no spare clone was ready)");
   auto vm = vmm::Vm::Restore(restore, opts_.boot_timeout);
   tpl->hold.unlock();
   if (vm.ok()) {
     out.vm = std::move(*vm);
     out.start = {{"mode", "restored"}, {"spare", false}, {"template", template_info}};
-    RefillLater(shape);
     return out;
   }
   std::string why = FirstLine(vm.status().message());
@@ -113,33 +174,25 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
   return boot_cold(note);
 }
 
-Result<vmm::TemplateStore::Lease> VmLauncher::GetTemplate(const vmm::TemplateShape& shape) {
+Result<vmm::TemplateStore::Lease> VmLauncher::GetTemplate(const vmm::TemplateShape& shape,
+                                                          const Progress& progress) {
   ASSIGN_OR_RETURN(UidLease uid, uids_.Acquire());
   // The template VM, if one is booted, is gone when Get returns; the uid goes with `uid`.
-  return templates_.Get(shape, vmm::TemplateStore::Sandbox{opts_.netns, uid.uid()});
+  return templates_.Get(shape, vmm::TemplateStore::Sandbox{opts_.netns, uid.uid()}, progress);
 }
 
 std::optional<VmLauncher::Spare> VmLauncher::TakeSpare(const vmm::TemplateShape& shape) {
   auto key = vmm::ComputeTemplateKey(shape);
   if (!key.ok()) return std::nullopt;
   std::vector<Spare> stale;
-  std::optional<Spare> found;
-  {
-    MutexLock lock(mu_);
-    auto& list = spares_[templates_.DirFor(shape)];
-    while (!list.empty() && !found) {
-      Spare s = std::move(list.back());
-      list.pop_back();
-      // A spare of an older template (the image or QEMU changed since) is not this shape.
-      if (s.key == key->hash && s.vm->alive()) {
-        found = std::move(s);
-      } else {
-        stale.push_back(std::move(s));
-      }
-    }
-  }
+  const auto now = Clock::now();
+  // A spare of an older template (the image or QEMU changed since) is not this shape.
+  auto spare = pool_.Take(
+      templates_.DirFor(shape), shape.memory_mib, now, now + opts_.boot_timeout,
+      [&](const Spare& s) { return s.key == key->hash && s.vm->alive(); }, &stale);
   for (auto& s : stale) s.vm->Destroy();
-  return found;
+  PokeKeeper();
+  return spare;
 }
 
 void VmLauncher::RebuildLater(const vmm::TemplateShape& shape) {
@@ -151,55 +204,91 @@ void VmLauncher::RebuildLater(const vmm::TemplateShape& shape) {
 }
 
 void VmLauncher::RefillLater(const vmm::TemplateShape& shape) {
-  if (opts_.spares <= 0) return;
-  // The create that just took a spare is about to run its caller's first commands;
-  // restoring the next spare at the same moment would take a core from them.
-  auto not_before = Clock::now() + opts_.refill_delay;
-  background_.Enqueue("refill " + templates_.DirFor(shape), [this, shape, not_before] {
-    if (background_.SleepUntil(not_before)) Refill(shape);
-  });
+  if (!pool_.enabled()) return;
+  background_.Enqueue("refill " + templates_.DirFor(shape), [this, shape] { Refill(shape); });
 }
 
 void VmLauncher::Refill(const vmm::TemplateShape& shape) {
   const std::string dir = templates_.DirFor(shape);
+  while (pool_.Wanted(dir, shape.memory_mib, Clock::now()) > 0) {
+    pool_.RefillStarted(dir);
+    auto spare = MakeSpare(shape, dir);
+    if (!spare.ok())
+      LogWarn("daemon", "could not prepare a spare clone: " + spare.status().message());
+    auto leftover = pool_.RefillDone(
+        dir, spare.ok() ? std::optional<Spare>(std::move(*spare)) : std::nullopt, Clock::now());
+    PokeKeeper();
+    if (leftover) leftover->vm->Destroy();
+    if (!spare.ok() || background_.stopping()) return;
+  }
+}
+
+Result<VmLauncher::Spare> VmLauncher::MakeSpare(const vmm::TemplateShape& shape,
+                                                const std::string& dir) {
+  ASSIGN_OR_RETURN(auto key, vmm::ComputeTemplateKey(shape));
+  ASSIGN_OR_RETURN(auto lease, GetTemplate(shape));
+  ASSIGN_OR_RETURN(UidLease uid, uids_.Acquire());
+  vmm::VmConfig cfg = BaseConfig(shape, NewId());
+  cfg.mode = vmm::StartMode::kRestore;
+  cfg.template_dir = lease.dir;
+  cfg.memory_fd = lease.memory_fd;
+  cfg.qemu_uid = uid.uid();
+  cfg.nice = refill_nice_;
+  auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
+  lease.hold.unlock();
+  if (!vm.ok()) return vm.status();
+  Spare spare{std::move(*vm), key.hash, std::move(uid), refill_nice_ != 0};
+  // A create is waiting for this one: it need not yield any more.
+  if (spare.niced && pool_.Claimed(dir) && spare.vm->SetNice(0).ok()) spare.niced = false;
+  Status st = spare.vm->Warm(Clock::now() + opts_.boot_timeout);
+  if (!st.ok()) {
+    spare.vm->Destroy();
+    return st;
+  }
+  return spare;
+}
+
+void VmLauncher::PokeKeeper() {
+  MutexLock lock(keeper_mu_);
+  keeper_poked_ = true;
+  keeper_cv_.SignalAll();
+}
+
+void VmLauncher::Keep() {
   for (;;) {
     {
-      MutexLock lock(mu_);
-      if (stopping_ || static_cast<int>(spares_[dir].size()) >= opts_.spares) return;
-    }
-    auto key = vmm::ComputeTemplateKey(shape);
-    auto lease = GetTemplate(shape);
-    auto uid = uids_.Acquire();
-    if (!key.ok() || !lease.ok() || !uid.ok()) return;
-    vmm::VmConfig cfg = BaseConfig(shape, NewId());
-    cfg.mode = vmm::StartMode::kRestore;
-    cfg.template_dir = lease->dir;
-    cfg.memory_fd = lease->memory_fd;
-    cfg.qemu_uid = uid->uid();
-    auto vm = vmm::Vm::Restore(cfg, opts_.boot_timeout, /*identify=*/false);
-    lease->hold.unlock();
-    Status st = vm.ok() ? (*vm)->Warm(Clock::now() + opts_.boot_timeout) : vm.status();
-    if (!st.ok()) {
-      LogWarn("daemon", "could not prepare a spare clone: " + st.message());
-      return;
-    }
-    {
-      MutexLock lock(mu_);
-      if (!stopping_) {
-        spares_[dir].push_back({std::move(*vm), key->hash, std::move(*uid)});
-        continue;
+      MutexLock lock(keeper_mu_);
+      while (!keeper_stop_ && !keeper_poked_) {
+        auto next = pool_.NextRelease(Clock::now());
+        if (!next) {
+          keeper_cv_.Wait(keeper_mu_);
+        } else if (!keeper_cv_.WaitUntil(keeper_mu_, *next)) {
+          break;  // one is due
+        }
       }
+      if (keeper_stop_) return;
+      keeper_poked_ = false;
     }
-    (*vm)->Destroy();
-    return;
+    for (auto& s : pool_.Release(Clock::now())) {
+      LogInfo("daemon", "released an idle spare clone (" + s.vm->config().id + ")");
+      s.vm->Destroy();
+    }
   }
 }
 
 Json VmLauncher::SpareCounts() const {
   Json out = Json::object();
-  MutexLock lock(mu_);
-  for (const auto& [dir, list] : spares_) out[dir.substr(dir.rfind('/') + 1)] = list.size();
+  for (const auto& [dir, n] : pool_.ReadyCounts()) out[dir.substr(dir.rfind('/') + 1)] = n;
   return out;
+}
+
+Json VmLauncher::DescribeSpares() const {
+  Json d = pool_.Describe(Clock::now());
+  Json shapes = Json::object();
+  for (auto& [dir, v] : d["shapes"].items()) shapes[dir.substr(dir.rfind('/') + 1)] = v;
+  d["shapes"] = shapes;
+  d["refill_nice"] = refill_nice_;
+  return d;
 }
 
 Json VmLauncher::DescribeTemplate(const std::string& image_name, const std::string& image_dir,
@@ -209,15 +298,13 @@ Json VmLauncher::DescribeTemplate(const std::string& image_name, const std::stri
 }
 
 void VmLauncher::DestroySpares() {
-  std::map<std::string, std::vector<Spare>> spares;
   {
-    MutexLock lock(mu_);
-    stopping_ = true;
-    spares.swap(spares_);
+    MutexLock lock(keeper_mu_);
+    keeper_stop_ = true;
+    keeper_cv_.SignalAll();
   }
-  for (auto& [dir, list] : spares) {
-    for (auto& s : list) s.vm->Destroy();
-  }
+  if (keeper_.joinable()) keeper_.join();
+  for (auto& s : pool_.Stop()) s.vm->Destroy();
 }
 
 }  // namespace trybox::daemon

@@ -20,15 +20,17 @@
 
 namespace trybox::daemon {
 
-class VmEntry : public GuestChannel {
+class VmEntry : public GuestChannel, private TransferDiskPort {
  public:
+  // `disk_transfers`: bulk data may use the VM's transfer disk (when its guest has one).
   VmEntry(std::unique_ptr<vmm::Vm> vm, UidLease uid, std::shared_ptr<EgressVm> egress,
-          store::VmRecord record, bool privileged)
+          store::VmRecord record, bool privileged, bool disk_transfers = true)
       : vm_(std::move(vm)),
         uid_(std::move(uid)),
         egress_(std::move(egress)),
         id_(record.id),
         privileged_(privileged),
+        disk_transfers_(disk_transfers),
         record_(std::move(record)) {}
 
   // GuestChannel over the VM's agent.
@@ -37,6 +39,9 @@ class VmEntry : public GuestChannel {
   }
   bool alive() const override { return vm_->alive(); }
   std::string death_reason() const override { return vm_->death_reason(); }
+  TransferDiskPort* transfer_disk() override {
+    return disk_transfers_ && vm_->has_transfer_disk() ? this : nullptr;
+  }
 
   const std::string& id() const { return id_; }
   vmm::Vm& vm() { return *vm_; }
@@ -55,11 +60,17 @@ class VmEntry : public GuestChannel {
   vmm::DestroyReport Destroy();
 
  private:
+  // TransferDiskPort over the VM's transfer disk.
+  int fd_for_io() const override { return vm_->transfer_disk_fd(); }
+  Status Announce(uint64_t bytes) override { return vm_->ResizeTransferDisk(bytes); }
+  std::unique_lock<std::mutex> TryLock() override { return vm_->TryLockTransferDisk(); }
+
   const std::unique_ptr<vmm::Vm> vm_;
   UidLease uid_;
   const std::shared_ptr<EgressVm> egress_;
   const std::string id_;
   const bool privileged_;
+  const bool disk_transfers_;
   std::atomic<bool> has_workspace_{false};
   mutable Mutex mu_;
   store::VmRecord record_ GUARDED_BY(mu_);

@@ -16,13 +16,13 @@ Status VmService::Validate(const CreateRequest& req) const {
   return egress_.AllowList(req.allow, req.profiles).status();
 }
 
-Result<CreatedVm> VmService::Create(const CreateRequest& req) {
+Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& progress) {
   ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_dir_, req.image));
   RETURN_IF_ERROR(image::VerifyImage(dir));
   ASSIGN_OR_RETURN(std::string manifest_sha, Sha256File(dir + "/manifest.json"));
   ASSIGN_OR_RETURN(egress::AllowList allow, egress_.AllowList(req.allow, req.profiles));
 
-  LaunchSpec spec{req.image, dir, manifest_sha, req.memory_mib, req.cpus, req.cold};
+  LaunchSpec spec{req.image, dir, manifest_sha, req.memory_mib, req.cpus, req.cold, progress};
   auto launched = launcher_.Launch(spec);
   if (!launched.ok()) return launched.status().Annotate("boot a " + req.image + " VM");
 
@@ -45,7 +45,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req) {
   auto eg = egress_.NewVm(std::move(allow));
   launched->vm->SetGuestOpen(egress_.GuestHandler(cfg.id, eg));
   out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), eg, rec,
-                                        req.privileged);
+                                        req.privileged, disk_transfers_);
   Status st = store_.InsertVm(rec);
   if (!st.ok()) {
     out.entry->Destroy();

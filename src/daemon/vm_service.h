@@ -30,19 +30,22 @@ struct CreatedVm {
 
 class VmService {
  public:
+  // `disk_transfers`: bulk data may use VMs' transfer disks (else always the channel).
   VmService(store::Store& store, VmRegistry& registry, VmLauncher& launcher, EgressGateway& egress,
-            std::string images_dir)
+            std::string images_dir, bool disk_transfers = true)
       : store_(store),
         registry_(registry),
         launcher_(launcher),
         egress_(egress),
-        images_dir_(std::move(images_dir)) {}
+        images_dir_(std::move(images_dir)),
+        disk_transfers_(disk_transfers) {}
 
   // Everything Create checks before it boots: the image (built, verified) and the egress
   // allow-list.
   Status Validate(const CreateRequest& req) const;
   // Validates everything before anything boots, then starts and records the VM.
-  Result<CreatedVm> Create(const CreateRequest& req);
+  // `progress` hears of the steps that may take seconds (vm_launcher.h).
+  Result<CreatedVm> Create(const CreateRequest& req, const Progress& progress = {});
   // Kills the VM and reports what was observed. FAILED_PRECONDITION if it was already
   // destroyed (or is being destroyed), NOT_FOUND if it never existed.
   Result<vmm::DestroyReport> Destroy(const std::string& id);
@@ -72,6 +75,7 @@ class VmService {
   VmLauncher& launcher_;
   EgressGateway& egress_;
   const std::string images_dir_;
+  const bool disk_transfers_;
 };
 
 }  // namespace trybox::daemon

@@ -33,17 +33,20 @@ Json CountChanges(const Json& changes) {
 }
 
 Status WorkspaceService::SendTree(VmEntry& vm, const std::string& root,
-                                  const ws::Manifest& manifest) {
-  Status st = PutTar(vm, ws::kGuestPath, [&](const std::function<Status(std::string_view)>& out) {
-    return ws::WriteTar(root, manifest, out);
-  });
+                                  const ws::Manifest& manifest, bool* via_disk) {
+  Status st = PutTar(
+      vm, ws::kGuestPath,
+      [&](const std::function<Status(std::string_view)>& out) {
+        return ws::WriteTar(root, manifest, out);
+      },
+      via_disk);
   if (!st.ok()) vms_.NoteDeath(vm);
   return st;
 }
 
 Result<store::WorkspaceRecord> WorkspaceService::Inject(VmEntry& vm, const ws::InjectPlan& plan,
-                                                        const ws::Quota& quota) {
-  Status st = SendTree(vm, plan.dir, plan.manifest);
+                                                        const ws::Quota& quota, bool* via_disk) {
+  Status st = SendTree(vm, plan.dir, plan.manifest, via_disk);
   if (!st.ok()) return st.Annotate("copy the workspace into VM " + vm.id());
   store::WorkspaceRecord rec;
   rec.vm_id = vm.id();
@@ -100,7 +103,7 @@ Result<InjectOutcome> WorkspaceService::WorkspaceIn(VmEntry& vm, const Workspace
   }
   ASSIGN_OR_RETURN(ws::InjectPlan plan, ws::PlanInject(req.dir, quota));
   InjectOutcome out;
-  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota));
+  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota, &out.via_disk));
   // The project's hook runs before any command; its output goes to the caller as it is
   // produced and is kept with the workspace record.
   if (req.setup) {
@@ -155,7 +158,10 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
 
   std::vector<std::string> guest_excludes;
   for (const auto& n : excludes.PlainDirNames()) guest_excludes.push_back(n + "/*");
-  auto reader = TarReader::Open(vm, ws::kGuestPath, guest_excludes);
+  // Through the transfer disk the tar may take the quota and half again (its headers and
+  // padding); a bigger one takes the channel, where the quota is counted as it unpacks.
+  const uint64_t disk_room = static_cast<uint64_t>(w.quota_bytes) / 2 * 3 + (uint64_t{32} << 20);
+  auto reader = TarReader::Open(vm, ws::kGuestPath, guest_excludes, disk_room);
   if (!reader.ok()) {
     vms_.NoteDeath(vm);
     return failed(reader.status());
@@ -237,6 +243,7 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
   out.injected_commit = commit.injected_commit;
   out.excluded = static_cast<int64_t>(report.excluded);
   out.tar_bytes = static_cast<int64_t>(report.tar_bytes);
+  out.via_disk = (*reader)->via_disk();
   out.into = opts.into;
   out.dir = w.dir;
   return out;

@@ -26,6 +26,7 @@ struct SetupOutcome {
 
 struct InjectOutcome {
   store::WorkspaceRecord record;
+  bool via_disk = false;              // the tree went through the VM's transfer disk
   std::optional<SetupOutcome> setup;  // none when the project has no hook or it was skipped
 };
 
@@ -44,6 +45,7 @@ struct CollectOutcome {
   std::string injected_commit;
   int64_t excluded = 0;
   int64_t tar_bytes = 0;
+  bool via_disk = false;  // the tree came through the VM's transfer disk
   std::string into;
   std::string dir;  // the project's working tree
 };
@@ -58,10 +60,12 @@ class WorkspaceService {
   Result<InjectOutcome> WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,
                                     channel::Stream* client);
   // Sends a planned workspace to /workspace, records it and marks the VM as having one.
+  // *via_disk (if given): whether the tree went through the VM's transfer disk.
   Result<store::WorkspaceRecord> Inject(VmEntry& vm, const workspace::InjectPlan& plan,
-                                        const workspace::Quota& quota);
+                                        const workspace::Quota& quota, bool* via_disk = nullptr);
   // Sends the tree `root` (the entries of `manifest`) to /workspace.
-  Status SendTree(VmEntry& vm, const std::string& root, const workspace::Manifest& manifest);
+  Status SendTree(VmEntry& vm, const std::string& root, const workspace::Manifest& manifest,
+                  bool* via_disk = nullptr);
   // Runs the project's .trybox/setup.sh (if `manifest` has one that is not a symlink) in
   // /workspace, as root. nullopt when there is none. With `record`, its output is kept with
   // the workspace record.

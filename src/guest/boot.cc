@@ -282,6 +282,13 @@ BootInfo Boot() {
   if (Status st = SwitchRoot(); !st.ok()) Fatal(st);
   if (Status st = MountLate(); !st.ok()) Fatal(st);
   if (Status st = RemoveDiskNodes(); !st.ok()) Fatal(st);
+  // Not fatal: without it, bulk data takes the control channel.
+  auto disk = TransferDisk::Find();
+  if (disk.ok()) {
+    info.transfer_disk = std::move(disk).value();
+  } else {
+    LogError("init", "transfer disk: " + disk.status().message());
+  }
   SetIdentity(info.cmdline);
   LoopbackUp();
   auto cgroup_root = LockDownMounts();

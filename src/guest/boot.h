@@ -6,15 +6,19 @@
 // console (the only output a healthy boot makes is none at all).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "guest/cmdline.h"
+#include "guest/transfer_disk.h"
 
 namespace trybox::guest {
 
 struct BootInfo {
   KernelCmdline cmdline;
   std::string boot_id;  // /proc/sys/kernel/random/boot_id
+  // The transfer disk, opened once (its node removed); null if the machine has none.
+  std::shared_ptr<TransferDisk> transfer_disk;
 };
 
 // Runs the whole sequence. A probe boot prints the marker and powers off; a fatal failure

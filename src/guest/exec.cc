@@ -27,8 +27,6 @@ using Clock = std::chrono::steady_clock;
 // Background processes may keep stdout open forever; after the command itself exits we
 // read for this long at most.
 constexpr auto kDrainAfterExit = std::chrono::seconds(2);
-// How often the host-traffic thread looks at the stop flag and the deadline.
-constexpr auto kControlTick = std::chrono::milliseconds(100);
 constexpr size_t kReadChunk = 1 << 20;
 // Bigger pipes mean fewer wakeups per MB of output (1 MiB is the default pipe-max-size).
 constexpr int kPipeSize = 1 << 20;
@@ -256,12 +254,16 @@ bool ExecRun::Pump() {
   }
 }
 
+// Sleeps until host traffic, the deadline, or StopControl's Interrupt(): no tick.
 void ExecRun::ControlLoop() {
   while (!stop_ && !aborted_) {
     if (CheckDeadline()) continue;
-    Clock::time_point tick = Clock::now() + kControlTick;
-    if (deadline_ && !timed_out_ && *deadline_ < tick) tick = *deadline_;
-    auto m = stream_.Next(tick);
+    Stream::Deadline until;
+    // A command that ended before its deadline has none left to watch.
+    if (deadline_ && !timed_out_ && !(child_->exited() && child_->exit_time() < *deadline_)) {
+      until = deadline_;
+    }
+    auto m = stream_.Next(until);
     if (!m.ok()) {
       if (m.status().code() == Code::kDeadlineExceeded) continue;
       if (m.status().code() == Code::kUnavailable) Abort("connection lost");
@@ -331,6 +333,7 @@ void ExecRun::KillTree() {
 void ExecRun::StopControl() {
   stop_ = true;
   if (wake_) wake_->Signal();
+  stream_.Interrupt();
   if (control_.joinable()) control_.join();
 }
 

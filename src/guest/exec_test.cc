@@ -11,10 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <optional>
+#include <utility>
 
 #include "util/fd.h"
 
@@ -59,8 +62,12 @@ class Guest {
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) std::abort();
     host_ = std::make_unique<Mux>(UniqueFd(sv[0]), channel::Role::kHost);
     guest_ = std::make_unique<Mux>(UniqueFd(sv[1]), channel::Role::kGuest);
-    guest_->OnOpen(
-        [this](std::shared_ptr<Stream> s, Json req) { ServeExec(reaper_, *s, req, options_); });
+    guest_->OnOpen([this](std::shared_ptr<Stream> s, Json req) {
+      ServeExec(reaper_, *s, req, options_);
+      std::lock_guard<std::mutex> lock(mu_);
+      served_wakeups_ = s->wakeups();
+      served_cv_.notify_all();
+    });
     reaper_.Start();
     guest_->Start();
     host_->Start();
@@ -85,10 +92,20 @@ class Guest {
     }
   }
 
+  // Once the last ServeExec has returned: how often its stream's reader went to sleep.
+  uint64_t ServedWakeups() {
+    std::unique_lock<std::mutex> lock(mu_);
+    served_cv_.wait(lock, [&] { return served_wakeups_.has_value(); });
+    return *std::exchange(served_wakeups_, std::nullopt);
+  }
+
   const std::string& home() const { return home_; }
   ExecOptions& options() { return options_; }
 
  private:
+  std::mutex mu_;
+  std::condition_variable served_cv_;
+  std::optional<uint64_t> served_wakeups_;
   std::string dir_, home_;
   ExecOptions options_;
   Reaper reaper_;
@@ -241,6 +258,18 @@ TEST(ExecTest, FloatOrHugeTimeoutIsABadRequest) {
       CHECK_IN_CHILD(r.end.value("message", "").find("timeout_ms") != std::string::npos, Dump(r));
       CHECK_IN_CHILD(!r.started, Dump(r));
     }
+  });
+}
+
+// The thread that takes the host's input and cancellation sleeps until there is some, or
+// until the exec is over: it never wakes on a timer while the command runs.
+TEST(ExecTest, ControlThreadHasNoPeriodicWakeUp) {
+  InChild([](Guest& g, int& failures) {
+    Reply r = g.Exec({{"argv", {"sleep", "0.45"}}, {"timeout_ms", 60000}});
+    CHECK_IN_CHILD(r.end.value("outcome", "") == "exited", Dump(r));
+    // One sleep for the whole run (the deadline is far away), woken by the exec's end.
+    uint64_t wakeups = g.ServedWakeups();
+    CHECK_IN_CHILD(wakeups <= 2, "the control thread woke " + std::to_string(wakeups) + " times");
   });
 }
 

@@ -211,7 +211,37 @@ class TempFile {
   std::string path_;
 };
 
-void PutFile(Stream& s, const PutRequest& req) {
+// Reads `n` bytes of the transfer disk from its start into `sink`; 0 or errno.
+template <typename Sink>
+int ReadDisk(TransferDisk& disk, uint64_t n, Sink&& sink) {
+  if (!disk.Rewind().ok()) return EIO;
+  std::unique_ptr<char[]> buf(new char[kChunk]);
+  while (n > 0) {
+    ssize_t got = ::read(disk.fd_for_io(), buf.get(), std::min<uint64_t>(n, kChunk));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return errno;
+    if (got == 0) return EIO;  // shorter than announced
+    sink(std::string_view(buf.get(), static_cast<size_t>(got)));
+    n -= static_cast<uint64_t>(got);
+  }
+  return 0;
+}
+
+// The upload of a put: from the channel, or (with a disk) from the transfer disk once the
+// channel's EOF came. kGone if the host went away first.
+template <typename Sink>
+Upload ReadContent(Stream& s, TransferDisk* disk, const PutRequest& req, uint64_t* bytes,
+                   int* disk_err, Sink&& sink) {
+  if (!req.disk_bytes) return ReadUpload(s, bytes, sink);
+  uint64_t ignored = 0;
+  Upload u = ReadUpload(s, &ignored, [](std::string_view) {});
+  if (u == Upload::kGone) return u;
+  *disk_err = ReadDisk(*disk, *req.disk_bytes, sink);
+  if (*disk_err == 0) *bytes = *req.disk_bytes;
+  return u;
+}
+
+void PutFile(Stream& s, const PutRequest& req, TransferDisk* disk) {
   const size_t slash = req.path.rfind('/');
   const std::string dir = slash == 0 ? "/" : req.path.substr(0, slash);
   const std::string base = req.path.substr(slash + 1);
@@ -222,11 +252,15 @@ void PutFile(Stream& s, const PutRequest& req) {
   if (int e = tmp.Create(dir, base)) return DrainThenEnd(s, FailErrno(dir, e));
 
   uint64_t bytes = 0;
-  int write_err = 0;
-  Upload u = ReadUpload(s, &bytes, [&](std::string_view data) {
+  int write_err = 0, disk_err = 0;
+  Upload u = ReadContent(s, disk, req, &bytes, &disk_err, [&](std::string_view data) {
     if (write_err == 0) write_err = WriteAll(tmp.fd(), data);
   });
   if (u == Upload::kGone) return;
+  if (disk_err != 0) {
+    (void)s.End(Fail("io", "read the transfer disk: " + ErrnoText(disk_err)));
+    return;
+  }
   if (write_err != 0) {
     (void)s.End(FailErrno(req.path, write_err));
     return;
@@ -259,6 +293,44 @@ void PutFile(Stream& s, const PutRequest& req) {
   }
   tmp.Commit();
   (void)s.End(Ok(bytes));
+}
+
+// tar -x of the first `req.disk_bytes` of the transfer disk, which tar reads itself: no copy
+// through trybox-init. The host sent only the channel's EOF.
+void PutTarFromDisk(Reaper& reaper, Stream& s, const PutRequest& req, TransferDisk& disk) {
+  uint64_t ignored = 0;
+  if (ReadUpload(s, &ignored, [](std::string_view) {}) == Upload::kGone) return;
+  if (int e = MakeDirs(req.path)) {
+    (void)s.End(FailErrno(req.path, e));
+    return;
+  }
+  if (Status st = disk.Rewind(); !st.ok()) {
+    (void)s.End(Fail("io", st.message()));
+    return;
+  }
+  auto err = MakePipe();
+  if (!err.ok()) {
+    (void)s.End(Fail("io", err.status().message()));
+    return;
+  }
+  // A tar made by the host ends with its end-of-archive blocks within the bytes announced;
+  // what follows on the disk is never read as members.
+  SpawnOutcome tar =
+      StartTar(reaper, {kTar, "-x", "-p", "-f", "-", "-C", req.path, "--no-same-owner"},
+               disk.fd_for_io(), err->write.get(), err->write.get());
+  err->write.Reset();
+  if (tar.error != SpawnError::kNone) {
+    (void)s.End(Fail("tar_failed", tar.message));
+    return;
+  }
+  OutputTail tail(std::move(err->read));
+  int status = tar.child->Wait();
+  std::string text = tail.Take();
+  if (status != 0) {
+    (void)s.End(Fail("tar_failed", DescribeTarFailure(status, text)));
+    return;
+  }
+  (void)s.End(Ok(*req.disk_bytes));
 }
 
 void PutTar(Reaper& reaper, Stream& s, const PutRequest& req) {
@@ -298,7 +370,39 @@ void PutTar(Reaper& reaper, Stream& s, const PutRequest& req) {
 
 // ---- get ----
 
-void GetFile(Stream& s, const std::string& path) {
+// Where a get's content goes: the channel (DATA on channel 1, then EOF), or the transfer
+// disk, which takes at most `max` bytes.
+class GetSink {
+ public:
+  GetSink(Stream& s, TransferDisk* disk, std::optional<uint64_t> max)
+      : s_(s), disk_(max ? disk : nullptr), max_(max.value_or(0)) {}
+  bool to_disk() const { return disk_ != nullptr; }
+  // 0, or the errno of a failed disk write (ENOSPC past `max`); false from Send means the
+  // stream is gone.
+  bool Send(std::string_view data, int* disk_err) {
+    if (!disk_) return s_.Write(channel::kChanOut, data).ok();
+    if (written_ + data.size() > max_) {
+      *disk_err = ENOSPC;
+      return true;
+    }
+    *disk_err = WriteAll(disk_->fd_for_io(), data);
+    written_ += data.size();
+    return true;
+  }
+
+ private:
+  Stream& s_;
+  TransferDisk* disk_;
+  uint64_t max_;
+  uint64_t written_ = 0;
+};
+
+Json DiskFull(uint64_t max) {
+  return Fail("disk_full", "the content is larger than the " + std::to_string(max) +
+                               " bytes the transfer disk was given");
+}
+
+void GetFile(Stream& s, const std::string& path, TransferDisk* disk, std::optional<uint64_t> max) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   struct stat st;
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
@@ -314,6 +418,17 @@ void GetFile(Stream& s, const std::string& path) {
                {"mode", st.st_mode & 07777},
                {"mtime_ns", MtimeNs(st)},
                {"size", st.st_size}};
+  GetSink sink(s, disk, max);
+  if (sink.to_disk() && static_cast<uint64_t>(st.st_size) > *max) {
+    (void)s.End(DiskFull(*max));
+    return;
+  }
+  if (sink.to_disk()) {
+    if (Status r = disk->Rewind(); !r.ok()) {
+      (void)s.End(Fail("io", r.message()));
+      return;
+    }
+  }
   if (!s.SendEvent(meta).ok()) return;
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<char[]> buf(new char[kChunk]);
@@ -325,11 +440,73 @@ void GetFile(Stream& s, const std::string& path) {
       return;
     }
     if (*n == 0) break;
-    if (!s.Write(channel::kChanOut, std::string_view(buf.get(), *n)).ok()) return;
+    int disk_err = 0;
+    if (!sink.Send(std::string_view(buf.get(), *n), &disk_err)) return;
+    if (disk_err == ENOSPC) {
+      (void)s.End(DiskFull(*max));  // the file grew since the stat
+      return;
+    }
+    if (disk_err != 0) {
+      (void)s.End(Fail("io", "write the transfer disk: " + ErrnoText(disk_err)));
+      return;
+    }
     bytes += *n;
   }
-  if (!s.CloseWrite(channel::kChanOut).ok()) return;
+  if (sink.to_disk() && ::fsync(disk->fd_for_io()) != 0) {
+    (void)s.End(Fail("io", "flush the transfer disk: " + ErrnoText(errno)));
+    return;
+  }
+  if (!sink.to_disk() && !s.CloseWrite(channel::kChanOut).ok()) return;
   (void)s.End(Ok(bytes));
+}
+
+// tar -c straight onto the transfer disk (tar writes it itself), then flushed; the END
+// says how many bytes it holds.
+void GetDirToDisk(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat& st,
+                  TransferDisk& disk) {
+  const uint64_t max = *req.disk_max_bytes;
+  auto err = MakePipe();
+  if (!err.ok()) {
+    (void)s.End(Fail("io", err.status().message()));
+    return;
+  }
+  if (Status r = disk.Rewind(); !r.ok()) {
+    (void)s.End(Fail("io", r.message()));
+    return;
+  }
+  if (!s.SendEvent({{"type", "meta"},
+                    {"kind", "tar"},
+                    {"mode", st.st_mode & 07777},
+                    {"mtime_ns", MtimeNs(st)}})
+           .ok()) {
+    return;
+  }
+  std::vector<std::string> argv = {kTar, "-c", "-f", "-"};
+  for (const auto& x : req.exclude) argv.push_back("--exclude=" + x);
+  for (const char* a : {"-C", req.path.c_str(), "."}) argv.push_back(a);
+  SpawnOutcome tar = StartTar(reaper, argv, -1, disk.fd_for_io(), err->write.get());
+  err->write.Reset();
+  if (tar.error != SpawnError::kNone) {
+    (void)s.End(Fail("tar_failed", tar.message));
+    return;
+  }
+  OutputTail tail(std::move(err->read));
+  int status = tar.child->Wait();
+  std::string text = tail.Take();
+  // tar's stdout shared our file offset: where it stopped is how much it wrote.
+  off_t end = ::lseek(disk.fd_for_io(), 0, SEEK_CUR);
+  if (status != 0) {
+    bool full = end >= 0 && static_cast<uint64_t>(end) + (20 << 10) > max;
+    (void)s.End(full ? DiskFull(max) : Fail("tar_failed", DescribeTarFailure(status, text)));
+    return;
+  }
+  if (end < 0 || ::fsync(disk.fd_for_io()) != 0) {
+    (void)s.End(Fail("io", "flush the transfer disk: " + ErrnoText(errno)));
+    return;
+  }
+  Json ok = Ok(static_cast<uint64_t>(end));
+  if (!text.empty()) ok["warnings"] = text;
+  (void)s.End(ok);
 }
 
 void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat& st) {
@@ -385,18 +562,46 @@ void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat&
 
 }  // namespace
 
-void ServePut(Reaper& reaper, Stream& stream, const Json& request) {
+void ServePut(Reaper& reaper, Stream& stream, const Json& request, TransferDisk* disk) {
   auto req = ParsePutRequest(request);
   if (!req.ok()) return DrainThenEnd(stream, Fail("bad_request", req.status().message()));
+  std::unique_lock<std::timed_mutex> held;
+  if (req->disk_bytes) {
+    if (!disk) return DrainThenEnd(stream, Fail("no_transfer_disk", "this guest has none"));
+    held = disk->Lock();
+    if (!held) return DrainThenEnd(stream, Fail("disk_busy", "another transfer uses the disk"));
+    if (Status st = disk->AwaitCapacity(*req->disk_bytes); !st.ok()) {
+      return DrainThenEnd(stream, Fail("io", st.message()));
+    }
+    if (req->kind == PutKind::kTar) return PutTarFromDisk(reaper, stream, *req, *disk);
+  }
   if (req->kind == PutKind::kTar) return PutTar(reaper, stream, *req);
-  PutFile(stream, *req);
+  PutFile(stream, *req, disk);
 }
 
-void ServeGet(Reaper& reaper, Stream& stream, const Json& request) {
+void ServeGet(Reaper& reaper, Stream& stream, const Json& request, TransferDisk* disk) {
   auto req = ParseGetRequest(request);
   if (!req.ok()) {
     (void)stream.End(Fail("bad_request", req.status().message()));
     return;
+  }
+  std::unique_lock<std::timed_mutex> held;
+  if (req->disk_max_bytes) {
+    if (!disk) {
+      (void)stream.End(Fail("no_transfer_disk", "this guest has none"));
+      return;
+    }
+    held = disk->Lock();
+    if (!held) {
+      (void)stream.End(Fail("disk_busy", "another transfer uses the disk"));
+      return;
+    }
+    if (Status st = disk->AwaitCapacity(*req->disk_max_bytes); !st.ok()) {
+      (void)stream.End(Fail("io", st.message()));
+      return;
+    }
+  } else {
+    disk = nullptr;
   }
   const std::string& path = req->path;
   struct stat st;
@@ -410,8 +615,11 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request) {
         Fail("unsupported", path + ": is a symbolic link to nowhere (" + ErrnoText(errno) + ")"));
     return;
   }
-  if (S_ISREG(st.st_mode)) return GetFile(stream, path);
-  if (S_ISDIR(st.st_mode)) return GetDir(reaper, stream, *req, st);
+  if (S_ISREG(st.st_mode)) return GetFile(stream, path, disk, req->disk_max_bytes);
+  if (S_ISDIR(st.st_mode)) {
+    if (disk) return GetDirToDisk(reaper, stream, *req, st, *disk);
+    return GetDir(reaper, stream, *req, st);
+  }
   (void)stream.End(Fail("unsupported", path + ": is " + DescribeFileType(st.st_mode)));
 }
 

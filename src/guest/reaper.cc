@@ -11,7 +11,51 @@
 #include <cstring>
 #include <memory>
 
+#if defined(__x86_64__)
+// clone3 whose child runs fn(arg) on the stack named in `args`, then exits with what fn
+// returned; the parent gets the child's pid, or -errno. The child of a CLONE_VM clone3
+// resumes from the syscall on its new, empty stack, where no C++ frame can return to; so
+// this is a few instructions, as glibc's own clone3.S (which it does not export).
+extern "C" long trybox_clone3_run(struct clone_args* args, size_t size, int (*fn)(void*),
+                                  void* arg);
+asm(R"(
+  .text
+  .globl trybox_clone3_run
+  .hidden trybox_clone3_run
+  .type trybox_clone3_run, @function
+trybox_clone3_run:
+  mov %rdx, %r8
+  mov %rcx, %r9
+  mov $435, %eax
+  syscall
+  test %rax, %rax
+  jz 1f
+  ret
+1:
+  xor %ebp, %ebp
+  and $-16, %rsp
+  mov %r9, %rdi
+  call *%r8
+  mov %eax, %edi
+  mov $60, %eax
+  syscall
+  hlt
+  .size trybox_clone3_run, .-trybox_clone3_run
+)");
+#endif
+
 namespace trybox::guest {
+namespace {
+
+// The child's stack while it borrows our address space (until its execve).
+constexpr size_t kChildStack = 256 * 1024;
+
+int RunInChild(void* arg) {
+  (*static_cast<const std::function<void()>*>(arg))();
+  ::_exit(127);
+}
+
+}  // namespace
 
 bool ChildWatch::exited() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -58,14 +102,9 @@ Result<std::shared_ptr<ChildWatch>> Reaper::Fork(const std::function<void()>& in
   // clone(CLONE_VM|CLONE_VFORK) on a stack of its own, as posix_spawn does: the child
   // borrows our address space until it execs, so no page tables are copied. Under TCG that
   // matters: every page-table copy and the TLB flushes that follow cost real time.
-  constexpr size_t kChildStack = 256 * 1024;
   std::unique_ptr<char[]> stack(new char[kChildStack]);
-  auto trampoline = [](void* arg) -> int {
-    (*static_cast<const std::function<void()>*>(arg))();
-    ::_exit(127);
-  };
   std::lock_guard<std::mutex> lock(mu_);
-  pid_t pid = ::clone(trampoline, stack.get() + kChildStack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+  pid_t pid = ::clone(RunInChild, stack.get() + kChildStack, CLONE_VM | CLONE_VFORK | SIGCHLD,
                       const_cast<std::function<void()>*>(&in_child));
   if (pid < 0) return ErrnoError("clone");
   watch->pid_ = pid;
@@ -79,24 +118,38 @@ Result<std::shared_ptr<ChildWatch>> Reaper::ForkIntoCgroup(const std::function<v
   std::shared_ptr<ChildWatch> watch(new ChildWatch(std::move(reaped)));
   // Joining a cgroup by writing cgroup.procs takes the cgroup write lock, an RCU grace
   // period: measured 18 ms of a 38 ms /bin/true under TCG. Being born in it does not.
-  // CLONE_VFORK without CLONE_VM: fork semantics (the child returns here on its own copy),
-  // and we are resumed once it has exec'd or exited.
   struct clone_args args;
   std::memset(&args, 0, sizeof args);
-  args.flags = CLONE_VFORK | CLONE_INTO_CGROUP;
   args.exit_signal = SIGCHLD;
   args.cgroup = static_cast<uint64_t>(cgroup_dir_fd);
+#if defined(__x86_64__)
+  // As Fork: the child borrows our address space until it execs (CLONE_VM|CLONE_VFORK on
+  // a stack of its own). A copy of trybox-init's page tables and the copy-on-write faults
+  // after it were most of a /bin/true's spawn-to-exit under TCG.
+  std::unique_ptr<char[]> stack(new char[kChildStack]);
+  args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
+  args.stack = reinterpret_cast<uint64_t>(stack.get());
+  args.stack_size = kChildStack;
+  std::lock_guard<std::mutex> lock(mu_);
+  long pid = trybox_clone3_run(&args, sizeof args, RunInChild,
+                               const_cast<std::function<void()>*>(&in_child));
+  if (pid < 0) {
+    errno = static_cast<int>(-pid);
+    pid = -1;
+  }
+#else
+  // CLONE_VFORK without CLONE_VM: fork semantics (the child returns here on its own copy),
+  // and we are resumed once it has exec'd or exited.
+  args.flags = CLONE_VFORK | CLONE_INTO_CGROUP;
   std::lock_guard<std::mutex> lock(mu_);
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
+  if (pid == 0) RunInChild(const_cast<std::function<void()>*>(&in_child));
+#endif
   if (pid < 0) {
     if (errno == ENOSYS || errno == EINVAL || errno == E2BIG) {
       return FailedPrecondition("clone3 into a cgroup is not supported here");
     }
     return ErrnoError("clone3");
-  }
-  if (pid == 0) {
-    in_child();
-    ::_exit(127);
   }
   watch->pid_ = static_cast<pid_t>(pid);
   children_[watch->pid_] = watch;

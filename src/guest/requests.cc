@@ -135,6 +135,22 @@ Result<ExecRequest> ParseExecRequest(const Json& request) {
   return out;
 }
 
+namespace {
+
+// "disk": {KEY: bytes} -> the byte count; absent or null -> nullopt.
+Result<std::optional<uint64_t>> DiskField(const Json& request, const char* key) {
+  auto disk = request.find("disk");
+  if (disk == request.end() || disk->is_null()) return std::optional<uint64_t>();
+  if (!disk->is_object() || !disk->contains(key)) {
+    return InvalidArgument(std::string("\"disk\" must be an object with \"") + key + "\"");
+  }
+  ASSIGN_OR_RETURN(int64_t n,
+                   IntegerField((*disk)[key], key, 0, int64_t{1} << 50, "from 0 to 2^50 (bytes)"));
+  return std::optional<uint64_t>(static_cast<uint64_t>(n));
+}
+
+}  // namespace
+
 Result<PutRequest> ParsePutRequest(const Json& request) {
   PutRequest out;
   ASSIGN_OR_RETURN(out.path, PathField(request, "path"));
@@ -166,6 +182,7 @@ Result<PutRequest> ParsePutRequest(const Json& request) {
                                                 "of 64 bits (nanoseconds since the epoch)"));
   }
   RETURN_IF_ERROR(OptionalBool(request, "mkdirs", &out.mkdirs));
+  ASSIGN_OR_RETURN(out.disk_bytes, DiskField(request, "bytes"));
   return out;
 }
 
@@ -184,6 +201,7 @@ Result<GetRequest> ParseGetRequest(const Json& request) {
       out.exclude.push_back(std::move(s));
     }
   }
+  ASSIGN_OR_RETURN(out.disk_max_bytes, DiskField(request, "max_bytes"));
   return out;
 }
 

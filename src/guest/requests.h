@@ -39,12 +39,18 @@ struct PutRequest {
   uint32_t mode = 0644;  // permission bits only ("mode" up to kMaxMode, masked with 07777)
   std::optional<int64_t> mtime_ns;
   bool mkdirs = false;
+  // "disk": {"bytes": N}: the content is the first N bytes of the transfer disk, not the
+  // channel (which then carries only the EOF).
+  std::optional<uint64_t> disk_bytes;
 };
 
 struct GetRequest {
   std::string path;
   // Directories only: GNU tar --exclude patterns (never starting with '-', no NUL).
   std::vector<std::string> exclude;
+  // "disk": {"max_bytes": L}: the content goes to the transfer disk (at most L bytes), not
+  // the channel; the END says how many bytes it holds.
+  std::optional<uint64_t> disk_max_bytes;
 };
 
 // "identity": what a clone restored from a template must be told before it serves

@@ -176,6 +176,23 @@ Json GoodIdentity() {
           {"time_ns", 1700000000000000000}};
 }
 
+TEST(TransferDiskFieldTest, PutBytesAndGetRoomAreCheckedIntegers) {
+  auto put = ParsePutRequest({{"path", "/a"}, {"disk", {{"bytes", 4096}}}});
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  EXPECT_EQ(put->disk_bytes, 4096u);
+  EXPECT_FALSE(ParsePutRequest({{"path", "/a"}})->disk_bytes.has_value());
+  auto get = ParseGetRequest({{"path", "/a"}, {"disk", {{"max_bytes", 1 << 20}}}});
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ(get->disk_max_bytes, uint64_t{1} << 20);
+  for (const char* bad :
+       {R"({"path":"/a","disk":{"bytes":-1}})", R"({"path":"/a","disk":{"bytes":1.5}})",
+        R"({"path":"/a","disk":{"bytes":"9"}})", R"({"path":"/a","disk":true})",
+        R"({"path":"/a","disk":{}})"}) {
+    EXPECT_FALSE(ParsePutRequest(Json::parse(bad)).ok()) << bad;
+  }
+  EXPECT_FALSE(ParseGetRequest({{"path", "/a"}, {"disk", {{"bytes", 1}}}}).ok());
+}
+
 TEST(IdentityRequestTest, AllFieldsAreReadAndNormalised) {
   auto r = ParseIdentityRequest(GoodIdentity());
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -108,6 +108,7 @@ void Server::Run() {
                           {"agent", "trybox-init"},
                           {"version", 1},
                           {"template", boot_.cmdline.template_boot},
+                          {"transfer_disk", boot_.transfer_disk != nullptr},
                           {"ready", ready_.load()}};
       hello_event.update(BootIdField());
       Status hello = mux->SendControl(hello_event);
@@ -233,9 +234,9 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
     } else if (op == "exec") {
       ServeExec(reaper_, *stream, request);
     } else if (op == "put") {
-      ServePut(reaper_, *stream, request);
+      ServePut(reaper_, *stream, request, boot_.transfer_disk.get());
     } else if (op == "get") {
-      ServeGet(reaper_, *stream, request);
+      ServeGet(reaper_, *stream, request, boot_.transfer_disk.get());
     } else if (op == "ping") {
       Json reply = {{"ok", true}, {"uptime_ms", UptimeMs()}, {"ready", ready_.load()}};
       reply.update(BootIdField());

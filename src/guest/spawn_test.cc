@@ -1,8 +1,10 @@
 #include "guest/spawn.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -161,6 +163,72 @@ TEST(SpawnTest, RealSpawnsThroughTheReaperReportOutcomes) {
   auto old = ::signal(SIGTERM, SIG_IGN);
   EXPECT_EXIT(SpawnThroughReaperAndExit(), ::testing::ExitedWithCode(0), "");
   ::signal(SIGTERM, old);
+}
+
+// A cgroup v2 directory for the test, or "" where there is none to write (not root, no
+// cgroup2 mount).
+std::string MakeTestCgroup() {
+  for (const char* root : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+    std::string dir = std::string(root) + "/trybox-spawn-test-" + std::to_string(::getpid());
+    if (::access((std::string(root) + "/cgroup.procs").c_str(), W_OK) != 0) continue;
+    if (::mkdir(dir.c_str(), 0755) == 0) return dir;
+  }
+  return "";
+}
+
+// Born in a cgroup (clone3 CLONE_INTO_CGROUP, sharing our memory until execve): the child
+// is in it from its first instruction, and its outcomes come back as through Fork.
+void SpawnIntoCgroupAndExit(const std::string& cg) {
+  int failures = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+      ++failures;
+    }
+  };
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  Reaper reaper;
+  reaper.Start();
+  UniqueFd dir(::open(cg.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  expect(dir.valid(), "open the cgroup");
+  auto out = MakePipe();
+  SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", "cat /proc/self/cgroup; exit 5"};
+  spec.env = MergeEnv({});
+  spec.stdout_fd = out->write.get();
+  spec.cgroup_dir_fd = dir.get();
+  SpawnOutcome ok = Spawn(reaper, spec);
+  out->write.Reset();
+  expect(ok.error == SpawnError::kNone, "spawn: " + ok.message);
+  if (ok.child) {
+    ExitInfo e = ExitInfoFromWaitStatus(ok.child->Wait());
+    expect(e.exited && e.code == 5, "exit code 5: " + e.Describe());
+    auto text = ReadFileToString("/proc/self/fd/" + std::to_string(out->read.get()));
+    const std::string name = cg.substr(cg.rfind('/'));
+    expect(text.ok() && text->find("0::" + name + "\n") != std::string::npos,
+           "in the cgroup: " + (text.ok() ? *text : ""));
+  }
+  spec.stdout_fd = -1;
+  spec.argv = {"missing-command"};
+  SpawnOutcome missing = Spawn(reaper, spec);
+  expect(missing.error == SpawnError::kNotFound, "missing: " + missing.message);
+  spec.argv = {"/bin/true"};
+  spec.cwd = "/nonexistent";
+  SpawnOutcome cwd = Spawn(reaper, spec);
+  expect(cwd.error == SpawnError::kBadCwd, "bad cwd: " + cwd.message);
+  std::fflush(stderr);
+  std::_Exit(failures == 0 ? 0 : 1);
+}
+
+TEST(SpawnTest, ChildBornInItsCgroupReportsOutcomes) {
+  const std::string cg = MakeTestCgroup();
+  if (cg.empty()) GTEST_SKIP() << "no writable cgroup2 hierarchy here";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(SpawnIntoCgroupAndExit(cg), ::testing::ExitedWithCode(0), "");
+  ::rmdir(cg.c_str());
 }
 
 }  // namespace

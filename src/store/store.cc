@@ -254,7 +254,11 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   }
   std::unique_ptr<Store> store(new Store(db));
   sqlite3_busy_timeout(db, 5000);
-  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;"));
+  // WAL with synchronous=NORMAL: a commit is in the WAL file before it returns, so it
+  // survives a daemon crash; only a power loss may drop the last commits. FULL fsyncs every
+  // commit, and the two commits of each exec cost 11 ms of its round trip on this host.
+  RETURN_IF_ERROR(
+      store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"));
   RETURN_IF_ERROR(store->Exec(kSchema));
   RETURN_IF_ERROR(store->Migrate());
   return store;

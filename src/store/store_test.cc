@@ -1,7 +1,10 @@
 #include "store/store.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "util/fd.h"
 
@@ -82,6 +85,36 @@ TEST_F(StoreTest, ExecWithoutExitCodeStoresNull) {
   EXPECT_EQ((*list)[0].outcome, "channel_lost");
   EXPECT_FALSE((*list)[0].exit_code.has_value());  // a missing exit code is not 0
   EXPECT_EQ((*list)[0].argv[0], "sleep");
+}
+
+// synchronous=NORMAL skips the fsync of each commit; what a daemon recorded must still be
+// there after it is killed without closing the database.
+TEST_F(StoreTest, CommitsSurviveADaemonKilledWithoutClosing) {
+  const std::string path = dir_->path() + "/crash.db";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto s = Store::Open(path);
+    if (!s.ok() || !(*s)->InsertVm(Vm("crashed")).ok()) ::_exit(1);
+    ExecRecord e;
+    e.vm_id = "crashed";
+    e.argv = {"true"};
+    e.outcome = "running";
+    if (!(*s)->InsertExec(e).ok()) ::_exit(1);
+    ::kill(::getpid(), SIGKILL);  // no close, no checkpoint
+    ::_exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the writer failed before its crash";
+  auto s = Store::Open(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto vm = (*s)->GetVm("crashed");
+  ASSERT_TRUE(vm.ok());
+  ASSERT_TRUE(vm->has_value());
+  auto execs = (*s)->ListExecs("crashed");
+  ASSERT_TRUE(execs.ok());
+  EXPECT_EQ(execs->size(), 1u);
 }
 
 TEST_F(StoreTest, EgressDecisionIsRecordedThenFinished) {

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -157,6 +158,7 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
       if (opts.gid && ::setresgid(*opts.gid, *opts.gid, *opts.gid) != 0) fail(6);
       if (opts.uid && ::setresuid(*opts.uid, *opts.uid, *opts.uid) != 0) fail(6);
     }
+    if (opts.nice != 0 && ::setpriority(PRIO_PROCESS, 0, opts.nice) != 0) fail(8);
     if (cwd && ::chdir(cwd) != 0) fail(3);
     ::execve(argv[0], argv.data(), env_arr);
     if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr)
@@ -175,12 +177,13 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   Track(pid);
   if (n == static_cast<ssize_t>(sizeof e)) {
     (void)child.Wait();
-    static const char* kStage[] = {"",        "setpgid",
-                                   "dup2",    "chdir",
-                                   "execve",  "unshare network namespace",
-                                   "set ids", "map user namespace ids"};
+    static const char* kStage[] = {"",           "setpgid",
+                                   "dup2",       "chdir",
+                                   "execve",     "unshare network namespace",
+                                   "set ids",    "map user namespace ids",
+                                   "setpriority"};
     return ErrnoError(
-        std::string(e[0] >= 1 && e[0] <= 7 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
+        std::string(e[0] >= 1 && e[0] <= 8 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
   }
   return child;
 }
@@ -341,6 +344,40 @@ std::optional<std::string> FindInPath(const std::string& name) {
     start = end + 1;
   }
   return std::nullopt;
+}
+
+Status SetProcessNice(pid_t pid, int nice) {
+  // Two passes: a thread started during the first by a thread not yet changed inherits the
+  // old value.
+  Status last;
+  for (int pass = 0; pass < 2; ++pass) {
+    DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+    if (!d) return ErrnoError("list the threads of " + std::to_string(pid));
+    int changed = 0;
+    while (dirent* e = ::readdir(d)) {
+      int tid = std::atoi(e->d_name);
+      if (tid <= 0) continue;
+      if (::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice) != 0) {
+        if (errno != ESRCH) last = ErrnoError("setpriority of thread " + std::to_string(tid));
+        continue;
+      }
+      ++changed;
+    }
+    ::closedir(d);
+    if (changed == 0 && last.ok()) return NotFound("process " + std::to_string(pid) + " is gone");
+  }
+  return last;
+}
+
+bool CanRestorePriority() {
+  bool ok = false;
+  std::thread([&] {
+    const id_t tid = static_cast<id_t>(::syscall(SYS_gettid));
+    const int before = ::getpriority(PRIO_PROCESS, tid);
+    if (::setpriority(PRIO_PROCESS, tid, before + 1) != 0) return;
+    ok = ::setpriority(PRIO_PROCESS, tid, before) == 0;
+  }).join();
+  return ok;
 }
 
 }  // namespace trybox

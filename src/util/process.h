@@ -46,6 +46,9 @@ struct SpawnOptions {
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
   std::vector<gid_t> groups;  // supplementary groups when uid/gid are set
+  // The child's nice value, set before exec so that every thread it starts inherits it
+  // (0: left as ours).
+  int nice = 0;
 };
 
 class ChildProcess {
@@ -101,6 +104,12 @@ bool ProcessExists(pid_t pid);
 std::string ProcessCmdline(pid_t pid);
 // Pids of processes whose command line (as ProcessCmdline) contains `needle`.
 std::vector<pid_t> FindProcesses(const std::string& needle);
+
+// Sets the nice value of every thread of process `pid` (setpriority is per thread).
+Status SetProcessNice(pid_t pid, int nice);
+// True if this process may lower a nice value it raised (CAP_SYS_NICE or RLIMIT_NICE >= 20):
+// tried for real on a thread of its own.
+bool CanRestorePriority();
 
 // Finds an executable by name in $PATH (or returns `name` if it contains a slash).
 std::optional<std::string> FindInPath(const std::string& name);

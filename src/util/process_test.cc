@@ -1,11 +1,13 @@
 #include "util/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <sstream>
 #include <thread>
 
 #include "util/fd.h"
@@ -42,6 +44,42 @@ TEST(SpawnTest, KeptFdBecomes3AndNothingElseLeaks) {
   // 0, 1, 2, 3 and the one the shell's glob opened; no stray descriptor.
   EXPECT_NE(text->find(" 3 "), std::string::npos) << *text;
   EXPECT_EQ(text->find(" 100 "), std::string::npos) << *text;
+}
+
+// The nice value of every thread of `pid` (field 19 of /proc/PID/task/TID/stat).
+std::vector<int> ThreadNices(pid_t pid) {
+  std::vector<int> out;
+  std::string task = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(task.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    auto stat = ReadFileToString(task + "/" + e->d_name + "/stat");
+    if (!stat.ok()) continue;
+    std::string rest = stat->substr(stat->rfind(')') + 2);  // after "pid (comm) "
+    std::istringstream fields(rest);
+    std::string f;
+    for (int i = 3; i <= 19 && fields >> f; ++i) {
+    }
+    out.push_back(std::stoi(f));
+  }
+  ::closedir(d);
+  return out;
+}
+
+TEST(SpawnTest, NiceIsSetBeforeExecAndCanBeTakenBackForEveryThread) {
+  SpawnOptions opts;
+  opts.argv = {"/bin/sleep", "30"};
+  opts.nice = 7;
+  auto child = ChildProcess::Spawn(opts);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  EXPECT_EQ(ThreadNices(child->pid()), std::vector<int>{7});
+  if (!CanRestorePriority()) GTEST_SKIP() << "this process may not lower a nice value";
+  ASSERT_TRUE(SetProcessNice(child->pid(), 0).ok());
+  EXPECT_EQ(ThreadNices(child->pid()), std::vector<int>{0});
+  (void)child->Signal(SIGKILL);
+  (void)child->Wait();
+  EXPECT_EQ(SetProcessNice(child->pid(), 0).code(), Code::kNotFound);
 }
 
 TEST(FindProcessesTest, FindsByCommandLineAndOnlyThose) {

@@ -55,6 +55,9 @@ struct VmConfig {
   // (/proc/self/fd/3 and /proc/self/fd/4), so neither path's ancestors need opening up.
   bool netns = true;
   std::optional<uid_t> qemu_uid;
+  // QEMU's nice value from its start (a spare being prepared yields the CPU to the VMs in
+  // use; Vm::SetNice takes it back when the spare is handed out).
+  int nice = 0;
 };
 
 // Descriptors QEMU inherits: the image and VM directories (O_PATH) when it runs as another
@@ -72,6 +75,10 @@ inline constexpr const char* kTemplateState = "/state";
 inline constexpr const char* kTemplateDisk = "/disk.qcow2";
 inline constexpr const char* kTemplateCloneDisk = "/clone.qcow2";  // empty overlay for clones
 
+// The transfer disk: a file in every VM's directory behind a virtio-blk slot with this serial.
+inline constexpr const char* kTransferDisk = "xfer.img";
+inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+
 // The full argv for a VM: -M microvm, no network card, no default devices, the frozen root
 // read-only, a per-VM qcow2 layer, and the control port org.trybox.ctl on a unix socket.
 std::vector<std::string> QemuArgv(const VmConfig& c);
@@ -83,9 +90,13 @@ struct AccelChoice {
 };
 // Boots the image's kernel under KVM with trybox.probe=1 and looks for the guest's marker on
 // the console. KVM is chosen only if a standard guest actually runs; /dev/kvm existing is
-// not enough (nested hosts can fail the first MSR write).
+// not enough (nested hosts can fail the first MSR write). A probe guest that has not ended
+// within `timeout` is killed and counts as a failure (under working KVM it ends in well
+// under a second).
+inline constexpr std::chrono::milliseconds kProbeTimeout{5000};
 AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir,
-                       const std::string& qemu = "qemu-system-x86_64");
+                       const std::string& qemu = "qemu-system-x86_64",
+                       std::chrono::milliseconds timeout = kProbeTimeout);
 
 // What Destroy observed, not what it sent.
 struct DestroyReport {
@@ -143,6 +154,20 @@ class Vm {
   // A spare clone gets its handler when it is handed out.
   void SetGuestOpen(channel::Mux::OpenHandler handler);
 
+  // Sets the nice value of every QEMU thread.
+  Status SetNice(int nice);
+
+  // The transfer disk (docs/protocol/guest.md): usable once the guest's hello said it has
+  // it open. Its host file, and its capacity as the guest sees it (QMP block_resize, which
+  // also truncates or extends the file). One transfer at a time: TryLockTransferDisk.
+  bool has_transfer_disk() const { return transfer_disk_ && transfer_fd_.valid(); }
+  // The file, as created before QEMU started (its path is in a directory QEMU's uid owns).
+  int transfer_disk_fd() const { return transfer_fd_.get(); }
+  Status ResizeTransferDisk(uint64_t bytes);
+  std::unique_lock<std::mutex> TryLockTransferDisk() {
+    return std::unique_lock<std::mutex>(transfer_mu_, std::try_to_lock);
+  }
+
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
   // Idempotent: a second call returns the first report.
   DestroyReport Destroy();
@@ -182,6 +207,9 @@ class Vm {
   std::optional<ExitInfo> qemu_exit_ GUARDED_BY(mu_);
   std::string death_ GUARDED_BY(mu_);
   std::optional<DestroyReport> destroyed_;
+  std::atomic<bool> transfer_disk_{false};
+  UniqueFd transfer_fd_;
+  std::mutex transfer_mu_;
 };
 
 // Kills a QEMU left behind by a daemon that died, if `pid` is still that VM's process (its

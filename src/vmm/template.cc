@@ -226,8 +226,8 @@ Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
   return Status::Ok();
 }
 
-Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape,
-                                                const Sandbox& sandbox) {
+Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape, const Sandbox& sandbox,
+                                                const Progress& progress) {
   ASSIGN_OR_RETURN(TemplateKey key, ComputeTemplateKey(shape));
   const std::string dir = DirFor(shape);
   std::shared_mutex& m = LockFor(dir);
@@ -237,7 +237,7 @@ Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape,
     {
       std::shared_lock<std::shared_mutex> shared(m);
       if (Check(dir, key, shape.memory_mib).empty()) {
-        ASSIGN_OR_RETURN(lease.memory_fd, MemoryFd(dir, key.hash));
+        ASSIGN_OR_RETURN(lease.memory_fd, MemoryFd(dir, key.hash, progress));
         lease.hold = std::move(shared);
         return lease;
       }
@@ -246,6 +246,12 @@ Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape,
     std::string why = Check(dir, key, shape.memory_mib);
     if (why.empty()) continue;  // another caller built it meanwhile
     LogInfo("templates", "building the " + shape.image_name + " template: " + why);
+    if (progress) {
+      progress("template", "building the " + shape.image_name + " template (" +
+                               std::to_string(shape.memory_mib) + " MiB, " +
+                               std::to_string(shape.cpus) + " cpu): " + why +
+                               "; it boots once, then later VMs are restored from it");
+    }
     Forget(dir);
     RETURN_IF_ERROR(Build(shape, sandbox, key, dir, &lease.build_ms));
     LogInfo("templates",
@@ -271,10 +277,12 @@ void TemplateStore::Forget(const std::string& dir) {
   memory_.erase(dir);  // clones keep their own mappings
 }
 
-Result<int> TemplateStore::MemoryFd(const std::string& dir, const std::string& key) {
+Result<int> TemplateStore::MemoryFd(const std::string& dir, const std::string& key,
+                                    const Progress& progress) {
   MutexLock lock(mu_);
   auto it = memory_.find(dir);
   if (it != memory_.end() && it->second.key == key) return it->second.fd.get();
+  if (progress) progress("memory", "loading the template's memory (first restore since start)");
   const std::string path = dir + kTemplateMemory;
   ASSIGN_OR_RETURN(UniqueFd in, OpenFile(path, O_RDONLY | O_CLOEXEC));
   UniqueFd mem(::memfd_create("trybox-template-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING));

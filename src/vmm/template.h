@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,9 +77,13 @@ class TemplateStore {
     bool netns = true;
     std::optional<uid_t> uid;  // set iff shape.own_uid
   };
+  // What a caller is told before a step that may take seconds: ("template", words) before
+  // a build, ("memory", words) before the template's RAM is first loaded into a memfd.
+  using Progress = std::function<void(const std::string& stage, const std::string& message)>;
   // Returns the valid template for `shape`, building it first when there is none or the
   // one on disk does not match (image, QEMU, argv). kUnavailable etc. if the build fails.
-  Result<Lease> Get(const TemplateShape& shape, const Sandbox& sandbox);
+  Result<Lease> Get(const TemplateShape& shape, const Sandbox& sandbox,
+                    const Progress& progress = {});
 
   // Removes a template that failed to restore, so that the next Get rebuilds it. Call
   // without holding a Lease on it.
@@ -94,7 +99,7 @@ class TemplateStore {
   std::shared_mutex& LockFor(const std::string& dir);
   // The sealed memfd holding dir/memory for `key`, loaded on first use. Caller holds the
   // template's lock (shared or exclusive).
-  Result<int> MemoryFd(const std::string& dir, const std::string& key);
+  Result<int> MemoryFd(const std::string& dir, const std::string& key, const Progress& progress);
   void Forget(const std::string& dir);
   // With the exclusive lock held: "" if the template in `dir` fits `key`, else why not.
   std::string Check(const std::string& dir, const TemplateKey& key, int memory_mib);

@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "cli/client.h"
 #include "util/paths.h"
 #include "util/sha256.h"
 #include "util/socket.h"
@@ -136,6 +137,29 @@ CliResult Harness::Cli(const std::vector<std::string>& args, const std::string& 
   std::vector<std::string> argv = {BinDir() + "/trybox"};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProgram(argv, Env(), stdin_data);
+}
+
+Result<nlohmann::json> Harness::Call(const nlohmann::json& request) const {
+  Paths paths = Paths::FromEnvironment();
+  paths.runtime = home_ + "/run";
+  ASSIGN_OR_RETURN(auto client, cli::Client::Connect(paths, /*autostart=*/false));
+  return client->Call(request);
+}
+
+Status Harness::WaitForSparePoolIdle(std::chrono::seconds limit) const {
+  auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    ASSIGN_OR_RETURN(auto d, Call({{"verb", "doctor"}}));
+    bool idle = true;
+    for (const auto& [shape, v] : d["spare_pool"]["shapes"].items()) {
+      idle &= v.value("refilling", 0) == 0 && v.value("wanted", 0) == 0;
+    }
+    if (idle) return Status::Ok();
+    if (std::chrono::steady_clock::now() > until) {
+      return DeadlineExceeded("the spare pool is still busy: " + d["spare_pool"].dump());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 std::vector<pid_t> Harness::QemuPids() const {

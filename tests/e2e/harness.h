@@ -2,7 +2,9 @@
 // binary, against the real image built by `trybox image build`. Shared by tests and bench.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,12 @@ class Harness {
 
   // PIDs of QEMU processes whose command line mentions this harness's home.
   std::vector<pid_t> QemuPids() const;
+
+  // A unary verb through the daemon's socket: the END body, or the error it carries.
+  Result<nlohmann::json> Call(const nlohmann::json& request) const;
+  // Waits until the spare pool neither prepares nor wants a spare (doctor's spare_pool),
+  // so that no refill starts a QEMU while a test counts them.
+  Status WaitForSparePoolIdle(std::chrono::seconds limit = std::chrono::seconds(120)) const;
 
  private:
   Harness() = default;

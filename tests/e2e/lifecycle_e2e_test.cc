@@ -144,7 +144,9 @@ TEST_F(LifecycleE2E, CreateListExecRemove) {
 }
 
 TEST_F(LifecycleE2E, UnknownAndInvalidNamesAreClearErrors) {
-  // Spare clones may come and go in the background; a failed request starts none of its own.
+  // A failed request starts no QEMU of its own. Spare clones come and go in the background:
+  // wait until the pool is idle (a failed request is no demand, so it stays idle).
+  ASSERT_TRUE(h_->WaitForSparePoolIdle().ok());
   auto before = h_->QemuPids();
   CliResult img = h_->Cli({"run", "--image", "no-such-image", "--", "true"});
   EXPECT_EQ(img.code, 125);

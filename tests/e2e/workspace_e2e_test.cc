@@ -313,6 +313,8 @@ TEST_F(WorkspaceE2E, HostileReturnedTreeNeverWritesOutsideAndIsNamed) {
   CliResult c2 = h_->Cli({"collect", id, "--into", into, "--no-commit", "--json"});
   ASSERT_EQ(c2.code, 0) << c2.err;
   Json j2 = Json::parse(c2.out, nullptr, false);
+  // The crafted archive came through the transfer disk, as every collect does by default.
+  EXPECT_EQ(j2["transfer"], "disk") << c2.out;
   skipped.clear();
   for (const auto& s : j2["skipped"]) skipped[s["path"]] = s["reason"];
   EXPECT_EQ(skipped["../escape.txt"], "a '..' component") << c2.out;

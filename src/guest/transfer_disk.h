@@ -1,0 +1,57 @@
+// The transfer disk as the guest sees it (docs/protocol/guest.md, "Bulk data through a
+// disk"): a virtio-blk device (serial "trybox-xfer") whose contents the host writes before a
+// put and reads after a get, so that bulk bytes do not cross the control channel.
+//
+// trybox-init opens it once at boot and removes its /dev node, as for the other disks: no
+// command can open it. Its capacity is 0 between transfers; the host announces a size just
+// before a request that uses it. One transfer at a time: Lock() refuses a second.
+// Thread-safe. In unit tests a regular file stands in for the device.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "util/fd.h"
+#include "util/status.h"
+
+namespace trybox::guest {
+
+inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+
+class TransferDisk {
+ public:
+  explicit TransferDisk(UniqueFd fd) : fd_(std::move(fd)) {}
+
+  // Finds the block device whose serial is kTransferDiskSerial, opens it and unlinks its
+  // node. kNotFound if the machine has none.
+  static Result<std::unique_ptr<TransferDisk>> Find();
+
+  // Exclusive use for one transfer; an empty lock when another one is still under way after
+  // a second. (The host runs one transfer at a time per VM and starts the next on the last
+  // one's END, which the guest sends a moment before its handler lets go of the disk.)
+  std::unique_lock<std::timed_mutex> Lock() {
+    return std::unique_lock<std::timed_mutex>(mu_, std::chrono::seconds(1));
+  }
+
+  // Waits until the capacity is at least `bytes`. The host resized the disk before sending
+  // the request, but the driver learns of it from a configuration interrupt handled on a
+  // kernel worker, so the new size may lag by a moment; there is no event to wait on, so
+  // this backs off from 0.1 ms to 10 ms, for at most 5 s.
+  Status AwaitCapacity(uint64_t bytes);
+  uint64_t Capacity() const;
+
+  // Drops what the guest cached of the disk (the host wrote behind its back) and seeks to
+  // the start. For a transfer's first byte.
+  Status Rewind();
+
+  // Raw fd for tar's stdin or stdout (dup'ed into the child) and for reads and writes.
+  int fd_for_io() const { return fd_.get(); }
+
+ private:
+  std::timed_mutex mu_;
+  UniqueFd fd_;
+};
+
+}  // namespace trybox::guest
