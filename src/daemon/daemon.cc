@@ -33,16 +33,21 @@ Status Daemon::Init() {
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();
-  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images);
+  exec_logs_ = std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap);
+  running_ = std::make_unique<RunningExecs>();
+  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
+                                     *exec_logs_, *running_, opts_.retention);
   vms_->ReapLeftovers(p.vms(), p.templates());
+  vms_->Prune();
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
   agents_ = std::make_unique<AgentRunner>(*store_, *vms_, *workspaces_, *supervisor_, p.state,
                                           opts_.agent_idle);
-  services_.reset(
-      new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_, *agents_});
+  services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_,
+                               *workspaces_, *agents_, *exec_logs_});
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
+  AddTerminalVerbs(verbs_, *services_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
     if (vms_->Destroy(id).ok())
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");
@@ -65,6 +70,8 @@ Daemon::~Daemon() {
   agents_.reset();
   if (launcher_) launcher_->DestroySpares();
   if (vms_) vms_->DestroyAll();
+  // Detached execs end with their VMs; they use the services below until they have.
+  if (running_) running_->WaitDetached();
   // Egress handlers end with their VMs' streams; the gateway waits for them.
   supervisor_.reset();
   workspaces_.reset();

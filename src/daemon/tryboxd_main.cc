@@ -34,11 +34,25 @@ int main(int argc, char** argv) {
                  "Seconds a vm_agent run waiting for an answer or a resume keeps its VM (env "
                  "TRYBOX_AGENT_IDLE_S)")
       ->check(CLI::PositiveNumber);
+  if (const char* n = std::getenv("TRYBOX_EXEC_LOG_CAP"); n && *n) {
+    opts.exec_log_cap = std::atoll(n);
+  }
+  app.add_option("--exec-log-cap", opts.exec_log_cap,
+                 "Bytes of each exec's stdout and of its stderr kept for `trybox logs`: the "
+                 "first and the last half; 0 keeps none (env TRYBOX_EXEC_LOG_CAP)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  int64_t retention_s = opts.retention.count();
+  if (const char* n = std::getenv("TRYBOX_RETENTION_S"); n && *n) retention_s = std::atoll(n);
+  app.add_option("--retention", retention_s,
+                 "Seconds the record of a VM that ended is kept, with its exec logs; 0 keeps "
+                 "them for ever (env TRYBOX_RETENTION_S)")
+      ->check(CLI::NonNegativeNumber);
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
+  opts.retention = std::chrono::seconds(retention_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
 
