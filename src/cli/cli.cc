@@ -17,6 +17,7 @@
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
 #include "cli/mcp.h"
+#include "cli/terminal.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
 #include "image/image.h"
@@ -72,6 +73,8 @@ void AddExecOptions(CLI::App* cmd, ExecOptions& ex) {
   cmd->add_option("-w,--workdir", ex.workdir, "Working directory inside the VM");
   cmd->add_option("--timeout", ex.timeout_s, "Kill the command after SECONDS");
   cmd->add_flag("-i,--interactive", ex.interactive, "Forward standard input to the command");
+  cmd->add_flag("-t,--tty", ex.tty,
+                "Run the command on a terminal in the VM (stdin must be a terminal)");
 }
 
 int Fail(const Status& st) {
@@ -323,14 +326,17 @@ int CmdLs(Client& client, bool json) {
     std::cout << (*r)["vms"].dump(2) << "\n";
     return 0;
   }
-  std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", "ID", "IMAGE", "STATE", "ACCEL", "MEMORY",
-              "AGE", "NOTE");
+  std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %-11s %s\n", "ID", "IMAGE", "STATE", "ACCEL",
+              "MEMORY", "AGE", "EXECS", "NOTE");
   for (const auto& v : (*r)["vms"]) {
-    std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", v["id"].get<std::string>().c_str(),
+    int64_t running = v.value("running_execs", int64_t{0});
+    std::string execs = std::to_string(v.value("execs", int64_t{0}));
+    if (running > 0) execs += " (" + std::to_string(running) + " run)";
+    std::printf("%-14s %-12s %-8s %-5s %-7s %-5s %-11s %s\n", v["id"].get<std::string>().c_str(),
                 v["image"].get<std::string>().c_str(), v["state"].get<std::string>().c_str(),
                 v["accel"].get<std::string>().c_str(),
                 (std::to_string(v["memory_mib"].get<int>()) + "M").c_str(),
-                FormatAge(v["created_at"].get<double>()).c_str(),
+                FormatAge(v["created_at"].get<double>()).c_str(), execs.c_str(),
                 v["note"].get<std::string>().c_str());
   }
   return 0;
@@ -592,6 +598,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
 
   auto* exec = app.add_subcommand("exec", "Run a command in a running VM");
   AddExecOptions(exec, inv.exec);
+  exec->add_flag("-d,--detach", inv.exec.detach,
+                 "Start the command, print its exec id and return; see trybox logs, ps, kill");
   exec->add_option("id", inv.id, "VM id")->required();
   exec->add_option("command", inv.argv, "Command and arguments (after --)")->required();
 
@@ -664,6 +672,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
   mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
   mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
+  AddTerminalCommands(app, inv);
 
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
@@ -728,6 +737,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     inv.vm.quota_bytes = *q;
   }
   for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));
+  if (inv.exec.detach && (inv.exec.tty || inv.exec.interactive)) {
+    return InvalidArgument("-d cannot be combined with -i or -t: a detached command has no input");
+  }
+  RETURN_IF_ERROR(ValidateTerminalCommand(inv));
   return inv;
 }
 
@@ -739,6 +752,11 @@ int Run(const Invocation& inv) {
   if (inv.command == "image-build") return CmdImageBuild(inv);
   if (inv.command == "image-ls") return CmdImageLs(inv.json);
   if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
+  if (inv.exec.tty || inv.command == "shell") {
+    // Before anything starts (a VM, the daemon): a terminal we do not have cannot be used.
+    Status st = CheckTtyOnStdin();
+    if (!st.ok()) return Fail(st);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   auto client = Client::Connect(Paths::FromEnvironment());
   if (!client.ok()) return Fail(client.status());
@@ -748,7 +766,10 @@ int Run(const Invocation& inv) {
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst);
   if (inv.command == "doctor") return CmdDoctor(c);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json);
+  if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);
+  if (inv.command == "exec" && inv.exec.detach) return RunDetached(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec);
+  if (IsTerminalCommand(inv.command)) return RunTerminalCommand(c, inv);
   if (inv.command == "collect") {
     return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, std::cout);
   }
@@ -776,7 +797,10 @@ int Run(const Invocation& inv) {
     if (!id.ok()) return Fail(id.status());
     int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm);
     bool ran = code == 0;
-    if (ran) code = StreamExec(c, *id, inv.argv, inv.exec);
+    if (ran) {
+      code = inv.exec.tty ? RunOnTerminal(c, *id, inv.argv, inv.exec)
+                          : StreamExec(c, *id, inv.argv, inv.exec);
+    }
     if (ran && !inv.vm.workspace.empty()) {
       // The work comes back whatever the command's exit code: a failed try is a result too.
       std::ostringstream text;

@@ -32,6 +32,20 @@ struct ExecOptions {
   std::string workdir;
   double timeout_s = 0;      // 0: none
   bool interactive = false;  // forward our stdin
+  bool tty = false;          // -t: on a pseudo-terminal in the guest (cli/terminal.h)
+  bool detach = false;       // -d: start it, print its exec id, return
+};
+
+// shell, logs, ps, kill, port (cli/terminal.h).
+struct TerminalOptions {
+  int64_t exec_id = 0;         // logs, kill
+  bool follow = false;         // logs --follow
+  int64_t offset = 0;          // logs --offset
+  bool stderr = false;         // logs --stderr
+  std::string signal = "KILL";  // kill --signal
+  int guest_port = 0;          // port
+  std::string host;            // port --host ADDR:PORT ("" = 127.0.0.1:guest_port)
+  bool allow_remote = false;   // port --allow-remote
 };
 
 // trybox agent (docs/agent.md).
@@ -63,6 +77,7 @@ struct Invocation {
   bool rebuild_rootfs = false;
   std::string help;  // command == "help": the text to print
   ModelFlags model;  // agent, mcp: --provider, --model
+  TerminalOptions term;
 };
 
 // Parses argv (including argv[0]). Errors carry CLI11's message.
