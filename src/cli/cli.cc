@@ -578,6 +578,10 @@ int ExitCodeFor(const nlohmann::json& result, std::string* message) {
     *message = "lost the guest before the command finished: " + result.value("message", "");
     return kTryboxFailed;
   }
+  if (outcome == "cancelled") {
+    *message = "the exec was cancelled: " + result.value("message", "");
+    return kTryboxFailed;
+  }
   *message = "unexpected exec result: " + result.dump();
   return kTryboxFailed;
 }

@@ -105,6 +105,7 @@ ExecSpec VmService::SpecFor(const VmEntry& vm, const ExecRequest& req) const {
   spec.stdin = req.stdin;
   spec.user = req.user;
   spec.privileged = vm.privileged();
+  spec.tty = req.tty;
   return spec;
 }
 
