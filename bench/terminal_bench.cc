@@ -131,7 +131,10 @@ std::vector<double> Keystrokes(Daemon& d, int keys) {
     if (!ReadUntil(m.get(), seen, from, std::string(1, k), 10000)) Die("echo", trybox::Status());
     if (i >= 5) out.push_back(Ms(t0, Clock::now()));
   }
-  (void)!::write(m.get(), "\x15" "exit\r", 6);  // Ctrl-U (no signal, no race with the line), exit
+  (void)!::write(m.get(),
+                 "\x15"
+                 "exit\r",
+                 6);  // Ctrl-U (no signal, no race with the line), exit
   int status;
   ::waitpid(pid, &status, 0);
   return out;
@@ -260,15 +263,17 @@ int main(int argc, char** argv) {
 
   std::printf("keystroke echo in trybox shell (n=%zu): p50 %.2f ms  p99 %.2f ms\n", echo.size(),
               Pct(echo, 50), Pct(echo, 99));
-  std::printf("logs --follow lag behind the attached stream (n=%zu lines): p50 %.2f ms  p99 %.2f ms\n",
-              lag.size(), Pct(lag, 50), Pct(lag, 99));
+  std::printf(
+      "logs --follow lag behind the attached stream (n=%zu lines): p50 %.2f ms  p99 %.2f ms\n",
+      lag.size(), Pct(lag, 50), Pct(lag, 99));
   std::printf(
       "exec stream throughput (%d MiB, %d rounds alternated): output kept %.1f MB/s, not kept "
       "%.1f MB/s (medians); ratio %.2f\n",
       stream_mib, rounds, Pct(with, 50), Pct(without, 50), Pct(with, 50) / Pct(without, 50));
-  std::printf("  the log's own cost: ExecLog::Append of a 256 KiB chunk p50 %.0f us p99 %.0f us "
-              "(%.0f MB/s)\n",
-              Pct(append, 50), Pct(append, 99), 0.262144 / (Pct(append, 50) / 1e6));
+  std::printf(
+      "  the log's own cost: ExecLog::Append of a 256 KiB chunk p50 %.0f us p99 %.0f us "
+      "(%.0f MB/s)\n",
+      Pct(append, 50), Pct(append, 99), 0.262144 / (Pct(append, 50) / 1e6));
   std::printf("  rounds kept:");
   for (double v : with) std::printf(" %.1f", v);
   std::printf("\n  rounds not kept:");

@@ -38,14 +38,14 @@ struct ExecOptions {
 
 // shell, logs, ps, kill, port (cli/terminal.h).
 struct TerminalOptions {
-  int64_t exec_id = 0;         // logs, kill
-  bool follow = false;         // logs --follow
-  int64_t offset = 0;          // logs --offset
-  bool stderr = false;         // logs --stderr
+  int64_t exec_id = 0;          // logs, kill
+  bool follow = false;          // logs --follow
+  int64_t offset = 0;           // logs --offset
+  bool stderr = false;          // logs --stderr
   std::string signal = "KILL";  // kill --signal
-  int guest_port = 0;          // port
-  std::string host;            // port --host ADDR:PORT ("" = 127.0.0.1:guest_port)
-  bool allow_remote = false;   // port --allow-remote
+  int guest_port = 0;           // port
+  std::string host;             // port --host ADDR:PORT ("" = 127.0.0.1:guest_port)
+  bool allow_remote = false;    // port --allow-remote
 };
 
 // trybox agent (docs/agent.md).

@@ -21,7 +21,7 @@ int Fail(const Status& st) {
 
 int64_t IntOr(const Json& j, const char* key, int64_t fallback) {
   return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
-                                                                       : fallback;
+                                                                        : fallback;
 }
 
 std::string TextOr(const Json& j, const char* key, const std::string& fallback = "") {
@@ -62,11 +62,10 @@ struct SignalName {
   const char* name;
   int number;
 };
-constexpr SignalName kSignals[] = {{"HUP", SIGHUP},   {"INT", SIGINT},     {"QUIT", SIGQUIT},
-                                   {"KILL", SIGKILL}, {"USR1", SIGUSR1},   {"USR2", SIGUSR2},
-                                   {"PIPE", SIGPIPE}, {"ALRM", SIGALRM},   {"TERM", SIGTERM},
-                                   {"CONT", SIGCONT}, {"STOP", SIGSTOP},   {"TSTP", SIGTSTP},
-                                   {"WINCH", SIGWINCH}, {"ABRT", SIGABRT}};
+constexpr SignalName kSignals[] = {
+    {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT},   {"KILL", SIGKILL}, {"USR1", SIGUSR1},
+    {"USR2", SIGUSR2}, {"PIPE", SIGPIPE}, {"ALRM", SIGALRM},   {"TERM", SIGTERM}, {"CONT", SIGCONT},
+    {"STOP", SIGSTOP}, {"TSTP", SIGTSTP}, {"WINCH", SIGWINCH}, {"ABRT", SIGABRT}};
 
 }  // namespace
 
@@ -136,9 +135,11 @@ int CmdPs(Client& client, const std::string& vm, bool json) {
     std::string exit = "-";
     if (e.contains("exit_code")) exit = std::to_string(IntOr(e, "exit_code", -1));
     if (e.contains("signal")) exit = "sig " + std::to_string(IntOr(e, "signal", -1));
-    std::printf("%-7lld %-12s %-6s %-9s %s\n", static_cast<long long>(IntOr(e, "id", 0)),
-                state.c_str(), exit.c_str(), Duration(IntOr(e, "duration_ms", 0)).c_str(),
-                CommandLine(e.is_object() && e.contains("argv") ? e["argv"] : Json(), 60).c_str());
+    std::printf(
+        "%-7lld %-12s %-6s %-9s %s\n", static_cast<long long>(IntOr(e, "id", 0)), state.c_str(),
+        exit.c_str(),
+        IntOr(e, "duration_ms", -1) < 0 ? "-" : Duration(IntOr(e, "duration_ms", 0)).c_str(),
+        CommandLine(e.is_object() && e.contains("argv") ? e["argv"] : Json(), 60).c_str());
   }
   return 0;
 }

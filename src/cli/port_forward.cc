@@ -121,8 +121,8 @@ Result<HostAddress> ParseHostAddress(const std::string& s) {
       return InvalidArgument("--host: write an IPv6 address in brackets, [ADDR]:PORT");
     }
   }
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(port) > 65535) {
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
     return InvalidArgument("--host: the port must be a number from 0 to 65535");
   }
   a.port = std::stoi(port);

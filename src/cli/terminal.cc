@@ -280,11 +280,10 @@ Status ValidateTerminalCommand(const Invocation& inv) {
     if (!inv.term.host.empty()) {
       ASSIGN_OR_RETURN(HostAddress a, ParseHostAddress(inv.term.host));
       if (!a.loopback && !inv.term.allow_remote) {
-        return InvalidArgument(
-            "--host " + inv.term.host +
-            " is not a loopback address: other machines could reach port " +
-            std::to_string(inv.term.guest_port) +
-            " of the VM through it; add --allow-remote to listen there anyway");
+        return InvalidArgument("--host " + inv.term.host +
+                               " is not a loopback address: other machines could reach port " +
+                               std::to_string(inv.term.guest_port) +
+                               " of the VM through it; add --allow-remote to listen there anyway");
       }
     }
   }

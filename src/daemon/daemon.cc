@@ -43,8 +43,8 @@ Status Daemon::Init() {
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
   agents_ = std::make_unique<AgentRunner>(*store_, *vms_, *workspaces_, *supervisor_, p.state,
                                           opts_.agent_idle);
-  services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_,
-                               *workspaces_, *agents_, *exec_logs_});
+  services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_,
+                               *agents_, *exec_logs_});
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
   AddTerminalVerbs(verbs_, *services_);

@@ -144,7 +144,7 @@ Result<ExecLog::Slice> ExecLog::Read(Channel ch, int64_t offset, size_t max) {
   if (!f.error.empty()) return FailedPrecondition(f.error);
   if (offset > f.total) {
     return InvalidArgument("offset " + std::to_string(offset) + " is past the end of the output (" +
-                      std::to_string(f.total) + " bytes so far)");
+                           std::to_string(f.total) + " bytes so far)");
   }
   Slice s;
   s.total = f.total;
@@ -187,13 +187,12 @@ std::shared_ptr<ExecLog> ExecLogs::Start(const std::string& vm, int64_t exec_id)
       }
       f.head = cap_ / 2;
       f.tail = cap_ - f.head;
-      Result<UniqueFd> fd = dir.ok() ? OpenFile(PathOf(vm, exec_id, ch),
-                                                O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)
-                                     : Result<UniqueFd>(dir);
-      Status st = fd.ok() ? PutAt(fd->get(), std::string(kMagic, 8) + U64(0) + U64(f.head) +
-                                                 U64(f.tail),
-                                  0)
-                          : fd.status();
+      Result<UniqueFd> fd =
+          dir.ok() ? OpenFile(PathOf(vm, exec_id, ch), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)
+                   : Result<UniqueFd>(dir);
+      Status st =
+          fd.ok() ? PutAt(fd->get(), std::string(kMagic, 8) + U64(0) + U64(f.head) + U64(f.tail), 0)
+                  : fd.status();
       if (!st.ok()) {
         f.error = "the output could not be kept: " + st.message();
         LogError("exec-logs", "exec " + std::to_string(exec_id) + ": " + f.error);

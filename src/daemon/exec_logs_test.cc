@@ -114,7 +114,8 @@ TEST_F(ExecLogsTest, AFollowerGetsEveryByteAndEndsWhenTheExecEnds) {
   std::string expected;
   for (int i = 0; i < 200; ++i) expected += "line " + std::to_string(i) + "\n";
   std::thread writer([&] {
-    for (int i = 0; i < 200; ++i) log->Append(channel::kChanOut, "line " + std::to_string(i) + "\n");
+    for (int i = 0; i < 200; ++i)
+      log->Append(channel::kChanOut, "line " + std::to_string(i) + "\n");
     logs.Finish(3);
   });
   // The verb's loop: read what is there, wait for more until the exec has ended.

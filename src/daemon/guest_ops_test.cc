@@ -434,7 +434,8 @@ TEST(GuestOpsExecTest, ATerminalExecRelaysTheClientsResizesRebuiltFromTheirField
   channel::Frame open = h.peer->Read();
   Json req = Json::parse(open.payload);
   EXPECT_EQ(req["tty"], (Json{{"rows", 24}, {"cols", 80}}));
-  ASSERT_TRUE(c.client->SendEvent({{"type", "resize"}, {"rows", 50}, {"cols", 132}, {"x", 1}}).ok());
+  ASSERT_TRUE(
+      c.client->SendEvent({{"type", "resize"}, {"rows", 50}, {"cols", 132}, {"x", 1}}).ok());
   channel::Frame ev = h.peer->Read();
   ASSERT_EQ(ev.type, FrameType::kEvent);
   EXPECT_EQ(Json::parse(ev.payload), (Json{{"type", "resize"}, {"rows", 50}, {"cols", 132}}));

@@ -105,8 +105,9 @@ Result<ExecRequest> ParseExec(const Json& j) {
   }
   ASSIGN_OR_RETURN(r.detach, f.Bool("detach", false));
   if (r.detach && (r.stdin || r.tty)) {
-    return InvalidArgument("'detach' cannot be combined with 'stdin' or 'tty': a detached exec "
-                           "has no client to read from");
+    return InvalidArgument(
+        "'detach' cannot be combined with 'stdin' or 'tty': a detached exec "
+        "has no client to read from");
   }
   return r;
 }

@@ -201,9 +201,8 @@ TEST(DaemonRequestsTest, ExecTtyAndDetach) {
                 "'tty.rows'");
   ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24}})")).status(),
                 "'tty.cols'");
-  ExpectInvalid(
-      ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24,"cols":65536}})")).status(),
-      "'tty.cols'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24,"cols":65536}})")).status(),
+                "'tty.cols'");
   ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24.5,"cols":80}})")).status(),
                 "'tty.rows'");
   ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":[24,80]})")).status(), "'tty'");

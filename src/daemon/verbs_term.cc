@@ -14,18 +14,21 @@ constexpr size_t kLogChunk = 256 * 1024;
 
 Json ExecJson(const store::ExecRecord& e) {
   const bool running = e.outcome == "running";
-  const double end = running ? store::NowSeconds() : e.ended_at;
-  Json j = {{"id", e.id},
-            {"vm", e.vm_id},
-            {"argv", e.argv},
-            {"cwd", e.cwd},
-            {"state", running ? "running" : "ended"},
-            {"outcome", e.outcome},
-            {"started_at", e.started_at},
-            {"ended_at", running ? Json(nullptr) : Json(e.ended_at)},
-            {"duration_ms", static_cast<int64_t>((end - e.started_at) * 1000)},
-            {"stdout_bytes", e.stdout_bytes},
-            {"stderr_bytes", e.stderr_bytes}};
+  const bool ended = e.ended_at > 0;
+  const double end = ended ? e.ended_at : store::NowSeconds();
+  Json j = {
+      {"id", e.id},
+      {"vm", e.vm_id},
+      {"argv", e.argv},
+      {"cwd", e.cwd},
+      {"state", running ? "running" : "ended"},
+      {"outcome", e.outcome},
+      {"started_at", e.started_at},
+      {"ended_at", ended ? Json(e.ended_at) : Json(nullptr)},
+      {"duration_ms",
+       running || ended ? Json(static_cast<int64_t>((end - e.started_at) * 1000)) : Json(nullptr)},
+      {"stdout_bytes", e.stdout_bytes},
+      {"stderr_bytes", e.stderr_bytes}};
   if (e.exit_code) j["exit_code"] = *e.exit_code;
   if (e.signal) j["signal"] = *e.signal;
   if (!e.error.empty()) j["error"] = e.error;
@@ -47,8 +50,8 @@ void WatchFollower(channel::Stream& client, ExecLog& log, std::atomic<bool>* sto
 
 // Sends the output of `log` from `offset` to the client (channel 1, a "gap" EVENT for each
 // dropped range); with `follow`, until the exec ends. Returns the offset reached.
-Result<int64_t> SendLog(channel::Stream& client, ExecLog& log, ExecLog::Channel ch,
-                        int64_t offset, bool follow) {
+Result<int64_t> SendLog(channel::Stream& client, ExecLog& log, ExecLog::Channel ch, int64_t offset,
+                        bool follow) {
   std::atomic<bool> stop{false};
   std::thread watch;
   if (follow) watch = std::thread([&] { WatchFollower(client, log, &stop); });

@@ -127,8 +127,7 @@ Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec)
   return r;
 }
 
-ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecIo& io,
-                                  Recorded r) {
+ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecIo& io, Recorded r) {
   store::ExecRecord& rec = r.rec;
   ExecIo mine = io;
   mine.sink = r.log.get();
@@ -215,6 +214,13 @@ Result<std::vector<store::ExecRecord>> VmService::Execs(const std::string& vm_id
   ASSIGN_OR_RETURN(auto execs, store_.ListExecs(vm_id));
   for (auto& e : execs) {
     if (e.outcome != "running") continue;
+    if (vm->state != "running" && !running_.Running(e.id)) {
+      // Still "running" in the record, which stays as it is (nobody saw the end: a daemon
+      // died before it); shown for what it is.
+      e.outcome = "unknown";
+      e.error = "its end was not observed: the daemon stopped before the exec ended";
+      continue;
+    }
     auto log = logs_.Open(vm_id, e.id);
     if (!log.ok()) continue;
     e.stdout_bytes = (*log)->total(ExecLog::kStdout);
@@ -246,8 +252,6 @@ void VmService::Prune() {
 }
 
 void VmService::ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir) {
-  Status abandoned = store_.AbandonRunningExecs("the daemon stopped before the exec ended");
-  if (!abandoned.ok()) LogError("daemon", "close the execs of a dead daemon: " + abandoned.message());
   auto running = store_.ListVms({"running"});
   if (running.ok()) {
     for (const auto& v : *running) {

@@ -9,12 +9,11 @@
 // theirs), so a long exec never blocks a create or a list.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <chrono>
 
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"

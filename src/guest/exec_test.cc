@@ -327,11 +327,11 @@ TEST(ExecTest, TtyInputGoesThroughTheLineDisciplineAndResizesReachTheCommand) {
 
 TEST(ExecTest, CtrlCInterruptsTheForegroundCommandNotTheShell) {
   InChild([](Guest& g, int& failures) {
-    auto s = g.Open(
-        {{"argv",
-          {"sh", "-c",
-           "trap 'echo caught' INT; sh -c 'echo ready; exec sleep 100'; echo \"after $?\""}},
-         {"tty", {{"rows", 24}, {"cols", 80}}}});
+    auto s =
+        g.Open({{"argv",
+                 {"sh", "-c",
+                  "trap 'echo caught' INT; sh -c 'echo ready; exec sleep 100'; echo \"after $?\""}},
+                {"tty", {{"rows", 24}, {"cols", 80}}}});
     Reply r;
     CHECK_IN_CHILD(s && ReadUntil(*s, r, Printed("ready")), Dump(r));
     if (!s) return;
@@ -346,9 +346,8 @@ TEST(ExecTest, ASignalEventEndsTheCommandAndTakesItsLeftoversWithIt) {
   InChild([](Guest& g, int& failures) {
     // The background child ignores SIGTERM; only the rule that a signalled exec's tree goes
     // when it ends can stop it (after a normal end it would be left running).
-    auto s = g.Open({{"argv",
-                      {"sh", "-c",
-                       "sh -c 'trap \"\" TERM; echo child $$; exec sleep 300' & wait"}}});
+    auto s = g.Open(
+        {{"argv", {"sh", "-c", "sh -c 'trap \"\" TERM; echo child $$; exec sleep 300' & wait"}}});
     Reply r;
     auto child_line = [](const Reply& r) {
       size_t at = r.out.find("child ");
@@ -369,11 +368,10 @@ TEST(ExecTest, ASignalEventEndsTheCommandAndTakesItsLeftoversWithIt) {
 
 TEST(ExecTest, ABadEventResetsTheStreamAndKillsTheCommand) {
   InChild([](Guest& g, int& failures) {
-    auto s = g.Open({{"argv", {"sh", "-c", "echo $$; exec sleep 300"}},
-                     {"tty", {{"rows", 24}, {"cols", 80}}}});
+    auto s = g.Open(
+        {{"argv", {"sh", "-c", "echo $$; exec sleep 300"}}, {"tty", {{"rows", 24}, {"cols", 80}}}});
     Reply r;
-    CHECK_IN_CHILD(s && ReadUntil(*s, r, [](const Reply& r) { return Has(r.out, "\n"); }),
-                   Dump(r));
+    CHECK_IN_CHILD(s && ReadUntil(*s, r, [](const Reply& r) { return Has(r.out, "\n"); }), Dump(r));
     if (!s) return;
     pid_t pid = std::atoi(r.out.c_str());
     // An unknown type is a newer host's and ignored; a known one with a bad field is not.

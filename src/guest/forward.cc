@@ -17,8 +17,7 @@ void ServePort(channel::Stream& stream, const nlohmann::json& request) {
   auto r = channel::RelaySocket(stream, sock->get(), channel::RelaySide::kResponder);
   if (!r.stream_failure.ok()) return;  // reset by the host, or the session is gone
   if (!r.socket_failure.ok()) {
-    return fail("io", "127.0.0.1:" + std::to_string(req->port) + ": " +
-                          r.socket_failure.message());
+    return fail("io", "127.0.0.1:" + std::to_string(req->port) + ": " + r.socket_failure.message());
   }
   (void)stream.End({{"ok", true}, {"bytes_in", r.to_socket}, {"bytes_out", r.from_socket}});
 }

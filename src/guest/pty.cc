@@ -34,8 +34,7 @@ Result<Pty> OpenPty(TermSize size, std::optional<uid_t> owner) {
   if (!p.slave.valid()) return ErrnoError(std::string("open ") + name);
   RETURN_IF_ERROR(SetWindowSize(p.master.get(), size));
   if (owner) {
-    if (::fchown(p.slave.get(), *owner, kTtyGroup) != 0 ||
-        ::fchmod(p.slave.get(), 0620) != 0) {
+    if (::fchown(p.slave.get(), *owner, kTtyGroup) != 0 || ::fchmod(p.slave.get(), 0620) != 0) {
       return ErrnoError(std::string("give ") + name + " to the command's account");
     }
   }

@@ -148,8 +148,8 @@ Result<TermSize> ParseTermSize(const Json& value, const char* what) {
     auto it = value.find(field);
     const std::string name = std::string(what) + "." + field;
     if (it == value.end()) return InvalidArgument("missing \"" + name + "\"");
-    ASSIGN_OR_RETURN(int64_t v, IntegerField(*it, name.c_str(), 1, kMaxTermDimension,
-                                             "from 1 to 65535"));
+    ASSIGN_OR_RETURN(int64_t v,
+                     IntegerField(*it, name.c_str(), 1, kMaxTermDimension, "from 1 to 65535"));
     (field[0] == 'r' ? size.rows : size.cols) = static_cast<uint16_t>(v);
   }
   return size;

@@ -344,8 +344,9 @@ ExecRecord ReadExec(Stmt& s) {
 
 Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_, (std::string("SELECT ") + kExecColumns + " FROM execs WHERE vm_id = ? ORDER BY id")
-                  .c_str());
+  Stmt s(
+      db_,
+      (std::string("SELECT ") + kExecColumns + " FROM execs WHERE vm_id = ? ORDER BY id").c_str());
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, vm_id);
   std::vector<ExecRecord> out;
@@ -380,18 +381,6 @@ Result<std::map<std::string, ExecCount>> Store::CountExecs() {
     out[s.Text(0)] = ExecCount{s.Int(1), s.Int(2)};
   }
   return out;
-}
-
-Status Store::AbandonRunningExecs(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_,
-         "UPDATE execs SET outcome = 'channel_lost', error = ?, ended_at = ? "
-         "WHERE outcome = 'running'");
-  RETURN_IF_ERROR(s.prepared());
-  s.Bind(1, why).Bind(2, NowSeconds());
-  ASSIGN_OR_RETURN(bool row, s.Step());
-  (void)row;
-  return Status::Ok();
 }
 
 Result<std::vector<std::string>> Store::PruneVms(double ended_before) {

@@ -142,8 +142,6 @@ class Store {
   Result<std::optional<ExecRecord>> GetExec(int64_t id);
   // Per running VM.
   Result<std::map<std::string, ExecCount>> CountExecs();
-  // At start: execs a dead daemon left "running" become channel_lost with `why`.
-  Status AbandonRunningExecs(const std::string& why);
   // Deletes the records of VMs that ended (destroyed or reaped) before `ended_before`,
   // with their execs, workspaces and collects, in one transaction; returns their ids. The
   // egress audit and agent runs are kept.

@@ -238,13 +238,6 @@ TEST_F(StoreTest, ExecsAreReadBackByIdAndCountedPerRunningVm) {
   EXPECT_EQ(counts->at("v1").total, 2);
   EXPECT_EQ(counts->at("v1").running, 1);
   EXPECT_EQ(counts->count("v2"), 0u);
-  // A dead daemon's running execs are closed as lost, never left running or made exits.
-  ASSERT_TRUE(store_->AbandonRunningExecs("the daemon stopped").ok());
-  auto left = store_->GetExec(*b);
-  EXPECT_EQ((*left)->outcome, "channel_lost");
-  EXPECT_EQ((*left)->error, "the daemon stopped");
-  EXPECT_FALSE((*left)->exit_code.has_value());
-  EXPECT_EQ((*store_->GetExec(*a))->outcome, "exited");
 }
 
 TEST_F(StoreTest, PruneDeletesOnlyVmsThatEndedBeforeTheCutoffWithTheirRows) {

@@ -43,8 +43,8 @@ bool Eventually(const std::function<bool()>& done, std::chrono::seconds limit = 
 class Tmux {
  public:
   Tmux(const Harness& h, const std::string& command, int cols = 80, int rows = 24)
-      : env_(h.Env()), socket_("tbx-term-" + std::to_string(::getpid()) + "-" +
-                               std::to_string(++serial_)) {
+      : env_(h.Env()),
+        socket_("tbx-term-" + std::to_string(::getpid()) + "-" + std::to_string(++serial_)) {
     started_ = Run({"new-session", "-d", "-s", "t", "-x", std::to_string(cols), "-y",
                     std::to_string(rows), command})
                    .code == 0;
@@ -215,8 +215,8 @@ TEST_F(TerminalE2E, ShellEditsLinesFollowsTheWindowTakesCtrlCAndReturnsTheExitCo
 }
 
 TEST_F(TerminalE2E, RunDashItRunsOnATerminalInAThrowawayVm) {
-  Tmux tmux(*h_, Cli() + " run -it -- sh -c 'tty; stty size; exit 4'; echo EXIT=$?; sleep 600",
-            90, 20);
+  Tmux tmux(*h_, Cli() + " run -it -- sh -c 'tty; stty size; exit 4'; echo EXIT=$?; sleep 600", 90,
+            20);
   ASSERT_TRUE(tmux.started());
   ASSERT_TRUE(tmux.WaitFor("EXIT=4")) << tmux.Screen();
   std::string screen = tmux.Screen();
@@ -341,16 +341,15 @@ TEST_F(TerminalE2E, KillEndsABackgroundExecAndItsWholeTree) {
 
 TEST_F(TerminalE2E, APortForwardServesAGuestHttpServerToCurlOnTheHost) {
   ASSERT_EQ(Sh("mkdir -p /tmp/site && echo 'hello from the VM' > /tmp/site/hello.txt").code, 0);
-  int64_t server = Detach({"python3", "-m", "http.server", "8000", "--bind", "127.0.0.1",
-                           "--directory", "/tmp/site"});
+  int64_t server = Detach(
+      {"python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/tmp/site"});
   ASSERT_GT(server, 0);
   Running port(*h_, {"port", vm_, "8000", "--host", "127.0.0.1:0"});
   ASSERT_TRUE(port.ReadUntil("(Ctrl-C to stop)\n")) << port.out;
   size_t colon = port.out.find("127.0.0.1:");
   ASSERT_NE(colon, std::string::npos) << port.out;
   const std::string url =
-      "http://127.0.0.1:" + std::to_string(std::atoi(port.out.c_str() + colon + 10)) +
-      "/hello.txt";
+      "http://127.0.0.1:" + std::to_string(std::atoi(port.out.c_str() + colon + 10)) + "/hello.txt";
   CliResult got;
   // The server may still be starting in the guest: retried until it answers.
   ASSERT_TRUE(Eventually([&] {
@@ -359,12 +358,11 @@ TEST_F(TerminalE2E, APortForwardServesAGuestHttpServerToCurlOnTheHost) {
   })) << got.err;
   EXPECT_EQ(got.out, "hello from the VM\n");
   // More than a frame and a window's worth, byte for byte.
-  ASSERT_EQ(Sh("head -c 6000000 /dev/urandom > /tmp/site/big && sha256sum /tmp/site/big").code,
-            0);
+  ASSERT_EQ(Sh("head -c 6000000 /dev/urandom > /tmp/site/big && sha256sum /tmp/site/big").code, 0);
   std::string want = Sh("sha256sum < /tmp/site/big").out.substr(0, 64);
   std::string big_url = url.substr(0, url.rfind('/')) + "/big";
-  CliResult big = RunProgram({"sh", "-c", "curl -sS --max-time 120 '" + big_url + "' | sha256sum"},
-                             h_->Env());
+  CliResult big =
+      RunProgram({"sh", "-c", "curl -sS --max-time 120 '" + big_url + "' | sha256sum"}, h_->Env());
   EXPECT_EQ(big.out.substr(0, 64), want) << big.err;
   ASSERT_TRUE(port.child().Signal(SIGINT).ok());
   EXPECT_EQ(port.Finish(), 0);
