@@ -82,15 +82,6 @@ int Fail(const Status& st) {
   return kTryboxFailed;
 }
 
-Json EnvObject(const std::vector<std::string>& env) {
-  Json o = Json::object();
-  for (const auto& kv : env) {
-    size_t eq = kv.find('=');
-    o[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return o;
-}
-
 std::string CpPathVm(const std::string& s, std::string* path) {
   // ID:/path. A local path that contains ':' before any '/' is read as a VM reference,
   // like docker; prefix ./ to copy such a local file.
@@ -532,6 +523,15 @@ int CmdAudit(Client& client, const std::string& vm, int64_t limit, bool json) {
 }
 
 }  // namespace
+
+Json EnvObject(const std::vector<std::string>& env) {
+  Json o = Json::object();
+  for (const auto& kv : env) {
+    size_t eq = kv.find('=');
+    o[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return o;
+}
 
 Status ValidateEnvAssignment(const std::string& kv) {
   size_t eq = kv.find('=');

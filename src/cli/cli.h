@@ -86,6 +86,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args);
 // K=V with K a valid environment name.
 Status ValidateEnvAssignment(const std::string& kv);
 
+// -e K=V entries (validated) as an exec request's "env" object.
+nlohmann::json EnvObject(const std::vector<std::string>& env);
+
 // The exit code for an exec result body from tryboxd, and a message for stderr (may be "").
 int ExitCodeFor(const nlohmann::json& result, std::string* message);
 

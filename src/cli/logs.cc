@@ -12,13 +12,6 @@ namespace trybox::cli {
 namespace {
 
 using Kind = channel::Stream::Message::Kind;
-constexpr int kTryboxFailed = 125;
-
-int Fail(const Status& st) {
-  std::cerr << "trybox: " << st.message() << "\n";
-  return kTryboxFailed;
-}
-
 int64_t IntOr(const Json& j, const char* key, int64_t fallback) {
   return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
                                                                         : fallback;
@@ -92,13 +85,13 @@ int CmdLogs(Client& client, const TerminalOptions& t) {
               {"follow", t.follow},
               {"stream", t.stderr ? "stderr" : "stdout"}};
   auto s = client.Open(req);
-  if (!s.ok()) return Fail(s.status());
+  if (!s.ok()) return Failed(s.status());
   char last = '\n';
   for (;;) {
     auto m = (*s)->Next();
-    if (!m.ok()) return Fail(m.status().Annotate("lost tryboxd"));
+    if (!m.ok()) return Failed(m.status().Annotate("lost tryboxd"));
     if (m->kind == Kind::kData) {
-      if (!WriteFull(1, m->data).ok()) return kTryboxFailed;
+      if (!WriteFull(1, m->data).ok()) return Failed(Unavailable("stdout closed"));
       if (!m->data.empty()) last = m->data.back();
     } else if (m->kind == Kind::kEvent && TextOr(m->body, "type") == "gap") {
       // The bytes the cap dropped: said where they were, on a line of its own. The marker
@@ -109,22 +102,22 @@ int CmdLogs(Client& client, const TerminalOptions& t) {
                          " were not kept (the log keeps the first and the last part of each "
                          "stream); resuming at offset " +
                          std::to_string(IntOr(m->body, "to", -1)) + "]\n";
-      if (!WriteFull(1, mark).ok()) return kTryboxFailed;
+      if (!WriteFull(1, mark).ok()) return Failed(Unavailable("stdout closed"));
       last = '\n';
     } else if (m->kind == Kind::kEnd) {
       Status st = StatusFromReply(m->body);
-      return st.ok() ? 0 : Fail(st);
+      return st.ok() ? 0 : Failed(st);
     } else if (m->kind == Kind::kReset) {
-      return Fail(Unavailable("tryboxd aborted the logs"));
+      return Failed(Unavailable("tryboxd aborted the logs"));
     }
   }
 }
 
 int CmdPs(Client& client, const std::string& vm, bool json) {
   auto r = client.Call({{"verb", "ps"}, {"vm", vm}});
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return Failed(r.status());
   const Json& execs = (*r)["execs"];
-  if (!execs.is_array()) return Fail(Internal("tryboxd's ps reply has no execs"));
+  if (!execs.is_array()) return Failed(Internal("tryboxd's ps reply has no execs"));
   if (json) {
     std::cout << execs.dump(2) << "\n";
     return 0;
@@ -146,9 +139,9 @@ int CmdPs(Client& client, const std::string& vm, bool json) {
 
 int CmdKill(Client& client, const TerminalOptions& t) {
   auto sig = ParseSignal(t.signal);
-  if (!sig.ok()) return Fail(sig.status());
+  if (!sig.ok()) return Failed(sig.status());
   auto r = client.Call({{"verb", "kill"}, {"exec", t.exec_id}, {"signal", *sig}});
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return Failed(r.status());
   return 0;
 }
 

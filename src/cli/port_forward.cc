@@ -19,18 +19,12 @@
 namespace trybox::cli {
 namespace {
 
-constexpr int kTryboxFailed = 125;
 int g_stop_pipe[2] = {-1, -1};
 
 void OnStop(int) {
   int saved = errno;
   (void)!::write(g_stop_pipe[1], "s", 1);
   errno = saved;
-}
-
-int Fail(const Status& st) {
-  std::cerr << "trybox: " << st.message() << "\n";
-  return kTryboxFailed;
 }
 
 struct Listener {
@@ -144,14 +138,14 @@ int CmdPort(Client& client, const TerminalOptions& t, const std::string& vm) {
   HostAddress a{"127.0.0.1", t.guest_port, true};
   if (!t.host.empty()) {
     auto parsed = ParseHostAddress(t.host);
-    if (!parsed.ok()) return Fail(parsed.status());
+    if (!parsed.ok()) return Failed(parsed.status());
     a = *parsed;
   }
   Status running = CheckRunning(client, vm);
-  if (!running.ok()) return Fail(running);
+  if (!running.ok()) return Failed(running);
   auto l = Listen(a);
-  if (!l.ok()) return Fail(l.status());
-  if (::pipe2(g_stop_pipe, O_CLOEXEC) != 0) return Fail(ErrnoError("pipe2"));
+  if (!l.ok()) return Failed(l.status());
+  if (::pipe2(g_stop_pipe, O_CLOEXEC) != 0) return Failed(ErrnoError("pipe2"));
   struct sigaction sa = {};
   sa.sa_handler = OnStop;
   sigemptyset(&sa.sa_mask);
@@ -167,7 +161,7 @@ int CmdPort(Client& client, const TerminalOptions& t, const std::string& vm) {
     pollfd p[2] = {{l->fd.get(), POLLIN, 0}, {g_stop_pipe[0], POLLIN, 0}};
     if (::poll(p, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      return Fail(ErrnoError("poll"));
+      return Failed(ErrnoError("poll"));
     }
     if (p[1].revents) return 0;
     int fd = ::accept4(l->fd.get(), nullptr, nullptr, SOCK_CLOEXEC);

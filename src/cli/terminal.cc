@@ -40,20 +40,6 @@ void OnWinch(int) {
   errno = saved;
 }
 
-int Fail(const Status& st) {
-  std::cerr << "trybox: " << st.message() << "\n";
-  return kTryboxFailed;
-}
-
-Json EnvObject(const std::vector<std::string>& env) {
-  Json o = Json::object();
-  for (const auto& kv : env) {
-    size_t eq = kv.find('=');
-    o[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return o;
-}
-
 Json ExecRequest(const std::string& vm, const std::vector<std::string>& argv,
                  const ExecOptions& ex) {
   Json req = {{"verb", "exec"},
@@ -97,6 +83,11 @@ void PumpInput(std::shared_ptr<channel::Stream> s) {
 }
 
 }  // namespace
+
+int Failed(const Status& st) {
+  std::cerr << "trybox: " << st.message() << "\n";
+  return kTryboxFailed;
+}
 
 Result<std::unique_ptr<RawTerminal>> RawTerminal::Enter(int fd) {
   termios saved;
@@ -159,7 +150,7 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
   req["tty"] = {{"rows", size.first}, {"cols", size.second}};
 
   if (g_winch_pipe[0] < 0 && ::pipe2(g_winch_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    return Fail(ErrnoError("pipe2"));
+    return Failed(ErrnoError("pipe2"));
   }
   struct sigaction sa = {};
   sa.sa_handler = OnWinch;
@@ -168,11 +159,11 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
   ::sigaction(SIGWINCH, &sa, nullptr);
 
   auto s = client.Open(req);
-  if (!s.ok()) return Fail(s.status());
+  if (!s.ok()) return Failed(s.status());
   auto raw = RawTerminal::Enter(0);
   if (!raw.ok()) {
     (void)(*s)->Reset("no terminal");
-    return Fail(raw.status());
+    return Failed(raw.status());
   }
   // A resize that came between our first look and raw mode is not lost.
   (void)!::write(g_winch_pipe[1], "w", 1);
@@ -181,7 +172,7 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
     auto m = (*s)->Next();
     if (!m.ok()) {
       (*raw)->Restore();
-      return Fail(m.status().Annotate("lost tryboxd"));
+      return Failed(m.status().Annotate("lost tryboxd"));
     }
     if (m->kind == Kind::kData) {
       if (!WriteFull(1, m->data).ok()) {
@@ -191,14 +182,14 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
     } else if (m->kind == Kind::kEnd) {
       (*raw)->Restore();
       Status st = StatusFromReply(m->body);
-      if (!st.ok()) return Fail(st);
+      if (!st.ok()) return Failed(st);
       std::string msg;
       int code = ExitCodeFor(m->body["result"], &msg);
       if (!msg.empty()) std::cerr << "trybox: " << msg << "\n";
       return code;
     } else if (m->kind == Kind::kReset) {
       (*raw)->Restore();
-      return Fail(Unavailable("tryboxd aborted the exec: " + m->body.value("reason", "")));
+      return Failed(Unavailable("tryboxd aborted the exec: " + m->body.value("reason", "")));
     }
   }
 }
@@ -208,9 +199,9 @@ int RunDetached(Client& client, const std::string& vm, const std::vector<std::st
   Json req = ExecRequest(vm, argv, ex);
   req["detach"] = true;
   auto r = client.Call(req);
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return Failed(r.status());
   if (!r->contains("exec_id") || !(*r)["exec_id"].is_number_integer()) {
-    return Fail(Internal("tryboxd's reply has no exec id"));
+    return Failed(Internal("tryboxd's reply has no exec id"));
   }
   std::cout << (*r)["exec_id"].get<int64_t>() << std::endl;
   if (!r->contains("result")) return 0;
@@ -296,7 +287,7 @@ int RunTerminalCommand(Client& client, const Invocation& inv) {
   if (inv.command == "ps") return CmdPs(client, inv.id, inv.json);
   if (inv.command == "kill") return CmdKill(client, inv.term);
   if (inv.command == "port") return CmdPort(client, inv.term, inv.id);
-  return Fail(InvalidArgument("unknown command " + inv.command));
+  return Failed(InvalidArgument("unknown command " + inv.command));
 }
 
 }  // namespace trybox::cli

@@ -40,6 +40,9 @@ class RawTerminal {
   bool restored_ = false;
 };
 
+// Prints "trybox: MESSAGE" on stderr; returns 125, the code of trybox's own failures.
+int Failed(const Status& st);
+
 // The window size of the terminal on `fd`, if it is one.
 std::optional<std::pair<int, int>> WindowSize(int fd);
 

@@ -528,16 +528,10 @@ TEST(GuestOpsPortTest, AGuestConnectFailureKeepsItsKindAndAMalformedEndIsNamed) 
     std::thread relay([&] { RelayPort(*h.guest, 8000, *c.server); });
     channel::Frame open = h.peer->Read();
     h.peer->Json(open.stream, FrameType::kEnd, guest_end);
-    Json end;
-    for (;;) {
-      auto m = c.client->Next();
-      ASSERT_TRUE(m.ok());
-      if (m->kind == Kind::kEnd) {
-        end = m->body;
-        break;
-      }
-    }
+    auto got = AwaitEnd(*c.client);
     relay.join();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    Json end = *got;
     EXPECT_EQ(end["ok"], false) << end.dump();
     if (std::string(guest_end).find("connect_failed") != std::string::npos) {
       EXPECT_EQ(end["error"]["kind"], "connect_failed");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <functional>
 #include <thread>
 
 #include "util/fd.h"
@@ -59,6 +60,29 @@ Received Read(Stream& s, bool until_eof = false) {
   }
 }
 
+// A loopback server for one connection: `serve` runs on it in a thread, joined by Join().
+class OneConnection {
+ public:
+  explicit OneConnection(std::function<void(int fd)> serve) {
+    auto l = ListenTcpLoopback(0);
+    EXPECT_TRUE(l.ok());
+    port_ = l->port;
+    thread_ = std::thread([l = std::move(*l), serve = std::move(serve)] {
+      auto c = AcceptTcp(l.fd.get());
+      if (c.ok()) serve(c->get());
+    });
+  }
+  ~OneConnection() { Join(); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
 std::string ReadAll(int fd) {
   std::string all;
   char buf[65536];
@@ -70,22 +94,18 @@ std::string ReadAll(int fd) {
 }
 
 TEST(PortForwardTest, RelaysBothWaysAndTheClientsHalfCloseReachesTheServer) {
-  auto l = ListenTcpLoopback(0);
-  ASSERT_TRUE(l.ok());
   // Answers only once the client has finished sending: it needs the half-close.
-  std::thread server([&] {
-    auto c = AcceptTcp(l->fd.get());
-    ASSERT_TRUE(c.ok());
-    std::string got = ReadAll(c->get());
-    ASSERT_TRUE(WriteFull(c->get(), "got " + std::to_string(got.size()) + " bytes").ok());
+  OneConnection server([](int fd) {
+    std::string got = ReadAll(fd);
+    EXPECT_TRUE(WriteFull(fd, "got " + std::to_string(got.size()) + " bytes").ok());
   });
   Forwarder f;
-  auto s = f.Open(l->port);
+  auto s = f.Open(server.port());
   const std::string big(3 << 20, 'x');  // more than a frame, less than the window
   ASSERT_TRUE(s->Write(channel::kChanIn, big).ok());
   ASSERT_TRUE(s->CloseWrite(channel::kChanIn).ok());
   Received r = Read(*s);
-  server.join();
+  server.Join();
   EXPECT_EQ(r.out, "got 3145728 bytes");
   EXPECT_TRUE(r.eof);
   EXPECT_EQ(r.end.value("ok", false), true) << r.end.dump();
@@ -94,18 +114,14 @@ TEST(PortForwardTest, RelaysBothWaysAndTheClientsHalfCloseReachesTheServer) {
 }
 
 TEST(PortForwardTest, AServerThatClosesFirstStillGetsTheClientsLastBytes) {
-  auto l = ListenTcpLoopback(0);
-  ASSERT_TRUE(l.ok());
   std::string server_got;
-  std::thread server([&] {
-    auto c = AcceptTcp(l->fd.get());
-    ASSERT_TRUE(c.ok());
-    ASSERT_TRUE(WriteFull(c->get(), "hello").ok());
-    ::shutdown(c->get(), SHUT_WR);
-    server_got = ReadAll(c->get());
+  OneConnection server([&](int fd) {
+    EXPECT_TRUE(WriteFull(fd, "hello").ok());
+    ::shutdown(fd, SHUT_WR);
+    server_got = ReadAll(fd);
   });
   Forwarder f;
-  auto s = f.Open(l->port);
+  auto s = f.Open(server.port());
   Received first = Read(*s, /*until_eof=*/true);
   EXPECT_EQ(first.out, "hello");
   EXPECT_TRUE(first.eof);
@@ -113,7 +129,7 @@ TEST(PortForwardTest, AServerThatClosesFirstStillGetsTheClientsLastBytes) {
   ASSERT_TRUE(s->Write(channel::kChanIn, "bye").ok());
   ASSERT_TRUE(s->CloseWrite(channel::kChanIn).ok());
   Received rest = Read(*s);
-  server.join();
+  server.Join();
   EXPECT_EQ(server_got, "bye");
   EXPECT_EQ(rest.end.value("ok", false), true) << rest.end.dump();
 }
@@ -134,19 +150,14 @@ TEST(PortForwardTest, ARefusedConnectionIsItsOwnErrorNamingThePort) {
 }
 
 TEST(PortForwardTest, AHostResetClosesTheServersConnection) {
-  auto l = ListenTcpLoopback(0);
-  ASSERT_TRUE(l.ok());
   std::string server_got;
-  std::thread server([&] {
-    auto c = AcceptTcp(l->fd.get());
-    ASSERT_TRUE(c.ok());
-    server_got = ReadAll(c->get());  // returns once the guest closes the connection
-  });
+  // ReadAll returns once the guest closes the connection.
+  OneConnection server([&](int fd) { server_got = ReadAll(fd); });
   Forwarder f;
-  auto s = f.Open(l->port);
+  auto s = f.Open(server.port());
   ASSERT_TRUE(s->Write(channel::kChanIn, "partial").ok());
   ASSERT_TRUE(s->Reset("the client went away").ok());
-  server.join();
+  server.Join();
   EXPECT_EQ(server_got, "partial");
 }
 
