@@ -175,7 +175,7 @@ class TerminalE2E : public ::testing::Test {
 Harness* TerminalE2E::h_ = nullptr;
 std::string TerminalE2E::vm_;
 
-TEST_F(TerminalE2E, ShellEditsLinesFollowsTheWindowTakesCtrlCAndReturnsTheExitCode) {
+TEST_F(TerminalE2E, ShellEditsLinesFollowsTheWindowTakesCtrlCAndCtrlZAndReturnsTheExitCode) {
   const std::string dir = h_->home();
   Tmux tmux(*h_, "stty -g > " + dir + "/stty.before; " + Cli() + " shell " + vm_ +
                      "; echo EXIT=$?; stty -g > " + dir + "/stty.after; sleep 600");
@@ -205,6 +205,17 @@ TEST_F(TerminalE2E, ShellEditsLinesFollowsTheWindowTakesCtrlCAndReturnsTheExitCo
   tmux.Keys({"Enter"});
   ASSERT_TRUE(tmux.WaitFor("still-42")) << "Ctrl-C did not stop sleep 100: " << tmux.Screen();
   EXPECT_NE(Sh("pgrep -fx 'sleep 100'").code, 0);
+
+  // Ctrl-Z stops the foreground job (job control: the shell owns the terminal).
+  tmux.Type("sleep 200");
+  tmux.Keys({"Enter"});
+  ASSERT_TRUE(Eventually([] { return Sh("pgrep -fx 'sleep 200'").code == 0; }));
+  tmux.Keys({"C-z"});
+  ASSERT_TRUE(tmux.WaitFor("Stopped")) << tmux.Screen();
+  EXPECT_EQ(Sh("ps -o stat= -C sleep").out.substr(0, 1), "T");
+  tmux.Type("kill -9 %1");
+  tmux.Keys({"Enter"});
+  ASSERT_TRUE(Eventually([] { return Sh("pgrep -fx 'sleep 200'").code != 0; }));
 
   tmux.Type("exit 3");
   tmux.Keys({"Enter"});
