@@ -75,6 +75,8 @@ void Forward(Client& client, const std::string& vm, int port, UniqueFd sock) {
     return;
   }
   auto r = channel::RelaySocket(**s, sock.get(), channel::RelaySide::kOpener);
+  // The local client aborting its own connection is its business, not an error of ours.
+  if (!r.socket_failure.ok()) return;
   Status st = r.end ? StatusFromReply(*r.end) : r.stream_failure;
   if (st.ok()) return;
   std::cerr << "trybox: port " << port << ": " << st.message() << "\n";
