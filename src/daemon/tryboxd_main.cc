@@ -52,6 +52,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
+  // The environment's values bypass CLI11's checks.
+  if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0) {
+    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40 and TRYBOX_RETENTION_S "
+                 "not negative\n";
+    return 2;
+  }
   opts.retention = std::chrono::seconds(retention_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
