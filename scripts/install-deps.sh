@@ -11,8 +11,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libseccomp-dev
   # running VMs and building images
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs kmod xz-utils dpkg-dev
-  # tests and benchmarks
-  procps clang-format git
+  # tests and benchmarks (tmux: the terminal tests drive `trybox shell` in it)
+  procps clang-format git tmux curl
   # egress tests: a local TLS upstream (openssl s_server), QEMU's namespace (nsenter, ip)
   openssl util-linux iproute2
 )

@@ -19,6 +19,7 @@
 #include "cli/client.h"
 #include "cli/mcp.h"
 #include "cli/reply.h"
+#include "cli/terminal.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
 #include "image/image.h"
@@ -117,6 +118,8 @@ void AddExecOptions(CLI::App* cmd, ExecOptions& ex, NumberFlags& nf) {
                   "Kill the command after SECONDS (fractions allowed; at most 604800, 7 days)")
       ->option_text("SECONDS");
   cmd->add_flag("-i,--interactive", ex.interactive, "Forward standard input to the command");
+  cmd->add_flag("-t,--tty", ex.tty,
+                "Run the command on a terminal in the VM (stdin must be a terminal)");
 }
 
 // Converts the numeric flags that were given; the others keep their defaults.
@@ -164,15 +167,6 @@ Status ParseNumberFlags(const NumberFlags& nf, Invocation* inv) {
 int Fail(std::ostream& err, const Status& st) {
   err << "trybox: " << st.message() << "\n";
   return kTryboxFailed;
-}
-
-Json EnvObject(const std::vector<std::string>& env) {
-  Json o = Json::object();
-  for (const auto& kv : env) {
-    size_t eq = kv.find('=');
-    o[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return o;
 }
 
 std::string CpPathVm(const std::string& s, std::string* path) {
@@ -555,8 +549,8 @@ std::string FormatAge(double created) {
 
 Result<std::string> RenderLs(const ReplyView& r) {
   ASSIGN_OR_RETURN(auto vms, r.Objects("vms"));
-  std::string out = Format("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", "ID", "IMAGE", "STATE", "ACCEL",
-                           "MEMORY", "AGE", "NOTE");
+  std::string out = Format("%-14s %-12s %-8s %-5s %-7s %-5s %-11s %s\n", "ID", "IMAGE", "STATE",
+                           "ACCEL", "MEMORY", "AGE", "EXECS", "NOTE");
   for (const auto& v : vms) {
     ASSIGN_OR_RETURN(std::string id, v.String("id"));
     ASSIGN_OR_RETURN(std::string image, v.String("image"));
@@ -565,9 +559,13 @@ Result<std::string> RenderLs(const ReplyView& r) {
     ASSIGN_OR_RETURN(int64_t memory, v.Int("memory_mib", 0));
     ASSIGN_OR_RETURN(double created, v.Number("created_at"));
     ASSIGN_OR_RETURN(std::string note, v.StringOr("note", ""));
-    out += Format("%-14s %-12s %-8s %-5s %-7s %-5s %s\n", id.c_str(), image.c_str(), state.c_str(),
-                  accel.c_str(), (std::to_string(memory) + "M").c_str(), FormatAge(created).c_str(),
-                  note.c_str());
+    ASSIGN_OR_RETURN(int64_t total, v.IntOr("execs", 0, 0));
+    ASSIGN_OR_RETURN(int64_t running, v.IntOr("running_execs", 0, 0));
+    std::string execs = std::to_string(total);
+    if (running > 0) execs += " (" + std::to_string(running) + " run)";
+    out += Format("%-14s %-12s %-8s %-5s %-7s %-5s %-11s %s\n", id.c_str(), image.c_str(),
+                  state.c_str(), accel.c_str(), (std::to_string(memory) + "M").c_str(),
+                  FormatAge(created).c_str(), execs.c_str(), note.c_str());
   }
   return out;
 }
@@ -935,6 +933,15 @@ Result<Json> FetchDiff(Client& client, const std::string& vm) {
   return c;
 }
 
+Json EnvObject(const std::vector<std::string>& env) {
+  Json o = Json::object();
+  for (const auto& kv : env) {
+    size_t eq = kv.find('=');
+    o[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return o;
+}
+
 Status ValidateEnvAssignment(const std::string& kv) {
   size_t eq = kv.find('=');
   if (eq == std::string::npos || eq == 0) {
@@ -988,6 +995,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
 
   auto* exec = app.add_subcommand("exec", "Run a command in a running VM");
   AddExecOptions(exec, inv.exec, nf);
+  exec->add_flag("-d,--detach", inv.exec.detach,
+                 "Start the command, print its exec id and return; see trybox logs, ps, kill");
   exec->add_option("id", inv.id, "VM id")->required();
   exec->add_option("command", inv.argv, "Command and arguments (after --)")->required();
 
@@ -1085,6 +1094,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
   mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
   mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
+  AddTerminalCommands(app, inv);
 
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
@@ -1149,6 +1159,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     RETURN_IF_ERROR(ValidateName("VM id", inv.id));
   }
   for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));
+  if (inv.exec.detach && (inv.exec.tty || inv.exec.interactive)) {
+    return InvalidArgument("-d cannot be combined with -i or -t: a detached command has no input");
+  }
+  RETURN_IF_ERROR(ValidateTerminalCommand(inv));
   return inv;
 }
 
@@ -1158,7 +1172,11 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst, err);
   if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
+  // The terminal's commands own the process's terminal and streams.
+  if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);
+  if (inv.command == "exec" && inv.exec.detach) return RunDetached(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec, err);
+  if (IsTerminalCommand(inv.command)) return RunTerminalCommand(c, inv);
   if (inv.command == "collect") {
     return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, out, err);
   }
@@ -1186,7 +1204,10 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
     if (!id.ok()) return Fail(err, id.status());
     int code = inv.vm.workspace.empty() ? 0 : InjectWorkspace(c, *id, inv.vm, err);
     bool ran = code == 0;
-    if (ran) code = StreamExec(c, *id, inv.argv, inv.exec, err);
+    if (ran) {
+      code = inv.exec.tty ? RunOnTerminal(c, *id, inv.argv, inv.exec)
+                          : StreamExec(c, *id, inv.argv, inv.exec, err);
+    }
     if (ran && !inv.vm.workspace.empty()) {
       // The work comes back whatever the command's exit code: a failed try is a result too.
       std::ostringstream text;
@@ -1213,6 +1234,11 @@ int Run(const Invocation& inv) {
   if (inv.command == "image-build") return CmdImageBuild(inv);
   if (inv.command == "image-ls") return CmdImageLs(inv.json);
   if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
+  if (inv.exec.tty || inv.command == "shell") {
+    // Before anything starts (a VM, the daemon): a terminal we do not have cannot be used.
+    Status st = CheckTtyOnStdin();
+    if (!st.ok()) return Fail(std::cerr, st);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   if (inv.command == "agent" || inv.command == "agent-answer" || inv.command == "agent-resume") {
     // Ctrl-C cancels the run (agent_cmd.cc): blocked here, before the connection's threads

@@ -51,6 +51,20 @@ struct ExecOptions {
   std::string workdir;
   int64_t timeout_ms = 0;    // 0: none; --timeout SECONDS (fractions rounded up to 1 ms)
   bool interactive = false;  // forward our stdin
+  bool tty = false;          // -t: on a pseudo-terminal in the guest (cli/terminal.h)
+  bool detach = false;       // -d: start it, print its exec id, return
+};
+
+// shell, logs, ps, kill, port (cli/terminal.h).
+struct TerminalOptions {
+  int64_t exec_id = 0;          // logs, kill
+  bool follow = false;          // logs --follow
+  int64_t offset = 0;           // logs --offset
+  bool stderr = false;          // logs --stderr
+  std::string signal = "KILL";  // kill --signal
+  int guest_port = 0;           // port
+  std::string host;             // port --host ADDR:PORT ("" = 127.0.0.1:guest_port)
+  bool allow_remote = false;    // port --allow-remote
 };
 
 // trybox agent (docs/agent.md).
@@ -85,6 +99,7 @@ struct Invocation {
   bool rebuild_rootfs = false;
   std::string help;  // command == "help" or "version": the text to print
   ModelFlags model;  // agent, mcp: --provider, --model
+  TerminalOptions term;
 };
 
 // Parses argv (including argv[0]). Errors carry CLI11's message.
@@ -92,6 +107,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args);
 
 // K=V with K a valid environment name.
 Status ValidateEnvAssignment(const std::string& kv);
+
+// -e K=V entries (validated) as an exec request's "env" object.
+nlohmann::json EnvObject(const std::vector<std::string>& env);
 
 // The exit code for an exec result body from tryboxd, and a message for stderr (may be "").
 // A malformed result is 125 with a message naming the field.

@@ -43,9 +43,12 @@ Status Daemon::Init() {
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();
+  exec_logs_ = std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap);
+  running_ = std::make_unique<RunningExecs>();
   vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
-                                     opts_.disk_transfers);
+                                     *exec_logs_, *running_, opts_.retention, opts_.disk_transfers);
   vms_->ReapLeftovers(p.vms(), p.templates());
+  vms_->Prune();
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
   AgentRunnerOptions ao;
@@ -53,10 +56,11 @@ Status Daemon::Init() {
   ao.idle = opts_.agent_idle;
   ao.agent_binary = opts_.agent_binary.empty() ? DefaultAgentBinary() : opts_.agent_binary;
   agents_ = std::make_unique<AgentRunner>(*store_, *vms_, *workspaces_, *supervisor_, *uids_, ao);
-  services_.reset(
-      new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_, *agents_});
+  services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_,
+                               *agents_, *exec_logs_});
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
+  AddTerminalVerbs(verbs_, *services_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
     if (vms_->Destroy(id).ok())
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");
@@ -99,6 +103,8 @@ Daemon::~Daemon() {
   agents_.reset();
   if (launcher_) launcher_->DestroySpares();
   if (vms_) vms_->DestroyAll();
+  // Detached execs end with their VMs; they use the services below until they have.
+  if (running_) running_->WaitDetached();
   // Egress handlers end with their VMs' streams; the gateway waits for them.
   supervisor_.reset();
   workspaces_.reset();

@@ -25,6 +25,8 @@
 #include "daemon/background.h"
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
+#include "daemon/exec_logs.h"
+#include "daemon/running_execs.h"
 #include "daemon/supervisor.h"
 #include "daemon/uid_pool.h"
 #include "daemon/verbs.h"
@@ -56,6 +58,11 @@ struct Options {
   std::chrono::seconds agent_idle{3600};
   // The vm_agent loop's process; empty: trybox-agent beside tryboxd.
   std::string agent_binary;
+  // Bytes of each exec's stdout and of its stderr kept (the first half and the last half;
+  // docs/store.md, "Exec logs"); 0 keeps none.
+  int64_t exec_log_cap = kDefaultExecLogCap;
+  // How long the record of a VM that ended is kept, with its exec logs; 0: for ever.
+  std::chrono::seconds retention{14 * 24 * 3600};
 };
 
 class Daemon {
@@ -80,6 +87,8 @@ class Daemon {
   std::unique_ptr<UidPool> uids_;
   std::unique_ptr<vmm::TemplateStore> templates_;
   std::unique_ptr<BackgroundQueue> background_;
+  std::unique_ptr<ExecLogs> exec_logs_;
+  std::unique_ptr<RunningExecs> running_;
   std::unique_ptr<VmLauncher> launcher_;
   std::unique_ptr<VmRegistry> registry_;
   std::unique_ptr<VmService> vms_;

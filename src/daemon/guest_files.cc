@@ -40,6 +40,7 @@ Status FileEndStatus(const Json& end, std::string* kind, int64_t* bytes) {
     code = Code::kInvalidArgument;
   }
   if (k == "not_identified") code = Code::kFailedPrecondition;
+  if (k == "connect_failed" || k == "io") code = Code::kUnavailable;
   return Status(code, message);
 }
 

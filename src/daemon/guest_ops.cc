@@ -16,28 +16,41 @@ ExecResult BadReply(const std::string& what) {
   return r;
 }
 
-// The client side of an exec: forwards its input (when `forward`), and turns its reset or
-// loss into the command's cancellation. Returns when the exec is over (the stream is then
-// Interrupt()ed), the client cancelled, or the client's input ended.
-void WatchClient(channel::Stream& client, channel::Stream& guest, bool forward,
-                 std::atomic<bool>* cancelled) {
+// The client side of an exec: forwards its input (when `forward`) and, for a terminal, its
+// resize events, and turns its reset or loss into the command's cancellation. A client
+// event that is not a well-formed resize of a terminal exec cancels the exec too: the
+// client broke the protocol (`*why` says how). Returns when the exec is over (the stream is
+// then Interrupt()ed) or the client cancelled.
+void WatchClient(channel::Stream& client, channel::Stream& guest, bool forward, bool tty,
+                 std::atomic<bool>* cancelled, std::string* why) {
   bool forwarding = forward;
+  auto cancel = [&](const std::string& reason) {
+    *why = reason;
+    *cancelled = true;
+    (void)guest.Reset(reason);
+  };
   for (;;) {
     auto m = client.Next();
     if (!m.ok()) {
       // Interrupted: the exec is over. Anything else: the client is gone.
-      if (m.status().code() != Code::kCancelled) {
-        *cancelled = true;
-        (void)guest.Reset("the client cancelled the request");
-      }
+      if (m.status().code() != Code::kCancelled) cancel("the client cancelled the request");
       return;
     }
     if (m->kind == Kind::kReset || m->kind == Kind::kEnd) {
-      *cancelled = true;
-      (void)guest.Reset("the client cancelled the request");
+      cancel("the client cancelled the request");
       return;
     }
-    if (m->kind == Kind::kData && forwarding) {
+    if (m->kind == Kind::kEvent) {
+      auto size = ParseResizeEvent(m->body);
+      if (!size.ok() || !tty) {
+        cancel("the client sent a bad event: " +
+               (size.ok() ? std::string("a resize of an exec without a terminal")
+                          : size.status().message()));
+        return;
+      }
+      // Rebuilt from the typed value: nothing else of the client's object reaches the guest.
+      (void)guest.SendEvent({{"type", "resize"}, {"rows", size->rows}, {"cols", size->cols}});
+    } else if (m->kind == Kind::kData && forwarding) {
       if (!guest.Write(channel::kChanIn, m->data).ok()) forwarding = false;
     } else if (m->kind == Kind::kEof && forwarding) {
       (void)guest.CloseWrite(channel::kChanIn);
@@ -164,6 +177,7 @@ Json GuestExecRequest(const ExecSpec& spec) {
               {"stdin", spec.stdin}};
   if (!spec.user.empty()) req["user"] = spec.user;
   if (spec.privileged) req["privileged"] = true;
+  if (spec.tty) req["tty"] = {{"rows", spec.tty->rows}, {"cols", spec.tty->cols}};
   return req;
 }
 
@@ -178,9 +192,13 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
   std::shared_ptr<channel::Stream> s = *opened;
   if (io.on_open) io.on_open(s);
   std::atomic<bool> cancelled{false};
+  std::string cancel_reason;  // written by the watcher before `cancelled`, read after its join
   std::thread watch;
   if (io.client) {
-    watch = std::thread([&] { WatchClient(*io.client, *s, spec.stdin, &cancelled); });
+    watch = std::thread([&] {
+      WatchClient(*io.client, *s, spec.stdin || spec.tty.has_value(), spec.tty.has_value(),
+                  &cancelled, &cancel_reason);
+    });
   }
 
   std::optional<ExecResult> result;
@@ -202,6 +220,7 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
         }
         bytes[m->channel] += static_cast<int64_t>(m->data.size());
         Capture(io.capture, m->data);
+        if (io.sink) io.sink->Append(m->channel, m->data);
         if (io.client && !client_gone && !io.client->Write(m->channel, m->data).ok()) {
           // The caller went away: stop the command rather than run it unobserved.
           client_gone = true;
@@ -216,8 +235,9 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
         if (!ev.ok()) {
           (void)s->Reset("malformed event");
           result = BadReply(ev.status().message());
-        } else if (*ev && io.client && !client_gone) {
-          (void)io.client->SendEvent(**ev);
+        } else if (*ev) {
+          if (io.on_started) io.on_started();
+          if (io.client && !client_gone) (void)io.client->SendEvent(**ev);
         }
         break;
       }
@@ -238,7 +258,7 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
     if (client_gone || cancelled || (io.cancelled && *io.cancelled)) {
       r.outcome = ExecOutcome::kCancelled;
       r.message = client_gone ? "the client disconnected"
-                  : cancelled ? "the client cancelled the request"
+                  : cancelled ? cancel_reason
                               : "stopped: the run was cancelled or its agent ended";
     } else {
       // The channel closed before an exit event: that is reported, never an exit code.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "channel/mux.h"
+#include "daemon/requests.h"
 #include "daemon/wire.h"
 #include "util/status.h"
 
@@ -104,6 +105,18 @@ struct ExecSpec {
   bool stdin = false;      // the client's channel 0 becomes the command's stdin
   std::string user;        // "" = root
   bool privileged = false;
+  // On a pseudo-terminal of this size: stdout and stderr arrive merged on channel 1, the
+  // client's channel 0 is the terminal's input and its resize EVENTs are relayed.
+  std::optional<TermSize> tty;
+};
+
+// Where an exec's output is kept as it arrives (the daemon's ExecLogs). Called on the
+// thread running the exec, in the order the guest sent the bytes.
+class OutputSink {
+ public:
+  virtual ~OutputSink() = default;
+  // `channel`: channel::kChanOut or channel::kChanErr.
+  virtual void Append(uint8_t channel, std::string_view data) = 0;
 };
 
 // The one place the guest's exec request is built.
@@ -117,11 +130,15 @@ struct ExecIo {
   channel::Stream* client = nullptr;
   // Output (stdout and stderr, interleaved) kept here, capped to its last kCaptureBytes.
   std::string* capture = nullptr;
+  // Output is also appended here as it arrives.
+  OutputSink* sink = nullptr;
   // Called with the guest stream once the exec is open: resetting it cancels the command
   // from another thread (a run being stopped); set `cancelled` first, so that the outcome
-  // says `cancelled` rather than a lost channel.
+  // says `cancelled` rather than a lost channel. An EVENT on it signals the command.
   std::function<void(std::shared_ptr<channel::Stream>)> on_open;
   const std::atomic<bool>* cancelled = nullptr;
+  // Called once the guest reported the command started (its "started" EVENT).
+  std::function<void()> on_started;
 };
 
 inline constexpr size_t kCaptureBytes = 256 * 1024;
@@ -209,5 +226,13 @@ void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client);
 // Reads and drops a client's upload until it ends, so that a refused put never leaves the
 // client blocked on credit.
 void DrainInput(channel::Stream& client);
+
+// ---- the port verb ----
+
+// One TCP connection of `trybox port`: relays the client's channel 0 to a guest `port`
+// request for 127.0.0.1:`port` and the guest's channel 1 back, EOFs both ways, and ends the
+// client stream with the guest's result in the daemon's shape ({"ok":true,"bytes_in",
+// "bytes_out"}, or an error with the guest's `kind`: connect_failed, io).
+void RelayPort(GuestChannel& guest, int port, channel::Stream& client);
 
 }  // namespace trybox::daemon

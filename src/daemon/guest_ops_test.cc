@@ -391,5 +391,168 @@ TEST(GuestOpsFilesHostileTest, MalformedFileEndsAreNamedNotThrown) {
   }
 }
 
+// Collects what an exec's sink is given, in order.
+class RecordingSink : public OutputSink {
+ public:
+  void Append(uint8_t channel, std::string_view data) override {
+    out += std::to_string(channel) + ":" + std::string(data) + ";";
+  }
+  std::string out;
+};
+
+TEST(GuestOpsExecTest, OutputReachesTheSinkAndStartedIsReported) {
+  Hostile h = MakeHostile();
+  RecordingSink sink;
+  std::atomic<int> started{0};
+  auto fut = Async([&] {
+    ExecIo io;
+    io.sink = &sink;
+    io.on_started = [&] { ++started; };
+    return RunExec(*h.guest, ExecSpec{{"x"}}, io);
+  });
+  channel::Frame open = h.peer->Read();
+  h.peer->Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
+  h.peer->Send(open.stream, FrameType::kData, 1, "out");
+  h.peer->Send(open.stream, FrameType::kData, 2, "err");
+  h.peer->Send(open.stream, FrameType::kData, 1, "more");
+  h.peer->Json(open.stream, FrameType::kEnd, R"({"outcome":"exited","exit_code":0})");
+  EXPECT_EQ(fut.get().outcome, ExecOutcome::kExited);
+  EXPECT_EQ(sink.out, "1:out;2:err;1:more;");
+  EXPECT_EQ(started, 1);
+}
+
+TEST(GuestOpsExecTest, ATerminalExecRelaysTheClientsResizesRebuiltFromTheirFields) {
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient();
+  ExecSpec spec{{"bash"}};
+  spec.tty = TermSize{24, 80};
+  auto fut = Async([&] {
+    ExecIo io;
+    io.client = c.server.get();
+    return RunExec(*h.guest, spec, io);
+  });
+  channel::Frame open = h.peer->Read();
+  Json req = Json::parse(open.payload);
+  EXPECT_EQ(req["tty"], (Json{{"rows", 24}, {"cols", 80}}));
+  ASSERT_TRUE(
+      c.client->SendEvent({{"type", "resize"}, {"rows", 50}, {"cols", 132}, {"x", 1}}).ok());
+  channel::Frame ev = h.peer->Read();
+  ASSERT_EQ(ev.type, FrameType::kEvent);
+  EXPECT_EQ(Json::parse(ev.payload), (Json{{"type", "resize"}, {"rows", 50}, {"cols", 132}}));
+  // Terminal input is forwarded though the request had no "stdin".
+  ASSERT_TRUE(c.client->Write(channel::kChanIn, "ls\r").ok());
+  channel::Frame data = h.peer->Read();
+  EXPECT_EQ(data.type, FrameType::kData);
+  EXPECT_EQ(data.payload, "ls\r");
+  h.peer->Json(open.stream, FrameType::kEnd, R"({"outcome":"exited","exit_code":0})");
+  EXPECT_EQ(fut.get().outcome, ExecOutcome::kExited);
+}
+
+TEST(GuestOpsExecTest, AClientEventThatIsNotAResizeOfATerminalCancelsTheExec) {
+  const Json bad[] = {{{"type", "signal"}, {"signal", 9}},
+                      {{"type", "resize"}, {"rows", 0}, {"cols", 80}},
+                      {{"type", "resize"}, {"rows", "24"}, {"cols", 80}},
+                      {{"rows", 24}, {"cols", 80}}};
+  for (bool tty : {true, false}) {
+    for (const Json& event : bad) {
+      if (!tty && event.value("type", "") != "resize") continue;
+      Hostile h = MakeHostile();
+      ClientConn c = MakeClient();
+      ExecSpec spec{{"bash"}};
+      if (tty) spec.tty = TermSize{24, 80};
+      auto fut = Async([&] {
+        ExecIo io;
+        io.client = c.server.get();
+        return RunExec(*h.guest, spec, io);
+      });
+      channel::Frame open = h.peer->Read();
+      ASSERT_TRUE(c.client->SendEvent(event).ok());
+      channel::Frame reset = h.peer->Read();  // the event itself never reaches the guest
+      EXPECT_EQ(reset.type, FrameType::kReset) << event.dump();
+      ExecResult r = fut.get();
+      EXPECT_EQ(r.outcome, ExecOutcome::kCancelled) << event.dump();
+      EXPECT_NE(r.message.find("bad event"), std::string::npos) << r.message;
+    }
+  }
+  // A well-formed resize of an exec without a terminal is refused too.
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient();
+  auto fut = Async([&] {
+    ExecIo io;
+    io.client = c.server.get();
+    return RunExec(*h.guest, ExecSpec{{"x"}}, io);
+  });
+  (void)h.peer->Read();
+  ASSERT_TRUE(c.client->SendEvent({{"type", "resize"}, {"rows", 5}, {"cols", 5}}).ok());
+  EXPECT_EQ(h.peer->Read().type, FrameType::kReset);
+  ExecResult r = fut.get();
+  EXPECT_NE(r.message.find("without a terminal"), std::string::npos) << r.message;
+}
+
+TEST(GuestOpsPortTest, RelaysBytesBothWaysAndTheGuestsResult) {
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient({{"verb", "port"}});
+  std::thread relay([&] { RelayPort(*h.guest, 8000, *c.server); });
+  channel::Frame open = h.peer->Read();
+  EXPECT_EQ(Json::parse(open.payload), (Json{{"op", "port"}, {"port", 8000}}));
+  ASSERT_TRUE(c.client->Write(channel::kChanIn, "GET /").ok());
+  ASSERT_TRUE(c.client->CloseWrite(channel::kChanIn).ok());
+  channel::Frame up = h.peer->Read();
+  EXPECT_EQ(up.payload, "GET /");
+  channel::Frame eof = h.peer->Read();
+  EXPECT_EQ(eof.type, FrameType::kEof);
+  h.peer->Send(open.stream, FrameType::kData, 1, "200 OK");
+  h.peer->Send(open.stream, FrameType::kEof, 1, "");
+  h.peer->Json(open.stream, FrameType::kEnd, R"({"ok":true,"bytes_in":5,"bytes_out":6})");
+  std::string down;
+  Json end;
+  for (;;) {
+    auto m = c.client->Next();
+    ASSERT_TRUE(m.ok());
+    if (m->kind == Kind::kData) down += m->data;
+    if (m->kind == Kind::kEnd) {
+      end = m->body;
+      break;
+    }
+  }
+  relay.join();
+  EXPECT_EQ(down, "200 OK");
+  EXPECT_EQ(end, (Json{{"ok", true}, {"bytes_in", 5}, {"bytes_out", 6}}));
+}
+
+TEST(GuestOpsPortTest, AGuestConnectFailureKeepsItsKindAndAMalformedEndIsNamed) {
+  for (const char* guest_end : {R"({"ok":false,"error":"connect_failed","message":"refused"})",
+                                R"({"ok":true,"bytes_in":"5"})"}) {
+    Hostile h = MakeHostile();
+    ClientConn c = MakeClient({{"verb", "port"}});
+    std::thread relay([&] { RelayPort(*h.guest, 8000, *c.server); });
+    channel::Frame open = h.peer->Read();
+    h.peer->Json(open.stream, FrameType::kEnd, guest_end);
+    auto got = AwaitEnd(*c.client);
+    relay.join();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    Json end = *got;
+    EXPECT_EQ(end["ok"], false) << end.dump();
+    if (std::string(guest_end).find("connect_failed") != std::string::npos) {
+      EXPECT_EQ(end["error"]["kind"], "connect_failed");
+      EXPECT_EQ(end["error"]["code"], "UNAVAILABLE");
+    } else {
+      EXPECT_NE(end["error"]["message"].get<std::string>().find("bytes_in"), std::string::npos);
+    }
+  }
+}
+
+TEST(GuestOpsPortTest, AClientThatGoesAwayResetsTheGuestConnection) {
+  Hostile h = MakeHostile();
+  ClientConn c = MakeClient({{"verb", "port"}});
+  std::thread relay([&] { RelayPort(*h.guest, 8000, *c.server); });
+  channel::Frame open = h.peer->Read();
+  ASSERT_TRUE(c.client->Reset("Ctrl-C").ok());
+  channel::Frame reset = h.peer->Read();
+  EXPECT_EQ(reset.type, FrameType::kReset);
+  EXPECT_EQ(reset.stream, open.stream);
+  relay.join();
+}
+
 }  // namespace
 }  // namespace trybox::daemon

@@ -107,6 +107,74 @@ Result<ExecRequest> ParseExec(const Json& j) {
   ASSIGN_OR_RETURN(r.stdin, f.Bool("stdin", false));
   ASSIGN_OR_RETURN(r.user, f.String("user", ""));
   if (!r.user.empty()) RETURN_IF_ERROR(ValidateName("user name", r.user));
+  if (f.Has("tty")) {
+    ASSIGN_OR_RETURN(TermSize size, ParseTermSize(f.Raw("tty"), "tty."));
+    r.tty = size;
+  }
+  ASSIGN_OR_RETURN(r.detach, f.Bool("detach", false));
+  if (r.detach && (r.stdin || r.tty)) {
+    return InvalidArgument(
+        "'detach' cannot be combined with 'stdin' or 'tty': a detached exec "
+        "has no client to read from");
+  }
+  return r;
+}
+
+Result<TermSize> ParseTermSize(const Json& j, const std::string& what) {
+  Fields f(j, what);
+  RETURN_IF_ERROR(f.CheckObject());
+  TermSize size;
+  ASSIGN_OR_RETURN(int64_t rows, f.Int("rows", 1, kMaxTermDimension));
+  ASSIGN_OR_RETURN(int64_t cols, f.Int("cols", 1, kMaxTermDimension));
+  size.rows = static_cast<int>(rows);
+  size.cols = static_cast<int>(cols);
+  return size;
+}
+
+Result<TermSize> ParseResizeEvent(const Json& j) {
+  Fields f(j, "event.");
+  RETURN_IF_ERROR(f.CheckObject());
+  ASSIGN_OR_RETURN(std::string type, f.String("type"));
+  if (type != "resize") {
+    return InvalidArgument("an exec event from the client must be of type \"resize\", got " +
+                           QuoteForMessage(type));
+  }
+  return ParseTermSize(j, "event.");
+}
+
+Result<LogsRequest> ParseLogs(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  LogsRequest r;
+  ASSIGN_OR_RETURN(r.exec, f.Int("exec", 1, INT64_MAX));
+  ASSIGN_OR_RETURN(std::string stream, f.String("stream", "stdout"));
+  if (stream != "stdout" && stream != "stderr") {
+    return InvalidArgument("'stream' must be \"stdout\" or \"stderr\", got " +
+                           QuoteForMessage(stream));
+  }
+  r.stderr = stream == "stderr";
+  ASSIGN_OR_RETURN(r.offset, f.Int("offset", 0, INT64_MAX, 0));
+  ASSIGN_OR_RETURN(r.follow, f.Bool("follow", false));
+  return r;
+}
+
+Result<KillRequest> ParseKill(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  KillRequest r;
+  ASSIGN_OR_RETURN(r.exec, f.Int("exec", 1, INT64_MAX));
+  ASSIGN_OR_RETURN(int64_t sig, f.Int("signal", 1, kMaxSignal, 9));
+  r.signal = static_cast<int>(sig);
+  return r;
+}
+
+Result<PortRequest> ParsePort(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  PortRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(int64_t port, f.Int("port", 1, 65535));
+  r.port = static_cast<int>(port);
   return r;
 }
 

@@ -24,6 +24,14 @@ inline constexpr int64_t kMaxCpus = 64;
 // enough that adding it to a clock never overflows.
 inline constexpr int64_t kMaxTimeoutMs = int64_t{1} << 40;
 inline constexpr int64_t kMaxArgs = 4096;
+inline constexpr int64_t kMaxTermDimension = 65535;  // a struct winsize field
+inline constexpr int kMaxSignal = 64;
+
+// A terminal's size in character cells.
+struct TermSize {
+  int rows = 24;
+  int cols = 80;
+};
 
 struct CreateRequest {
   std::string image = kDefaultImage;
@@ -54,6 +62,28 @@ struct ExecRequest {
   int64_t timeout_ms = 0;          // 0: none
   bool stdin = false;
   std::string user;  // "" = the guest's default (root)
+  // Run on a pseudo-terminal of this size (output merged on channel 1, input from channel 0,
+  // resize EVENTs from the client).
+  std::optional<TermSize> tty;
+  // Start it and answer with its exec id at once; it runs with no client attached.
+  bool detach = false;
+};
+
+struct LogsRequest {  // logs
+  int64_t exec = 0;
+  bool stderr = false;  // the exec's stderr instead of its stdout
+  int64_t offset = 0;   // a position in the whole output (docs/protocol/daemon.md, "logs")
+  bool follow = false;  // wait for more until the exec ends
+};
+
+struct KillRequest {  // kill
+  int64_t exec = 0;
+  int signal = 9;
+};
+
+struct PortRequest {  // port: one TCP connection to 127.0.0.1:port in the guest
+  std::string vm;
+  int port = 0;
 };
 
 struct PutRequest {
@@ -147,5 +177,13 @@ Result<RunRequest> ParseRunRequest(const Json& j);
 // agent_ls: {"limit": N} (default 50).
 Result<int64_t> ParseListLimit(const Json& j);
 Result<AgentLimits> ParseLimits(const Json& j);
+Result<LogsRequest> ParseLogs(const Json& j);
+Result<KillRequest> ParseKill(const Json& j);
+Result<PortRequest> ParsePort(const Json& j);
+// {"rows": R, "cols": C}, each from 1 to 65535; `what` prefixes field names in errors.
+Result<TermSize> ParseTermSize(const Json& j, const std::string& what);
+// A client's EVENT on an exec stream: {"type": "resize", "rows": R, "cols": C} is the only
+// one; anything else is an error naming what is wrong.
+Result<TermSize> ParseResizeEvent(const Json& j);
 
 }  // namespace trybox::daemon

@@ -196,5 +196,87 @@ TEST(DaemonRequestsTest, NoInputThrows) {
   }
 }
 
+TEST(DaemonRequestsTest, ExecTtyAndDetach) {
+  auto r = ParseExec(J(R"({"vm":"a","argv":["bash"],"tty":{"rows":40,"cols":120}})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->tty.has_value());
+  EXPECT_EQ(r->tty->rows, 40);
+  EXPECT_EQ(r->tty->cols, 120);
+  EXPECT_FALSE(r->detach);
+  r = ParseExec(J(R"({"vm":"a","argv":["x"],"detach":true})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->detach);
+  EXPECT_FALSE(r->tty.has_value());
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":0,"cols":80}})")).status(),
+                "'tty.rows'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24}})")).status(),
+                "'tty.cols'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24,"cols":65536}})")).status(),
+                "'tty.cols'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":{"rows":24.5,"cols":80}})")).status(),
+                "'tty.rows'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"tty":[24,80]})")).status(), "'tty'");
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"detach":"yes"})")).status(), "'detach'");
+  // A detached exec has nobody to read input from.
+  ExpectInvalid(ParseExec(J(R"({"vm":"a","argv":["x"],"detach":true,"stdin":true})")).status(),
+                "'detach'");
+  ExpectInvalid(
+      ParseExec(J(R"({"vm":"a","argv":["x"],"detach":true,"tty":{"rows":1,"cols":1}})")).status(),
+      "'detach'");
+}
+
+TEST(DaemonRequestsTest, OnlyAWellFormedResizeEventIsAccepted) {
+  auto r = ParseResizeEvent(J(R"({"type":"resize","rows":50,"cols":200})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rows, 50);
+  EXPECT_EQ(r->cols, 200);
+  ExpectInvalid(ParseResizeEvent(J(R"({"type":"signal","signal":9})")).status(), "resize");
+  ExpectInvalid(ParseResizeEvent(J(R"({"rows":50,"cols":200})")).status(), "'event.type'");
+  ExpectInvalid(ParseResizeEvent(J(R"({"type":"resize","rows":50})")).status(), "'event.cols'");
+  ExpectInvalid(ParseResizeEvent(J(R"({"type":"resize","rows":-3,"cols":2})")).status(),
+                "'event.rows'");
+  ExpectInvalid(ParseResizeEvent(J(R"({"type":"resize","rows":4294967320,"cols":2})")).status(),
+                "'event.rows'");
+  ExpectInvalid(ParseResizeEvent(J(R"({"type":"resize","rows":"50","cols":2})")).status(),
+                "'event.rows'");
+  ExpectInvalid(ParseResizeEvent(J("[1]")).status(), "'event'");
+}
+
+TEST(DaemonRequestsTest, LogsKillAndPortFields) {
+  auto l = ParseLogs(J(R"({"exec":7})"));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->exec, 7);
+  EXPECT_FALSE(l->stderr);
+  EXPECT_EQ(l->offset, 0);
+  EXPECT_FALSE(l->follow);
+  l = ParseLogs(J(R"({"exec":7,"stream":"stderr","offset":4096,"follow":true})"));
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->stderr);
+  EXPECT_EQ(l->offset, 4096);
+  EXPECT_TRUE(l->follow);
+  ExpectInvalid(ParseLogs(J("{}")).status(), "'exec'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":0})")).status(), "'exec'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":"7"})")).status(), "'exec'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":7,"offset":-1})")).status(), "'offset'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":7,"offset":1.5})")).status(), "'offset'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":7,"stream":"both"})")).status(), "'stream'");
+
+  auto k = ParseKill(J(R"({"exec":3})"));
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(k->signal, 9);
+  EXPECT_EQ(ParseKill(J(R"({"exec":3,"signal":15})"))->signal, 15);
+  ExpectInvalid(ParseKill(J(R"({"exec":3,"signal":0})")).status(), "'signal'");
+  ExpectInvalid(ParseKill(J(R"({"exec":3,"signal":65})")).status(), "'signal'");
+  ExpectInvalid(ParseKill(J(R"({"exec":3,"signal":"TERM"})")).status(), "'signal'");
+
+  auto p = ParsePort(J(R"({"vm":"abc","port":8000})"));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->port, 8000);
+  ExpectInvalid(ParsePort(J(R"({"vm":"abc","port":0})")).status(), "'port'");
+  ExpectInvalid(ParsePort(J(R"({"vm":"abc","port":65536})")).status(), "'port'");
+  ExpectInvalid(ParsePort(J(R"({"vm":"abc"})")).status(), "'port'");
+  ExpectInvalid(ParsePort(J(R"({"vm":"../x","port":80})")).status(), "VM id");
+}
+
 }  // namespace
 }  // namespace trybox::daemon

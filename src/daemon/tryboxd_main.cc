@@ -55,12 +55,32 @@ int main(int argc, char** argv) {
                  "How bulk data (workspaces, cp) reaches a VM: through its transfer disk, or "
                  "only the control channel (env TRYBOX_TRANSFER)")
       ->check(CLI::IsMember({"disk", "channel"}));
+  if (const char* n = std::getenv("TRYBOX_EXEC_LOG_CAP"); n && *n) {
+    opts.exec_log_cap = std::atoll(n);
+  }
+  app.add_option("--exec-log-cap", opts.exec_log_cap,
+                 "Bytes of each exec's stdout and of its stderr kept for `trybox logs`: the "
+                 "first and the last half; 0 keeps none (env TRYBOX_EXEC_LOG_CAP)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  int64_t retention_s = opts.retention.count();
+  if (const char* n = std::getenv("TRYBOX_RETENTION_S"); n && *n) retention_s = std::atoll(n);
+  app.add_option("--retention", retention_s,
+                 "Seconds the record of a VM that ended is kept, with its exec logs; 0 keeps "
+                 "them for ever (env TRYBOX_RETENTION_S)")
+      ->check(CLI::NonNegativeNumber);
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
   opts.force_accel = accel;
   opts.disk_transfers = transfer == "disk";
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
+  // The environment's values bypass CLI11's checks.
+  if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0) {
+    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40 and TRYBOX_RETENTION_S "
+                 "not negative\n";
+    return 2;
+  }
+  opts.retention = std::chrono::seconds(retention_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
   if (!log_file.empty()) {

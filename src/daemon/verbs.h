@@ -8,6 +8,7 @@
 #include "daemon/agent_runner.h"
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
+#include "daemon/exec_logs.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_service.h"
 #include "daemon/workspace_service.h"
@@ -23,12 +24,15 @@ struct Services {
   EgressGateway& egress;
   WorkspaceService& workspaces;
   AgentRunner& agents;
+  ExecLogs& logs;
 };
 
 // create, destroy, list, exec, put, get, doctor, audit, ping.
 void AddVmVerbs(VerbTable& table, Services& s);
 // workspace_in, collect, diff, agent, agent_answer, agent_resume, agent_show.
 void AddWorkVerbs(VerbTable& table, Services& s);
+// logs, ps, kill, port (verbs_term.cc).
+void AddTerminalVerbs(VerbTable& table, Services& s);
 
 // At most this many changes in one collect or diff reply (a reply stays under the frame
 // limit); diff pages through the rest.

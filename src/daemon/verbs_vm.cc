@@ -29,10 +29,18 @@ Json CreatedJson(const CreatedVm& c, const EgressGateway& egress) {
               {"qemu_uid", cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr)}}}}}};
 }
 
-Json VmJson(const store::VmRecord& r) {
-  return {{"id", r.id},     {"image", r.image}, {"state", r.state},
-          {"note", r.note}, {"accel", r.accel}, {"memory_mib", r.memory_mib},
-          {"cpus", r.cpus}, {"pid", r.pid},     {"created_at", r.created_at}};
+Json VmJson(const store::VmRecord& r, const store::ExecCount& execs) {
+  return {{"id", r.id},
+          {"image", r.image},
+          {"state", r.state},
+          {"note", r.note},
+          {"accel", r.accel},
+          {"memory_mib", r.memory_mib},
+          {"cpus", r.cpus},
+          {"pid", r.pid},
+          {"created_at", r.created_at},
+          {"execs", execs.total},
+          {"running_execs", execs.running}};
 }
 
 Json Doctor(Services& s, bool probe) {
@@ -107,11 +115,29 @@ void AddVmVerbs(VerbTable& t, Services& s) {
       (void)client.End(ErrorReply(vm.status()));
       return;
     }
+    ExecSpec spec = s.vms.SpecFor(**vm, *req);
+    if (req->detach) {
+      auto d = s.vms.ExecDetached(*vm, spec);
+      if (!d.ok()) {
+        (void)client.End(ErrorReply(d.status()));
+        return;
+      }
+      Json reply = {{"ok", true}, {"exec_id", d->exec_id}};
+      if (d->ended) reply["result"] = d->ended->ToJson();
+      (void)client.End(reply);
+      return;
+    }
     ExecIo io;
     io.client = &client;
-    auto result = s.vms.Exec(**vm, s.vms.SpecFor(**vm, *req), io);
-    (void)client.End(result.ok() ? Json{{"ok", true}, {"result", result->ToJson()}}
-                                 : ErrorReply(result.status()));
+    int64_t exec_id = 0;
+    auto result = s.vms.Exec(**vm, spec, io, &exec_id);
+    if (!result.ok()) {
+      (void)client.End(ErrorReply(result.status()));
+      return;
+    }
+    Json reply = {{"ok", true}, {"result", result->ToJson()}};
+    if (exec_id > 0) reply["exec_id"] = exec_id;
+    (void)client.End(reply);
   });
   t.AddStreaming("put", [&s](channel::Stream& client, const Json& j, Connection&) {
     auto req = ParsePut(j);
@@ -152,7 +178,8 @@ void AddVmVerbs(VerbTable& t, Services& s) {
   });
   t.AddUnary("list", [&s](const Json&, Connection&) -> Json {
     Json vms = Json::array();
-    for (const auto& r : s.vms.List()) vms.push_back(VmJson(r));
+    auto counts = s.vms.ExecCounts();
+    for (const auto& r : s.vms.List()) vms.push_back(VmJson(r, counts[r.id]));
     return {{"ok", true}, {"vms", vms}};
   });
   t.AddUnary("doctor", [&s](const Json& j, Connection&) -> Json {

@@ -2,6 +2,9 @@
 
 #include <dirent.h>
 
+#include <future>
+#include <mutex>
+
 #include "image/image.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -81,6 +84,7 @@ Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   vmm::DestroyReport report = e->Destroy();
   egress_.VmGone(id);
   (void)store_.UpdateVmState(id, "destroyed", report.ToJson().dump());
+  Prune();
   return report;
 }
 
@@ -102,7 +106,51 @@ ExecSpec VmService::SpecFor(const VmEntry& vm, const ExecRequest& req) const {
   spec.stdin = req.stdin;
   spec.user = req.user;
   spec.privileged = vm.privileged();
+  spec.tty = req.tty;
   return spec;
+}
+
+Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec) {
+  Recorded r;
+  r.rec.vm_id = vm.id();
+  r.rec.argv = spec.argv;
+  r.rec.cwd = spec.cwd;
+  r.rec.started_at = store::NowSeconds();
+  r.rec.outcome = "running";
+  auto id = store_.InsertExec(r.rec);
+  if (!id.ok()) {
+    // Nothing runs unrecorded.
+    return Status(id.status().code(),
+                  "the exec could not be recorded, so it was not run: " + id.status().message());
+  }
+  r.rec.id = *id;
+  r.log = logs_.Start(vm.id(), r.rec.id);
+  return r;
+}
+
+ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecIo& io, Recorded r) {
+  store::ExecRecord& rec = r.rec;
+  ExecIo mine = io;
+  mine.sink = r.log.get();
+  mine.on_open = [&](std::shared_ptr<channel::Stream> s) {
+    running_.Add(rec.id, s);
+    if (io.on_open) io.on_open(std::move(s));
+  };
+  ExecResult result = RunExec(vm, spec, mine);
+  running_.Remove(rec.id);
+  if (result.outcome == ExecOutcome::kChannelLost) NoteDeath(vm);
+  rec.ended_at = store::NowSeconds();
+  rec.outcome = ExecOutcomeName(result.outcome);
+  rec.exit_code = result.exit_code;
+  rec.signal = result.signal;
+  rec.error = result.message.empty() ? result.error : result.message;
+  rec.stdout_bytes = result.stdout_bytes;
+  rec.stderr_bytes = result.stderr_bytes;
+  Status st = store_.FinishExec(rec);
+  if (!st.ok()) LogError("daemon", "exec " + std::to_string(rec.id) + ": " + st.message());
+  // After the record: a follower that sees the log end reads the final outcome.
+  logs_.Finish(rec.id);
+  return result;
 }
 
 Result<ExecResult> VmService::Exec(VmEntry& vm, const ExecSpec& spec, const ExecIo& io,
@@ -114,32 +162,94 @@ Result<ExecResult> VmService::Exec(VmEntry& vm, const ExecSpec& spec, const Exec
     r.message = "the guest is gone: " + vm.death_reason();
     return r;
   }
-  store::ExecRecord rec;
-  rec.vm_id = vm.id();
-  rec.argv = spec.argv;
-  rec.cwd = spec.cwd;
-  rec.started_at = store::NowSeconds();
-  rec.outcome = "running";
-  auto id = store_.InsertExec(rec);
-  if (!id.ok()) {
-    // Nothing runs unrecorded.
-    return Status(id.status().code(),
-                  "the exec could not be recorded, so it was not run: " + id.status().message());
+  ASSIGN_OR_RETURN(Recorded r, Record(vm, spec));
+  if (exec_id) *exec_id = r.rec.id;
+  return RunRecorded(vm, spec, io, std::move(r));
+}
+
+Result<DetachedExec> VmService::ExecDetached(std::shared_ptr<VmEntry> vm, const ExecSpec& spec) {
+  if (!vm->alive()) {
+    NoteDeath(*vm);
+    return Unavailable("the guest is gone: " + vm->death_reason());
   }
-  rec.id = *id;
-  if (exec_id) *exec_id = rec.id;
-  ExecResult result = RunExec(vm, spec, io);
-  if (result.outcome == ExecOutcome::kChannelLost) NoteDeath(vm);
-  rec.ended_at = store::NowSeconds();
-  rec.outcome = ExecOutcomeName(result.outcome);
-  rec.exit_code = result.exit_code;
-  rec.signal = result.signal;
-  rec.error = result.message.empty() ? result.error : result.message;
-  rec.stdout_bytes = result.stdout_bytes;
-  rec.stderr_bytes = result.stderr_bytes;
-  Status st = store_.FinishExec(rec);
-  if (!st.ok()) LogError("daemon", "exec " + std::to_string(rec.id) + ": " + st.message());
-  return result;
+  ASSIGN_OR_RETURN(Recorded r, Record(*vm, spec));
+  DetachedExec out;
+  out.exec_id = r.rec.id;
+  // Fulfilled once: by the started event, or by the end of an exec that never started.
+  auto started = std::make_shared<std::promise<std::optional<ExecResult>>>();
+  auto once = std::make_shared<std::once_flag>();
+  running_.Detach([this, vm, spec, r = std::move(r), started, once]() mutable {
+    ExecIo io;
+    io.on_started = [&] { std::call_once(*once, [&] { started->set_value(std::nullopt); }); };
+    ExecResult result = RunRecorded(*vm, spec, io, std::move(r));
+    std::call_once(*once, [&] { started->set_value(result); });
+  });
+  out.ended = started->get_future().get();
+  return out;
+}
+
+Result<store::ExecRecord> VmService::GetExec(int64_t exec_id) {
+  ASSIGN_OR_RETURN(auto rec, store_.GetExec(exec_id));
+  if (!rec) return NotFound("no exec with id " + std::to_string(exec_id));
+  return *rec;
+}
+
+Status VmService::SignalExec(int64_t exec_id, int sig) {
+  ASSIGN_OR_RETURN(store::ExecRecord rec, GetExec(exec_id));
+  Status st = running_.Signal(exec_id, sig);
+  if (st.ok()) return st;
+  // It ended meanwhile (or before): say how, from the record.
+  auto now = GetExec(exec_id);
+  if (now.ok()) rec = *now;
+  std::string how = rec.outcome;
+  if (rec.exit_code) how += " with code " + std::to_string(*rec.exit_code);
+  if (rec.signal) how += " by signal " + std::to_string(*rec.signal);
+  return FailedPrecondition("exec " + std::to_string(exec_id) + " is not running" +
+                            (rec.outcome == "running" ? "" : " (it " + how + ")"));
+}
+
+Result<std::vector<store::ExecRecord>> VmService::Execs(const std::string& vm_id) {
+  RETURN_IF_ERROR(ValidateName("VM id", vm_id));
+  ASSIGN_OR_RETURN(auto vm, store_.GetVm(vm_id));
+  if (!vm) return NotFound("no VM with id " + QuoteForMessage(vm_id));
+  ASSIGN_OR_RETURN(auto execs, store_.ListExecs(vm_id));
+  for (auto& e : execs) {
+    if (e.outcome != "running") continue;
+    if (vm->state != "running" && !running_.Running(e.id)) {
+      // Still "running" in the record, which stays as it is (nobody saw the end: a daemon
+      // died before it); shown for what it is.
+      e.outcome = "unknown";
+      e.error = "its end was not observed: the daemon stopped before the exec ended";
+      continue;
+    }
+    auto log = logs_.Open(vm_id, e.id);
+    if (!log.ok()) continue;
+    e.stdout_bytes = (*log)->total(ExecLog::kStdout);
+    e.stderr_bytes = (*log)->total(ExecLog::kStderr);
+  }
+  return execs;
+}
+
+std::map<std::string, store::ExecCount> VmService::ExecCounts() {
+  auto counts = store_.CountExecs();
+  return counts.ok() ? *counts : std::map<std::string, store::ExecCount>{};
+}
+
+void VmService::Prune() {
+  if (retention_.count() <= 0) return;
+  auto pruned = store_.PruneVms(store::NowSeconds() - static_cast<double>(retention_.count()));
+  if (!pruned.ok()) {
+    LogError("daemon", "prune old VM records: " + pruned.status().message());
+    return;
+  }
+  for (const auto& id : *pruned) {
+    Status st = logs_.RemoveVm(id);
+    if (!st.ok()) LogError("daemon", "remove the exec logs of VM " + id + ": " + st.message());
+  }
+  if (!pruned->empty()) {
+    LogInfo("daemon", "pruned " + std::to_string(pruned->size()) + " VM record(s) older than " +
+                          std::to_string(retention_.count()) + " s, with their exec logs");
+  }
 }
 
 void VmService::ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir) {

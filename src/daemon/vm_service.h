@@ -1,20 +1,25 @@
 // VmService: the life of VMs (create, destroy, list) and the acts on a running one that the
 // record must see (exec, put, get). It is the only writer of the store's vms and execs
 // tables: every exec is recorded before it starts and finished when it ends, and a VM's
-// death is recorded once, when first observed.
+// death is recorded once, when first observed. Every exec's output is fed to ExecLogs as it
+// arrives; every running exec is listed in RunningExecs (for `kill`); records of VMs that
+// ended longer ago than the retention are pruned, with their logs.
 //
 // Thread-safe; it holds no lock of its own (the registry, the launcher and the store have
 // theirs), so a long exec never blocks a create or a list.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "daemon/egress_gateway.h"
+#include "daemon/exec_logs.h"
 #include "daemon/guest_ops.h"
 #include "daemon/requests.h"
+#include "daemon/running_execs.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_registry.h"
 #include "store/store.h"
@@ -28,16 +33,30 @@ struct CreatedVm {
   std::vector<std::string> allow;  // the egress allow-list, as entries
 };
 
+// An exec started with no client (`exec -d`).
+struct DetachedExec {
+  int64_t exec_id = 0;
+  // Set when it ended before it started (not found, bad cwd...): its result. Otherwise it
+  // is running.
+  std::optional<ExecResult> ended;
+};
+
 class VmService {
  public:
-  // `disk_transfers`: bulk data may use VMs' transfer disks (else always the channel).
+  // `retention`: how long the record (and the exec logs) of a VM that ended is kept; 0
+  // keeps them for ever. `disk_transfers`: bulk data may use VMs' transfer disks (else
+  // always the channel).
   VmService(store::Store& store, VmRegistry& registry, VmLauncher& launcher, EgressGateway& egress,
-            std::string images_dir, bool disk_transfers = true)
+            std::string images_dir, ExecLogs& logs, RunningExecs& running,
+            std::chrono::seconds retention, bool disk_transfers = true)
       : store_(store),
         registry_(registry),
         launcher_(launcher),
         egress_(egress),
         images_dir_(std::move(images_dir)),
+        logs_(logs),
+        running_(running),
+        retention_(retention),
         disk_transfers_(disk_transfers) {}
 
   // Everything Create checks before it boots: the image (built, verified) and the egress
@@ -54,10 +73,27 @@ class VmService {
   // The running VMs' records (deaths noticed on the way).
   std::vector<store::VmRecord> List();
 
-  // Runs and records one exec. An error Status when it could not be recorded (nothing ran).
-  // A VM already known dead gives channel_lost and records nothing: no command started.
+  // Runs and records one exec, its output kept (io.sink is set here). An error Status when
+  // it could not be recorded (nothing ran). A VM already known dead gives channel_lost and
+  // records nothing: no command started.
   Result<ExecResult> Exec(VmEntry& vm, const ExecSpec& spec, const ExecIo& io,
                           int64_t* exec_id = nullptr);
+  // Records and starts an exec with no client, on a thread of its own (RunningExecs), and
+  // returns once the guest said it started (or it ended without starting). It runs until
+  // it ends, times out, is killed, or its VM goes.
+  Result<DetachedExec> ExecDetached(std::shared_ptr<VmEntry> vm, const ExecSpec& spec);
+  // Signals a running exec's tree (the guest's signal event). kNotFound: no such exec;
+  // kFailedPrecondition: it is not running, naming how it ended.
+  Status SignalExec(int64_t exec_id, int sig);
+  Result<store::ExecRecord> GetExec(int64_t exec_id);
+  // A VM's execs, oldest first, with the byte counts of running ones as of now. The VM may
+  // have been destroyed; kNotFound if it has no record.
+  Result<std::vector<store::ExecRecord>> Execs(const std::string& vm_id);
+  // Per running VM: execs so far and running now.
+  std::map<std::string, store::ExecCount> ExecCounts();
+
+  // Deletes the records and exec logs of VMs that ended more than the retention ago.
+  void Prune();
   // The exec spec of an exec request on `vm` (its default cwd, its privileges).
   ExecSpec SpecFor(const VmEntry& vm, const ExecRequest& req) const;
 
@@ -75,7 +111,19 @@ class VmService {
   VmLauncher& launcher_;
   EgressGateway& egress_;
   const std::string images_dir_;
+  ExecLogs& logs_;
+  RunningExecs& running_;
+  const std::chrono::seconds retention_;
   const bool disk_transfers_;
+
+  struct Recorded {
+    store::ExecRecord rec;
+    std::shared_ptr<ExecLog> log;
+  };
+  // Inserts the exec's row and starts its log: nothing runs unrecorded.
+  Result<Recorded> Record(VmEntry& vm, const ExecSpec& spec);
+  // Runs a recorded exec to its end and finishes its row and its log.
+  ExecResult RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecIo& io, Recorded r);
 };
 
 }  // namespace trybox::daemon

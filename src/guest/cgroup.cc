@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -159,6 +160,22 @@ ExecCgroup::~ExecCgroup() {
 
 void ExecCgroup::Kill() const {
   if (!name_.empty()) WriteAt(name_ + "/cgroup.kill", "1");
+}
+
+void ExecCgroup::Signal(int sig) const {
+  if (name_.empty()) return;
+  if (sig == SIGKILL) {
+    Kill();
+    return;
+  }
+  std::string pids = ReadAt(name_ + "/cgroup.procs");
+  for (size_t start = 0; start < pids.size();) {
+    size_t nl = pids.find('\n', start);
+    if (nl == std::string::npos) nl = pids.size();
+    pid_t pid = static_cast<pid_t>(std::atoi(pids.substr(start, nl - start).c_str()));
+    if (pid > 0) ::kill(pid, sig);
+    start = nl + 1;
+  }
 }
 
 void ExecCgroup::Release() {

@@ -53,6 +53,9 @@ class ExecCgroup {
   int dir_fd_for_clone() const { return dir_.get(); }
   // SIGKILLs every process in the cgroup (cgroup.kill). Safe to call repeatedly.
   void Kill() const;
+  // Sends `sig` to every process in the cgroup (as listed by cgroup.procs; one forked
+  // meanwhile may be missed: SIGKILL goes through Kill(), which misses none).
+  void Signal(int sig) const;
   // Moves surviving processes to trybox/background, then removes the directory.
   void Release();
 

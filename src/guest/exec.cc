@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "guest/cgroup.h"
+#include "guest/pty.h"
 #include "guest/requests.h"
 #include "guest/spawn.h"
 #include "guest/wakeup.h"
@@ -75,6 +76,8 @@ class ExecRun {
   // Host-to-guest traffic: stdin DATA/EOF, RESET, connection loss; also the deadline.
   void ControlLoop();
   void WriteStdin(std::string_view data);
+  // A host EVENT (resize, signal). False if it was malformed: the stream is then reset.
+  bool Control(const Json& event);
   bool CheckDeadline();
   void Abort(const char* why);
   void KillTree();
@@ -92,10 +95,12 @@ class ExecRun {
   std::shared_ptr<ChildWatch> child_;
   UniqueFd out_, err_;          // our read ends
   UniqueFd stdin_;              // our write end (O_NONBLOCK); control thread only
+  UniqueFd tty_;                // the terminal's master, for resizes; control thread only
   std::optional<Wakeup> wake_;  // abort or stop; polled by both threads
   std::optional<Clock::time_point> deadline_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> timed_out_{false};
+  std::atomic<bool> host_signaled_{false};  // the tree goes when the command ends
   std::atomic<bool> stop_{false};
   std::thread control_;
 };
@@ -103,6 +108,7 @@ class ExecRun {
 void ExecRun::Run() {
   SpawnSpec spec;
   std::string home = "/root";
+  std::optional<uid_t> owner;  // of the terminal: the account's, or root's
   if (req_.user == kRootUser) {
     spec.credentials = req_.privileged ? Credentials::Privileged() : Credentials::RootCommand();
   } else {
@@ -115,29 +121,60 @@ void ExecRun::Run() {
     }
     spec.credentials = Credentials::Of(*account);
     home = account->home;
+    owner = account->uid;
   }
   auto wake = Wakeup::Make();
-  auto out = MakePipe();
-  auto err = MakePipe();
-  if (!wake.ok() || !out.ok() || !err.ok()) {
-    Status st = !wake.ok() ? wake.status() : !out.ok() ? out.status() : err.status();
-    (void)stream_.End(ErrorEnd("spawn_failed", st.message()));
+  if (!wake.ok()) {
+    (void)stream_.End(ErrorEnd("spawn_failed", wake.status().message()));
     return;
   }
   wake_.emplace(std::move(wake).value());
-  std::optional<Pipe> in;
-  if (req_.stdin_from_stream) {
-    auto p = MakePipe();
-    if (!p.ok()) {
-      (void)stream_.End(ErrorEnd("spawn_failed", p.status().message()));
+  // The command's ends of its stdio; ours go to out_, err_, stdin_ (and tty_).
+  UniqueFd child_in, child_out, child_err;
+  if (req_.tty) {
+    auto pty = OpenPty(*req_.tty, owner);
+    UniqueFd in_dup, ctl_dup;
+    if (pty.ok()) {
+      in_dup.Reset(::fcntl(pty->master.get(), F_DUPFD_CLOEXEC, 3));
+      ctl_dup.Reset(::fcntl(pty->master.get(), F_DUPFD_CLOEXEC, 3));
+    }
+    if (!pty.ok() || !in_dup.valid() || !ctl_dup.valid()) {
+      Status st = pty.ok() ? ErrnoError("dup the terminal master") : pty.status();
+      (void)stream_.End(ErrorEnd("spawn_failed", "terminal: " + st.message()));
       return;
     }
-    // Only our end is non-blocking: the command's read end must block.
-    ::fcntl(p->write.get(), F_SETFL, O_NONBLOCK);
-    in.emplace(std::move(p).value());
+    // One terminal is the child's stdin, stdout and stderr (below).
+    child_out = std::move(pty->slave);
+    out_ = std::move(pty->master);
+    stdin_ = std::move(in_dup);
+    tty_ = std::move(ctl_dup);
+    spec.controlling_tty = true;
+  } else {
+    auto out = MakePipe();
+    auto err = MakePipe();
+    if (!out.ok() || !err.ok()) {
+      (void)stream_.End(
+          ErrorEnd("spawn_failed", (!out.ok() ? out.status() : err.status()).message()));
+      return;
+    }
+    if (req_.stdin_from_stream) {
+      auto p = MakePipe();
+      if (!p.ok()) {
+        (void)stream_.End(ErrorEnd("spawn_failed", p.status().message()));
+        return;
+      }
+      // Only our end is non-blocking: the command's read end must block.
+      ::fcntl(p->write.get(), F_SETFL, O_NONBLOCK);
+      child_in = std::move(p->read);
+      stdin_ = std::move(p->write);
+    }
+    ::fcntl(out->read.get(), F_SETPIPE_SZ, kPipeSize);
+    ::fcntl(err->read.get(), F_SETPIPE_SZ, kPipeSize);
+    child_out = std::move(out->write);
+    child_err = std::move(err->write);
+    out_ = std::move(out->read);
+    err_ = std::move(err->read);
   }
-  ::fcntl(out->read.get(), F_SETPIPE_SZ, kPipeSize);
-  ::fcntl(err->read.get(), F_SETPIPE_SZ, kPipeSize);
   if (options_.cgroups) {
     if (auto cg = MakeCgroup(stream_.id())) cgroup_.emplace(std::move(*cg));
   }
@@ -145,22 +182,18 @@ void ExecRun::Run() {
   spec.argv = req_.argv;
   spec.env = MergeEnv(req_.env, req_.user, home);
   spec.cwd = req_.cwd.value_or(home);
-  spec.stdin_fd = in ? in->read.get() : -1;
-  spec.stdout_fd = out->write.get();
-  spec.stderr_fd = err->write.get();
+  spec.stdin_fd = req_.tty ? child_out.get() : child_in.get();
+  spec.stdout_fd = child_out.get();
+  spec.stderr_fd = req_.tty ? child_out.get() : child_err.get();
   spec.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd_for_child() : -1;
   spec.cgroup_dir_fd = cgroup_ ? cgroup_->dir_fd_for_clone() : -1;
   const Clock::time_point start = Clock::now();
   SpawnOutcome spawned = Spawn(reaper_, spec);
-  // Our copies of the command's ends must go, or EOF never comes.
-  out->write.Reset();
-  err->write.Reset();
-  if (in) {
-    in->read.Reset();
-    stdin_ = std::move(in->write);
-  }
-  out_ = std::move(out->read);
-  err_ = std::move(err->read);
+  // Our copies of the command's ends must go, or EOF never comes (for a terminal: EIO once
+  // the last slave descriptor is closed).
+  child_in.Reset();
+  child_out.Reset();
+  child_err.Reset();
   if (spawned.error != SpawnError::kNone) {
     (void)stream_.End(ErrorEnd(SpawnErrorName(spawned.error), spawned.message));
     return;
@@ -168,7 +201,8 @@ void ExecRun::Run() {
   child_ = std::move(spawned.child);
   if (req_.timeout_ms > 0) deadline_ = start + std::chrono::milliseconds(req_.timeout_ms);
 
-  if (!stream_.SendEvent({{"type", "started"}, {"pid", child_->pid()}}).ok()) {
+  if (!stream_.SendEvent({{"type", "started"}, {"pid", child_->pid()}}).ok() ||
+      (req_.tty && !stream_.CloseWrite(channel::kChanErr).ok())) {
     KillTree();
     return;
   }
@@ -197,8 +231,9 @@ void ExecRun::Run() {
   (void)stream_.End(end);
   StopControl();
   // Survivors of a normal exit (a server started in the background) keep running; a
-  // timed-out tree is killed by the cgroup's destructor.
-  if (cgroup_ && !timed_out_) cgroup_->Release();
+  // timed-out tree, or one the host signalled, is killed by the cgroup's destructor.
+  if (host_signaled_ && !cgroup_) ::kill(-child_->pid(), SIGKILL);
+  if (cgroup_ && !timed_out_ && !host_signaled_) cgroup_->Release();
 }
 
 bool ExecRun::Pump() {
@@ -210,6 +245,8 @@ bool ExecRun::Pump() {
     if (!exited && child_->exited()) {
       exited = true;
       drain_until = child_->exit_time() + kDrainAfterExit;
+      // A tree the host signalled goes with its command: no reason to wait for its output.
+      if (host_signaled_) KillTree();
     }
     if (exited && !out_.valid() && !err_.valid()) return true;
     int timeout = -1;
@@ -281,9 +318,37 @@ void ExecRun::ControlLoop() {
         Abort("stream reset by the host");
         return;
       case Stream::Message::Kind::kEvent:
+        if (!Control(m->body)) return;
         break;
     }
   }
+}
+
+bool ExecRun::Control(const Json& event) {
+  auto c = ParseExecControl(event);
+  if (!c.ok()) {
+    // The host's bug, not the command's: the stream goes (and with it the command's tree).
+    (void)stream_.Reset("bad exec event: " + c.status().message());
+    Abort("bad exec event");
+    return false;
+  }
+  switch (c->kind) {
+    case ExecControl::Kind::kResize:
+      // A resize of an exec without a terminal changes nothing.
+      if (tty_.valid()) {
+        Status st = SetWindowSize(tty_.get(), c->size);
+        if (!st.ok()) LogWarn("exec", st.message());
+      }
+      break;
+    case ExecControl::Kind::kSignal:
+      host_signaled_ = true;
+      if (cgroup_) cgroup_->Signal(c->signal);
+      ::kill(-child_->pid(), c->signal);
+      break;
+    case ExecControl::Kind::kUnknown:
+      break;
+  }
+  return true;
 }
 
 // Blocks until `data` is in the pipe, the command stops reading stdin, or the run stops.

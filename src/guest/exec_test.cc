@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -97,6 +98,13 @@ class Guest {
     std::unique_lock<std::mutex> lock(mu_);
     served_cv_.wait(lock, [&] { return served_wakeups_.has_value(); });
     return *std::exchange(served_wakeups_, std::nullopt);
+  }
+
+  // An exec stream the test drives itself (input, events).
+  std::shared_ptr<Stream> Open(Json req) {
+    req["op"] = "exec";
+    auto s = host_->Open(req);
+    return s.ok() ? *s : nullptr;
   }
 
   const std::string& home() const { return home_; }
@@ -270,6 +278,138 @@ TEST(ExecTest, ControlThreadHasNoPeriodicWakeUp) {
     // One sleep for the whole run (the deadline is far away), woken by the exec's end.
     uint64_t wakeups = g.ServedWakeups();
     CHECK_IN_CHILD(wakeups <= 2, "the control thread woke " + std::to_string(wakeups) + " times");
+  });
+}
+
+// Reads `s` into `r` until `done(r)` holds or the stream ends; false on its end.
+bool ReadUntil(Stream& s, Reply& r, const std::function<bool(const Reply&)>& done) {
+  while (!done(r)) {
+    auto m = s.Next(std::chrono::steady_clock::now() + std::chrono::seconds(30));
+    if (!m.ok()) return false;
+    if (m->kind == Stream::Message::Kind::kEvent) r.started |= m->body["type"] == "started";
+    if (m->kind == Stream::Message::Kind::kData) {
+      (m->channel == channel::kChanOut ? r.out : r.err) += m->data;
+    }
+    if (m->kind == Stream::Message::Kind::kEnd || m->kind == Stream::Message::Kind::kReset) {
+      r.end = m->body;
+      if (m->kind == Stream::Message::Kind::kReset) r.end["reset"] = true;
+      return done(r);
+    }
+  }
+  return true;
+}
+
+bool Has(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+auto Printed(const std::string& text) {
+  return [text](const Reply& r) { return Has(r.out, text); };
+}
+const auto kEnded = [](const Reply& r) { return !r.end.is_null(); };
+
+// Dead: no such process, or a zombie (an orphan is reaped by whoever is PID 1 here).
+bool Gone(pid_t pid) {
+  for (int i = 0; i < 500; ++i) {  // up to 5 s for the kill to land
+    auto stat = ReadFileToString("/proc/" + std::to_string(pid) + "/stat");
+    if (!stat.ok()) return true;
+    size_t paren = stat->rfind(')');
+    if (paren != std::string::npos && stat->compare(paren + 1, 3, " Z ") == 0) return true;
+    ::usleep(10000);
+  }
+  return false;
+}
+
+TEST(ExecTest, TtyExecRunsOnItsOwnControllingTerminalOfTheGivenSize) {
+  InChild([](Guest& g, int& failures) {
+    Reply r = g.Exec({{"argv",
+                       {"sh", "-c",
+                        "tty; stty size; test -t 0 && test -t 1 && test -t 2 && echo three-ttys; "
+                        "exec 3</dev/tty && echo has-ctty; echo to-err >&2; exit 4"}},
+                      {"tty", {{"rows", 33}, {"cols", 101}}}});
+    CHECK_IN_CHILD(r.end.value("outcome", "") == "exited" && r.end.value("exit_code", -1) == 4,
+                   Dump(r));
+    CHECK_IN_CHILD(Has(r.out, "/dev/pts/"), Dump(r));
+    CHECK_IN_CHILD(Has(r.out, "33 101\r\n"), Dump(r));
+    CHECK_IN_CHILD(Has(r.out, "three-ttys") && Has(r.out, "has-ctty"), Dump(r));
+    // stderr is the terminal too: one stream, on channel 1.
+    CHECK_IN_CHILD(Has(r.out, "to-err") && r.err.empty(), Dump(r));
+  });
+}
+
+TEST(ExecTest, TtyInputGoesThroughTheLineDisciplineAndResizesReachTheCommand) {
+  InChild([](Guest& g, int& failures) {
+    auto s = g.Open({{"argv", {"sh", "-c", "echo ready; read line; echo \"got $line\"; stty size"}},
+                     {"tty", {{"rows", 24}, {"cols", 80}}}});
+    Reply r;
+    CHECK_IN_CHILD(s && ReadUntil(*s, r, Printed("ready")), Dump(r));
+    if (!s) return;
+    (void)s->SendEvent({{"type", "resize"}, {"rows", 50}, {"cols", 120}});
+    // Typed, a mistake erased with DEL (the terminal's erase character), then enter.
+    (void)s->Write(channel::kChanIn, "hellp\x7fo\r");
+    CHECK_IN_CHILD(ReadUntil(*s, r, kEnded), Dump(r));
+    CHECK_IN_CHILD(Has(r.out, "got hello\r\n"), Dump(r));
+    CHECK_IN_CHILD(Has(r.out, "50 120\r\n"), Dump(r));
+    CHECK_IN_CHILD(r.end.value("exit_code", -1) == 0, Dump(r));
+  });
+}
+
+TEST(ExecTest, CtrlCInterruptsTheForegroundCommandNotTheShell) {
+  InChild([](Guest& g, int& failures) {
+    auto s =
+        g.Open({{"argv",
+                 {"sh", "-c",
+                  "trap 'echo caught' INT; sh -c 'echo ready; exec sleep 100'; echo \"after $?\""}},
+                {"tty", {{"rows", 24}, {"cols", 80}}}});
+    Reply r;
+    CHECK_IN_CHILD(s && ReadUntil(*s, r, Printed("ready")), Dump(r));
+    if (!s) return;
+    (void)s->Write(channel::kChanIn, "\x03");
+    CHECK_IN_CHILD(ReadUntil(*s, r, kEnded), Dump(r));
+    CHECK_IN_CHILD(Has(r.out, "caught") && Has(r.out, "after 130"), Dump(r));
+    CHECK_IN_CHILD(r.end.value("exit_code", -1) == 0, Dump(r));
+  });
+}
+
+TEST(ExecTest, ASignalEventEndsTheCommandAndTakesItsLeftoversWithIt) {
+  InChild([](Guest& g, int& failures) {
+    // The background child ignores SIGTERM; only the rule that a signalled exec's tree goes
+    // when it ends can stop it (after a normal end it would be left running).
+    auto s = g.Open(
+        {{"argv", {"sh", "-c", "sh -c 'trap \"\" TERM; echo child $$; exec sleep 300' & wait"}}});
+    Reply r;
+    auto child_line = [](const Reply& r) {
+      size_t at = r.out.find("child ");
+      return at != std::string::npos && r.out.find('\n', at) != std::string::npos;
+    };
+    CHECK_IN_CHILD(s && ReadUntil(*s, r, child_line), Dump(r));
+    if (!s) return;
+    size_t at = r.out.find("child ");
+    pid_t child = at == std::string::npos ? 0 : std::atoi(r.out.c_str() + at + 6);
+    CHECK_IN_CHILD(child > 0, Dump(r));
+    (void)s->SendEvent({{"type", "signal"}, {"signal", SIGTERM}});
+    CHECK_IN_CHILD(ReadUntil(*s, r, kEnded), Dump(r));
+    CHECK_IN_CHILD(r.end.value("outcome", "") == "signaled" && r.end.value("signal", 0) == SIGTERM,
+                   Dump(r));
+    CHECK_IN_CHILD(child > 0 && Gone(child), "the TERM-proof child survived: " + Dump(r));
+  });
+}
+
+TEST(ExecTest, ABadEventResetsTheStreamAndKillsTheCommand) {
+  InChild([](Guest& g, int& failures) {
+    auto s = g.Open(
+        {{"argv", {"sh", "-c", "echo $$; exec sleep 300"}}, {"tty", {{"rows", 24}, {"cols", 80}}}});
+    Reply r;
+    CHECK_IN_CHILD(s && ReadUntil(*s, r, [](const Reply& r) { return Has(r.out, "\n"); }), Dump(r));
+    if (!s) return;
+    pid_t pid = std::atoi(r.out.c_str());
+    // An unknown type is a newer host's and ignored; a known one with a bad field is not.
+    (void)s->SendEvent({{"type", "from-the-future"}});
+    (void)s->SendEvent({{"type", "resize"}, {"rows", 0}, {"cols", 80}});
+    CHECK_IN_CHILD(ReadUntil(*s, r, kEnded), Dump(r));
+    CHECK_IN_CHILD(r.end.value("reset", false), Dump(r));
+    CHECK_IN_CHILD(Has(r.end.value("reason", ""), "resize.rows"), Dump(r));
+    CHECK_IN_CHILD(pid > 0 && Gone(pid), "the command survived a reset: " + Dump(r));
   });
 }
 

@@ -128,6 +128,10 @@ Result<ExecRequest> ParseExecRequest(const Json& request) {
     }
   }
   RETURN_IF_ERROR(OptionalBool(request, "privileged", &out.privileged));
+  auto tty = request.find("tty");
+  if (tty != request.end() && !tty->is_null()) {
+    ASSIGN_OR_RETURN(out.tty, ParseTermSize(*tty, "tty"));
+  }
   if (out.privileged && out.user != "root") {
     return InvalidArgument("\"privileged\" is for root only, not for user " +
                            QuoteForMessage(out.user));
@@ -150,6 +154,45 @@ Result<std::optional<uint64_t>> DiskField(const Json& request, const char* key) 
 }
 
 }  // namespace
+Result<TermSize> ParseTermSize(const Json& value, const char* what) {
+  if (!value.is_object()) {
+    return InvalidArgument(std::string("\"") + what + "\" must be an object {\"rows\", \"cols\"}");
+  }
+  TermSize size;
+  for (const char* field : {"rows", "cols"}) {
+    auto it = value.find(field);
+    const std::string name = std::string(what) + "." + field;
+    if (it == value.end()) return InvalidArgument("missing \"" + name + "\"");
+    ASSIGN_OR_RETURN(int64_t v,
+                     IntegerField(*it, name.c_str(), 1, kMaxTermDimension, "from 1 to 65535"));
+    (field[0] == 'r' ? size.rows : size.cols) = static_cast<uint16_t>(v);
+  }
+  return size;
+}
+
+Result<ExecControl> ParseExecControl(const Json& event) {
+  ExecControl out;
+  if (!event.is_object()) return InvalidArgument("an exec event must be an object");
+  ASSIGN_OR_RETURN(std::string type, StringField(event, "type"));
+  if (type == "resize") {
+    out.kind = ExecControl::Kind::kResize;
+    ASSIGN_OR_RETURN(out.size, ParseTermSize(event, "resize"));
+  } else if (type == "signal") {
+    out.kind = ExecControl::Kind::kSignal;
+    auto sig = event.find("signal");
+    if (sig == event.end()) return InvalidArgument("missing \"signal\"");
+    ASSIGN_OR_RETURN(int64_t n, IntegerField(*sig, "signal", 1, kMaxSignal, "from 1 to 64"));
+    out.signal = static_cast<int>(n);
+  }
+  return out;
+}
+
+Result<PortRequest> ParsePortRequest(const Json& request) {
+  auto port = request.find("port");
+  if (port == request.end()) return InvalidArgument("missing \"port\"");
+  ASSIGN_OR_RETURN(int64_t p, IntegerField(*port, "port", 1, 65535, "from 1 to 65535"));
+  return PortRequest{static_cast<uint16_t>(p)};
+}
 
 Result<PutRequest> ParsePutRequest(const Json& request) {
   PutRequest out;

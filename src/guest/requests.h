@@ -20,6 +20,14 @@ using Json = nlohmann::json;
 inline constexpr uint64_t kMaxTimeoutMs = 1ull << 40;  // about 35 years
 inline constexpr uint32_t kMaxMode = 0177777;          // an st_mode: type and permission bits
 inline constexpr size_t kMaxUserName = 256;
+inline constexpr int64_t kMaxTermDimension = 65535;  // a struct winsize field
+inline constexpr int kMaxSignal = 64;                // SIGRTMAX on Linux
+
+// A terminal's size in character cells, each 1 to kMaxTermDimension.
+struct TermSize {
+  uint16_t rows = 24;
+  uint16_t cols = 80;
+};
 
 struct ExecRequest {
   std::vector<std::string> argv;
@@ -29,6 +37,22 @@ struct ExecRequest {
   bool stdin_from_stream = false;  // "stdin"; false: the command's stdin is /dev/null
   std::string user = "root";       // an account of the guest's /etc/passwd
   bool privileged = false;         // root only: keep every capability
+  // "tty": run on a pseudo-terminal of this size (stdout and stderr merged on channel 1,
+  // input from channel 0 whatever "stdin" says).
+  std::optional<TermSize> tty;
+};
+
+// An EVENT the host sends on an exec stream (docs/protocol/guest.md, "exec").
+struct ExecControl {
+  enum class Kind { kResize, kSignal, kUnknown };
+  Kind kind = Kind::kUnknown;  // kUnknown: a type this guest does not know (ignored)
+  TermSize size;               // kResize
+  int signal = 0;              // kSignal: 1 to kMaxSignal
+};
+
+// "port": connect to 127.0.0.1:port in the guest and relay bytes.
+struct PortRequest {
+  uint16_t port = 0;  // 1 to 65535
 };
 
 enum class PutKind { kFile, kTar };
@@ -70,5 +94,11 @@ Result<ExecRequest> ParseExecRequest(const Json& request);
 Result<PutRequest> ParsePutRequest(const Json& request);
 Result<GetRequest> ParseGetRequest(const Json& request);
 Result<IdentityRequest> ParseIdentityRequest(const Json& request);
+Result<PortRequest> ParsePortRequest(const Json& request);
+// A known event type with a missing, ill-typed or out-of-range field is an error naming it;
+// an unknown type is kUnknown.
+Result<ExecControl> ParseExecControl(const Json& event);
+// {"rows": R, "cols": C}; `what` names the object in errors ("tty", "resize").
+Result<TermSize> ParseTermSize(const Json& value, const char* what);
 
 }  // namespace trybox::guest

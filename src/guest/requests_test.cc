@@ -244,5 +244,78 @@ TEST(IdentityRequestTest, EachBadFieldIsNamed) {
   }
 }
 
+TEST(ExecRequestTest, TtyIsASizeInCells) {
+  auto r = ParseExecRequest({{"argv", {"bash"}}, {"tty", {{"rows", 40}, {"cols", 132}}}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->tty.has_value());
+  EXPECT_EQ(r->tty->rows, 40);
+  EXPECT_EQ(r->tty->cols, 132);
+  EXPECT_FALSE(ParseExecRequest({{"argv", {"x"}}})->tty.has_value());
+  EXPECT_FALSE(ParseExecRequest({{"argv", {"x"}}, {"tty", nullptr}})->tty.has_value());
+}
+
+TEST(ExecRequestTest, ABadTtyIsRefusedByName) {
+  const Json bad[] = {true,
+                      "24x80",
+                      Json::array({24, 80}),
+                      {{"rows", 24}},
+                      {{"cols", 80}},
+                      {{"rows", 0}, {"cols", 80}},
+                      {{"rows", 24}, {"cols", 65536}},
+                      {{"rows", -1}, {"cols", 80}},
+                      {{"rows", 24.0}, {"cols", 80}},
+                      {{"rows", "24"}, {"cols", 80}}};
+  for (const Json& tty : bad) {
+    auto r = ParseExecRequest({{"argv", {"x"}}, {"tty", tty}});
+    ASSERT_FALSE(r.ok()) << tty.dump();
+    EXPECT_NE(r.status().message().find("tty"), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(ExecControlTest, ResizeAndSignalAreRead) {
+  auto resize = ParseExecControl({{"type", "resize"}, {"rows", 50}, {"cols", 200}});
+  ASSERT_TRUE(resize.ok()) << resize.status().ToString();
+  EXPECT_EQ(resize->kind, ExecControl::Kind::kResize);
+  EXPECT_EQ(resize->size.rows, 50);
+  EXPECT_EQ(resize->size.cols, 200);
+  auto sig = ParseExecControl({{"type", "signal"}, {"signal", 15}});
+  ASSERT_TRUE(sig.ok());
+  EXPECT_EQ(sig->kind, ExecControl::Kind::kSignal);
+  EXPECT_EQ(sig->signal, 15);
+  // A newer host's event is ignored, not an error.
+  auto other = ParseExecControl({{"type", "something-new"}});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->kind, ExecControl::Kind::kUnknown);
+}
+
+TEST(ExecControlTest, AKnownEventWithBadFieldsIsAnError) {
+  const Json bad[] = {Json::array(),
+                      {{"rows", 1}},
+                      {{"type", 7}},
+                      {{"type", "resize"}},
+                      {{"type", "resize"}, {"rows", 10}},
+                      {{"type", "resize"}, {"rows", 10}, {"cols", 0}},
+                      {{"type", "resize"}, {"rows", 1e3}, {"cols", 10}},
+                      {{"type", "resize"}, {"rows", 70000}, {"cols", 10}},
+                      {{"type", "signal"}},
+                      {{"type", "signal"}, {"signal", 0}},
+                      {{"type", "signal"}, {"signal", 65}},
+                      {{"type", "signal"}, {"signal", "TERM"}},
+                      {{"type", "signal"}, {"signal", 9.0}},
+                      {{"type", "signal"}, {"signal", Json::parse("18446744073709551615")}}};
+  for (const Json& e : bad) EXPECT_FALSE(ParseExecControl(e).ok()) << e.dump();
+}
+
+TEST(PortRequestTest, APortFrom1To65535) {
+  EXPECT_EQ(ParsePortRequest({{"op", "port"}, {"port", 8000}})->port, 8000);
+  EXPECT_EQ(ParsePortRequest({{"port", 65535}})->port, 65535);
+  for (const Json& p : {Json(0), Json(65536), Json(-1), Json(80.0), Json("80"), Json(nullptr)}) {
+    auto r = ParsePortRequest({{"port", p}});
+    ASSERT_FALSE(r.ok()) << p.dump();
+    EXPECT_NE(r.status().message().find("port"), std::string::npos);
+  }
+  EXPECT_FALSE(ParsePortRequest(Json::object()).ok());
+}
+
 }  // namespace
 }  // namespace trybox::guest

@@ -14,6 +14,7 @@
 #include "guest/egress.h"
 #include "guest/exec.h"
 #include "guest/files.h"
+#include "guest/forward.h"
 #include "guest/identity.h"
 #include "guest/requests.h"
 #include "util/log.h"
@@ -212,7 +213,7 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       return;
     }
     op = *parsed;
-    if (!ready_ && (op == "exec" || op == "put" || op == "get")) {
+    if (!ready_ && (op == "exec" || op == "put" || op == "get" || op == "port")) {
       const char* why = "this clone has not been given its identity yet (identity request)";
       // Each request's own result shape, so the host reads it like any other failure.
       (void)stream->End(
@@ -237,6 +238,8 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       ServePut(reaper_, *stream, request, boot_.transfer_disk.get());
     } else if (op == "get") {
       ServeGet(reaper_, *stream, request, boot_.transfer_disk.get());
+    } else if (op == "port") {
+      ServePort(*stream, request);
     } else if (op == "ping") {
       Json reply = {{"ok", true}, {"uptime_ms", UptimeMs()}, {"ready", ready_.load()}};
       reply.update(BootIdField());

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@ enum Stage : int {
   kStageSetsid = 1,
   kStageCgroup,
   kStageFds,
+  kStageTty,
   kStageCredentials,
   kStageChdir,
   kStageExec
@@ -30,6 +32,8 @@ const char* StageName(int stage) {
       return "join cgroup";
     case kStageFds:
       return "set up stdio";
+    case kStageTty:
+      return "take the controlling terminal";
     case kStageCredentials:
       return "drop privileges";
     case kStageChdir:
@@ -175,6 +179,7 @@ SpawnOutcome Spawn(Reaper& reaper, const SpawnSpec& spec) {
   const int outfd = spec.stdout_fd >= 0 ? spec.stdout_fd : devnull.get();
   const int errfd = spec.stderr_fd >= 0 ? spec.stderr_fd : devnull.get();
   int cg = spec.cgroup_procs_fd;
+  const bool tty = spec.controlling_tty;
   struct sigaction dfl;
   std::memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
@@ -197,6 +202,7 @@ SpawnOutcome Spawn(Reaper& reaper, const SpawnSpec& spec) {
         ferr = ::fcntl(errfd, F_DUPFD_CLOEXEC, 3);
     if (fin < 0 || fout < 0 || ferr < 0) die(kStageFds);
     if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) die(kStageFds);
+    if (tty && ::ioctl(0, TIOCSCTTY, 0) != 0) die(kStageTty);
     // Nothing else may leak into the command, whoever opened it without O_CLOEXEC.
     ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
     if (int e = DropPrivileges(spec.credentials)) {

@@ -67,6 +67,9 @@ struct SpawnSpec {
   int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
+  // stdin is a terminal slave to become the controlling terminal of the child's new
+  // session (TIOCSCTTY), as login(1) or sshd make it.
+  bool controlling_tty = false;
   // If >= 0, an open cgroup.procs the child writes "0" to before anything else, so the
   // whole tree it starts lives in that cgroup.
   int cgroup_procs_fd = -1;

@@ -376,33 +376,120 @@ Status Store::FinishExec(const ExecRecord& e) {
   return Status::Ok();
 }
 
+namespace {
+
+constexpr const char* kExecColumns =
+    "id, vm_id, argv, cwd, started_at, ended_at, outcome, exit_code, signal, error, "
+    "stdout_bytes, stderr_bytes";
+
+ExecRecord ReadExec(Stmt& s) {
+  ExecRecord e;
+  e.id = s.Int(0);
+  e.vm_id = s.Text(1);
+  e.argv = Json::parse(s.Text(2), nullptr, false);
+  e.cwd = s.Text(3);
+  e.started_at = s.Double(4);
+  e.ended_at = s.Double(5);
+  e.outcome = s.Text(6);
+  e.exit_code = s.OptInt(7);
+  e.signal = s.OptInt(8);
+  e.error = s.Text(9);
+  e.stdout_bytes = s.Int(10);
+  e.stderr_bytes = s.Int(11);
+  return e;
+}
+
+}  // namespace
+
 Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
   MutexLock lock(mu_);
-  Stmt s(db_,
-         "SELECT id, vm_id, argv, cwd, started_at, ended_at, outcome, exit_code, signal, error, "
-         "stdout_bytes, stderr_bytes FROM execs WHERE vm_id = ? ORDER BY id");
+  Stmt s(
+      db_,
+      (std::string("SELECT ") + kExecColumns + " FROM execs WHERE vm_id = ? ORDER BY id").c_str());
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, vm_id);
   std::vector<ExecRecord> out;
   for (;;) {
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    ExecRecord e;
-    e.id = s.Int(0);
-    e.vm_id = s.Text(1);
-    e.argv = Json::parse(s.Text(2), nullptr, false);
-    e.cwd = s.Text(3);
-    e.started_at = s.Double(4);
-    e.ended_at = s.Double(5);
-    e.outcome = s.Text(6);
-    e.exit_code = s.OptInt(7);
-    e.signal = s.OptInt(8);
-    e.error = s.Text(9);
-    e.stdout_bytes = s.Int(10);
-    e.stderr_bytes = s.Int(11);
-    out.push_back(std::move(e));
+    out.push_back(ReadExec(s));
   }
   return out;
+}
+
+Result<std::optional<ExecRecord>> Store::GetExec(int64_t id) {
+  MutexLock lock(mu_);
+  Stmt s(db_, (std::string("SELECT ") + kExecColumns + " FROM execs WHERE id = ?").c_str());
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<ExecRecord>();
+  return std::optional<ExecRecord>(ReadExec(s));
+}
+
+Result<std::map<std::string, ExecCount>> Store::CountExecs() {
+  MutexLock lock(mu_);
+  Stmt s(db_,
+         "SELECT vm_id, count(*), sum(outcome = 'running') FROM execs WHERE vm_id IN "
+         "(SELECT id FROM vms WHERE state = 'running') GROUP BY vm_id");
+  RETURN_IF_ERROR(s.prepared());
+  std::map<std::string, ExecCount> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out[s.Text(0)] = ExecCount{s.Int(1), s.Int(2)};
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> Store::PruneVms(double ended_before) {
+  MutexLock lock(mu_);
+  std::vector<std::string> ids;
+  {
+    Stmt s(db_,
+           "SELECT id FROM vms WHERE state IN ('destroyed', 'reaped') AND ended_at > 0 "
+           "AND ended_at < ?");
+    RETURN_IF_ERROR(s.prepared());
+    s.Bind(1, ended_before);
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      ids.push_back(s.Text(0));
+    }
+  }
+  if (ids.empty()) return ids;
+  // Children first (foreign keys are on). The egress audit and agent runs are kept: they
+  // name the VM as text and never lose a row.
+  static const char* const kDeletes[] = {
+      "DELETE FROM file_changes WHERE collect_id IN (SELECT id FROM collects WHERE vm_id = ?)",
+      "DELETE FROM collects WHERE vm_id = ?",
+      "DELETE FROM workspaces WHERE vm_id = ?",
+      "DELETE FROM execs WHERE vm_id = ?",
+      "DELETE FROM vms WHERE id = ?",
+  };
+  char* err = nullptr;
+  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return Internal("sqlite: " + msg);
+  }
+  Status st;
+  for (const auto& id : ids) {
+    for (const char* sql : kDeletes) {
+      Stmt s(db_, sql);
+      st = s.prepared();
+      if (st.ok()) {
+        s.Bind(1, id);
+        auto done = s.Step();
+        if (!done.ok()) st = done.status();
+      }
+      if (!st.ok()) break;
+    }
+    if (!st.ok()) break;
+  }
+  (void)sqlite3_exec(db_, st.ok() ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  if (!st.ok()) return st;
+  return ids;
 }
 
 Result<int64_t> Store::InsertEgress(const EgressRecord& e) {

@@ -7,6 +7,7 @@
 
 #include <sqlite3.h>
 
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -49,6 +50,12 @@ struct ExecRecord {
   std::string error;
   int64_t stdout_bytes = 0;
   int64_t stderr_bytes = 0;
+};
+
+// How many execs a running VM has had, and how many run now.
+struct ExecCount {
+  int64_t total = 0;
+  int64_t running = 0;
 };
 
 // One egress connection from a guest: the proxy's decision and, once closed, its traffic.
@@ -138,6 +145,13 @@ class Store {
   Result<int64_t> InsertExec(const ExecRecord& e);
   Status FinishExec(const ExecRecord& e);
   Result<std::vector<ExecRecord>> ListExecs(const std::string& vm_id);
+  Result<std::optional<ExecRecord>> GetExec(int64_t id);
+  // Per running VM.
+  Result<std::map<std::string, ExecCount>> CountExecs();
+  // Deletes the records of VMs that ended (destroyed or reaped) before `ended_before`,
+  // with their execs, workspaces and collects, in one transaction; returns their ids. The
+  // egress audit and agent runs are kept.
+  Result<std::vector<std::string>> PruneVms(double ended_before);
 
   Result<int64_t> InsertEgress(const EgressRecord& e);
   // Records the end of a connection: byte counts, duration, and the final verdict/reason.

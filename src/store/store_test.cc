@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "util/fd.h"
 
 namespace trybox::store {
@@ -391,6 +393,75 @@ TEST_F(StoreTest, PruneEgressByAgeAndByCountKeepsTunnelsThatMayBeOpen) {
   struct stat st;
   ASSERT_EQ(::stat((dir_->path() + "/t.db-wal").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 0);
+}
+
+ExecRecord Exec(const std::string& vm) {
+  ExecRecord e;
+  e.vm_id = vm;
+  e.argv = Json::array({"sleep", "1"});
+  e.cwd = "/root";
+  e.started_at = NowSeconds();
+  e.outcome = "running";
+  return e;
+}
+
+TEST_F(StoreTest, ExecsAreReadBackByIdAndCountedPerRunningVm) {
+  ASSERT_TRUE(store_->InsertVm(Vm("v1")).ok());
+  ASSERT_TRUE(store_->InsertVm(Vm("v2")).ok());
+  auto a = store_->InsertExec(Exec("v1"));
+  auto b = store_->InsertExec(Exec("v1"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ExecRecord done = Exec("v1");
+  done.id = *a;
+  done.outcome = "exited";
+  done.exit_code = 0;
+  done.ended_at = NowSeconds();
+  done.stdout_bytes = 12;
+  ASSERT_TRUE(store_->FinishExec(done).ok());
+  auto got = store_->GetExec(*a);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->vm_id, "v1");
+  EXPECT_EQ((*got)->outcome, "exited");
+  EXPECT_EQ((*got)->exit_code, 0);
+  EXPECT_EQ((*got)->stdout_bytes, 12);
+  EXPECT_FALSE(store_->GetExec(*b + 100)->has_value());
+  auto counts = store_->CountExecs();
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->at("v1").total, 2);
+  EXPECT_EQ(counts->at("v1").running, 1);
+  EXPECT_EQ(counts->count("v2"), 0u);
+}
+
+TEST_F(StoreTest, PruneDeletesOnlyVmsThatEndedBeforeTheCutoffWithTheirRows) {
+  for (const char* id : {"old", "gone", "live"}) ASSERT_TRUE(store_->InsertVm(Vm(id)).ok());
+  for (const char* id : {"old", "gone", "live"}) ASSERT_TRUE(store_->InsertExec(Exec(id)).ok());
+  WorkspaceRecord w;
+  w.vm_id = "old";
+  w.dir = "/src";
+  w.setup_exec_id = static_cast<int>(*store_->LastExecId("old").value());
+  ASSERT_TRUE(store_->InsertWorkspace(w).ok());
+  CollectRecord c;
+  c.vm_id = "old";
+  c.outcome = "ok";
+  c.changes = Json::array({{{"change", "added"}, {"path", "a"}}});
+  ASSERT_TRUE(store_->InsertCollect(c).ok());
+  ASSERT_TRUE(store_->UpdateVmState("old", "destroyed", "{}").ok());
+  ASSERT_TRUE(store_->UpdateVmState("gone", "reaped", "{}").ok());
+  // Nothing ended before an hour ago.
+  auto none = store_->PruneVms(NowSeconds() - 3600);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  auto pruned = store_->PruneVms(NowSeconds() + 1);
+  ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
+  std::sort(pruned->begin(), pruned->end());
+  EXPECT_EQ(*pruned, (std::vector<std::string>{"gone", "old"}));
+  EXPECT_FALSE(store_->GetVm("old")->has_value());
+  EXPECT_TRUE(store_->ListExecs("old")->empty());
+  EXPECT_FALSE(store_->GetWorkspace("old")->has_value());
+  EXPECT_FALSE(store_->LatestCollect("old")->has_value());
+  // A running VM is never pruned, however old.
+  EXPECT_TRUE(store_->GetVm("live")->has_value());
+  EXPECT_EQ(store_->ListExecs("live")->size(), 1u);
 }
 
 }  // namespace

@@ -1,0 +1,137 @@
+// The verbs of terminals, kept output and ports (docs/protocol/daemon.md): logs, ps, kill,
+// port. The exec verb itself (with its tty and detach fields) is in verbs_vm.cc.
+#include <atomic>
+#include <thread>
+
+#include "daemon/verbs.h"
+
+namespace trybox::daemon {
+namespace {
+
+// Bytes per DATA frame of a logs reply: one frame's worth, so a follower sees output as
+// soon as it is kept.
+constexpr size_t kLogChunk = 256 * 1024;
+
+Json ExecJson(const store::ExecRecord& e) {
+  const bool running = e.outcome == "running";
+  const bool ended = e.ended_at > 0;
+  const double end = ended ? e.ended_at : store::NowSeconds();
+  Json j = {
+      {"id", e.id},
+      {"vm", e.vm_id},
+      {"argv", e.argv},
+      {"cwd", e.cwd},
+      {"state", running ? "running" : "ended"},
+      {"outcome", e.outcome},
+      {"started_at", e.started_at},
+      {"ended_at", ended ? Json(e.ended_at) : Json(nullptr)},
+      {"duration_ms",
+       running || ended ? Json(static_cast<int64_t>((end - e.started_at) * 1000)) : Json(nullptr)},
+      {"stdout_bytes", e.stdout_bytes},
+      {"stderr_bytes", e.stderr_bytes}};
+  if (e.exit_code) j["exit_code"] = *e.exit_code;
+  if (e.signal) j["signal"] = *e.signal;
+  if (!e.error.empty()) j["error"] = e.error;
+  return j;
+}
+
+// A follower's client: its reset, END or loss stops the follow.
+void WatchFollower(channel::Stream& client, ExecLog& log, std::atomic<bool>* stop) {
+  for (;;) {
+    auto m = client.Next();
+    if (!m.ok() || m->kind == channel::Stream::Message::Kind::kReset ||
+        m->kind == channel::Stream::Message::Kind::kEnd) {
+      *stop = true;
+      log.Wake();
+      return;
+    }
+  }
+}
+
+// Sends the output of `log` from `offset` to the client (channel 1, a "gap" EVENT for each
+// dropped range); with `follow`, until the exec ends. Returns the offset reached.
+Result<int64_t> SendLog(channel::Stream& client, ExecLog& log, ExecLog::Channel ch, int64_t offset,
+                        bool follow) {
+  std::atomic<bool> stop{false};
+  std::thread watch;
+  if (follow) watch = std::thread([&] { WatchFollower(client, log, &stop); });
+  Status failure;
+  while (!stop) {
+    auto slice = log.Read(ch, offset, kLogChunk);
+    if (!slice.ok()) {
+      failure = slice.status();
+      break;
+    }
+    if (slice->skipped_to >= 0) {
+      if (!client.SendEvent({{"type", "gap"}, {"from", offset}, {"to", slice->skipped_to}}).ok())
+        break;
+      offset = slice->skipped_to;
+    } else if (!slice->data.empty()) {
+      if (!client.Write(channel::kChanOut, slice->data).ok()) break;  // the client is gone
+      offset += static_cast<int64_t>(slice->data.size());
+    } else if (!follow || slice->finished) {
+      break;
+    } else {
+      log.Wait(ch, offset, &stop);
+    }
+  }
+  if (watch.joinable()) {
+    client.Interrupt();
+    watch.join();
+  }
+  if (!failure.ok()) return failure;
+  return offset;
+}
+
+}  // namespace
+
+void AddTerminalVerbs(VerbTable& t, Services& s) {
+  t.AddStreaming("logs", [&s](channel::Stream& client, const Json& j, Connection&) {
+    auto req = ParseLogs(j);
+    auto rec = req.ok() ? s.vms.GetExec(req->exec) : Result<store::ExecRecord>(req.status());
+    auto log = rec.ok() ? s.logs.Open(rec->vm_id, req->exec)
+                        : Result<std::shared_ptr<ExecLog>>(rec.status());
+    if (!log.ok()) {
+      (void)client.End(ErrorReply(log.status()));
+      return;
+    }
+    auto offset = SendLog(client, **log, req->stderr ? ExecLog::kStderr : ExecLog::kStdout,
+                          req->offset, req->follow);
+    if (!offset.ok()) {
+      (void)client.End(ErrorReply(offset.status()));
+      return;
+    }
+    // The record as of now: a follow ends after the exec's row was finished.
+    auto now = s.vms.GetExec(req->exec);
+    (void)client.End(
+        {{"ok", true}, {"offset", *offset}, {"exec", ExecJson(now.ok() ? *now : *rec)}});
+  });
+  t.AddUnary("ps", [&s](const Json& j, Connection&) -> Json {
+    auto req = ParseVmRequest(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    auto execs = s.vms.Execs(req->vm);
+    if (!execs.ok()) return ErrorReply(execs.status());
+    Json list = Json::array();
+    for (const auto& e : *execs) list.push_back(ExecJson(e));
+    return {{"ok", true}, {"vm", req->vm}, {"execs", list}};
+  });
+  t.AddUnary("kill", [&s](const Json& j, Connection&) -> Json {
+    auto req = ParseKill(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    Status st = s.vms.SignalExec(req->exec, req->signal);
+    if (!st.ok()) return ErrorReply(st);
+    return {{"ok", true}, {"exec", req->exec}, {"signal", req->signal}};
+  });
+  t.AddStreaming("port", [&s](channel::Stream& client, const Json& j, Connection&) {
+    auto req = ParsePort(j);
+    auto vm = req.ok() ? s.vms.Get(req->vm) : Result<std::shared_ptr<VmEntry>>(req.status());
+    if (!vm.ok()) {
+      (void)client.End(ErrorReply(vm.status()));
+      return;
+    }
+    RelayPort(**vm, req->port, client);
+    s.vms.NoteDeath(**vm);
+  });
+}
+
+}  // namespace trybox::daemon
