@@ -14,6 +14,7 @@
 #include "cli/agent_settings.h"
 #include "cli/reply.h"
 #include "util/paths.h"
+#include "util/utf8.h"
 
 namespace trybox::cli {
 
@@ -99,8 +100,16 @@ Result<std::string> DescribeEvent(const Json& ev) {
       line += (line.empty() ? "" : " ") + (a.is_string() ? a.get<std::string>() : a.dump());
     text += "$ " + line + "\n";
   }
+  ASSIGN_OR_RETURN(auto output, v.OptionalObject("output"));
+  if (output) {
+    // A command's output as it is produced (following a run): the bytes as they are.
+    auto bytes = GetBytesField(output->json(), "text");
+    if (!bytes.ok()) return MalformedReply("output.text", bytes.status().message());
+    text += *bytes;
+  }
   ASSIGN_OR_RETURN(auto done, v.OptionalObject("exec_end"));
   if (done) {
+    // Absent when the output came live, above.
     ASSIGN_OR_RETURN(std::string tail, done->StringOr("output_tail", ""));
     text += tail;
     if (!tail.empty() && tail.back() != '\n') text += "\n";

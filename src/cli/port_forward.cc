@@ -91,7 +91,9 @@ Status CheckRunning(Client& client, const std::string& vm) {
     for (const auto& v : r["vms"]) {
       if (v.is_object() && v.value("id", Json()) == vm) {
         if (v.value("state", Json()) == "running") return Status::Ok();
-        return FailedPrecondition("VM " + vm + " is " + v.value("state", std::string("?")));
+        const Json state = v.value("state", Json());
+        return FailedPrecondition("VM " + vm + " is " +
+                                  (state.is_string() ? state.get<std::string>() : "?"));
       }
     }
   }

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <thread>
 
+#include "cli/reply.h"
 #include "util/fd.h"
 #include "util/names.h"
 
@@ -189,7 +190,7 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
       return code;
     } else if (m->kind == Kind::kReset) {
       (*raw)->Restore();
-      return Failed(Unavailable("tryboxd aborted the exec: " + m->body.value("reason", "")));
+      return Failed(StatusFromReset(m->body, "the exec"));
     }
   }
 }

@@ -202,14 +202,21 @@ void AgentCall::AddVerbs(bool loop) {
     ExecIo io;
     io.capture = &out;
     io.cancelled = &stop_execs_;
-    io.on_open = [this](std::shared_ptr<channel::Stream> g) {
-      MutexLock lock(mu_);
-      exec_in_flight_ = g;
-      if (stop_execs_) (void)g->Reset("the run was stopped");
-    };
-    run_->feed->Push({{"exec", {{"tool", *tool}, {"argv", spec.argv}}}});
+    // The exec is announced once it is recorded and open, with its id: a follower then
+    // reads its output live from the kept log (AgentRunner::Show).
     int64_t exec_id = 0;
+    bool announced = false;
+    io.on_open = [&](std::shared_ptr<channel::Stream> g) {
+      {
+        MutexLock lock(mu_);
+        exec_in_flight_ = g;
+        if (stop_execs_) (void)g->Reset("the run was stopped");
+      }
+      run_->feed->Push({{"exec", {{"tool", *tool}, {"argv", spec.argv}, {"exec_id", exec_id}}}});
+      announced = true;
+    };
     auto result = env_.vms.Exec(**vm, spec, io, &exec_id);
+    if (!announced) run_->feed->Push({{"exec", {{"tool", *tool}, {"argv", spec.argv}}}});
     {
       MutexLock lock(mu_);
       exec_in_flight_.reset();

@@ -1,11 +1,15 @@
 #include "daemon/agent_runner.h"
 
+#include <set>
+
 #include "agent/report.h"
 #include "agent/text.h"
 #include "util/fd.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/names.h"
 #include "util/process.h"
+#include "util/utf8.h"
 #include "workspace/workspace.h"
 
 namespace trybox::daemon {
@@ -370,6 +374,62 @@ void AgentRunner::Release(const std::shared_ptr<Slot>& slot) {
   changed_.SignalAll();
 }
 
+namespace {
+
+// The length of the longest prefix of `s` that does not end inside a UTF-8 sequence: the
+// rest waits for the next read, so a character split between two reads is sent whole.
+size_t WholeUtf8Prefix(std::string_view s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? s.size() - back : s.size();
+  }
+  return s.size();
+}
+
+// Sends the output of exec `exec_id` from its kept log as it is produced, as EVENTs
+// {"output": {exec_id, stream, text[, text_b64]}}, until the exec ends. False if the client
+// went away.
+bool SendLiveOutput(channel::Stream& client, ExecLog& log, int64_t exec_id) {
+  int64_t offsets[2] = {0, 0};
+  std::string pending[2];
+  for (;;) {
+    const bool finished = log.finished();  // read before the data: nothing is missed
+    bool any = false;
+    for (auto ch : {ExecLog::kStdout, ExecLog::kStderr}) {
+      auto slice = log.Read(ch, offsets[ch], 64 * 1024);
+      if (!slice.ok()) return true;  // not kept (cap 0, no space): exec_end's tail still comes
+      if (slice->skipped_to >= 0) {
+        offsets[ch] = slice->skipped_to;
+        any = true;
+        continue;
+      }
+      if (slice->data.empty()) continue;
+      any = true;
+      offsets[ch] += static_cast<int64_t>(slice->data.size());
+      pending[ch] += slice->data;
+      size_t whole = finished ? pending[ch].size() : WholeUtf8Prefix(pending[ch]);
+      if (whole == 0) continue;
+      Json out = {{"exec_id", exec_id}, {"stream", ch == ExecLog::kStdout ? "stdout" : "stderr"}};
+      SetBytesField(out, "text", std::string_view(pending[ch]).substr(0, whole));
+      pending[ch].erase(0, whole);
+      if (!client.SendEvent({{"output", out}}).ok()) return false;
+    }
+    if (any) continue;
+    if (finished) return true;
+    log.WaitAny(offsets[ExecLog::kStdout], offsets[ExecLog::kStderr]);
+  }
+}
+
+// The exec id of an {"exec": {..., exec_id}} event, or 0.
+int64_t ExecIdOf(const Json& ev, const char* key) {
+  if (!ev.contains(key) || !ev[key].is_object()) return 0;
+  return IntOr(ev[key], "exec_id", 0);
+}
+
+}  // namespace
+
 Json AgentRunner::Show(const std::string& run_id, bool follow, channel::Stream* client) {
   std::shared_ptr<RunFeed> feed;
   if (follow && client) {
@@ -379,10 +439,31 @@ Json AgentRunner::Show(const std::string& run_id, bool follow, channel::Stream* 
   }
   if (feed) {
     bool closed = false;
+    std::set<int64_t> streamed;  // execs whose output went out live
     for (size_t at = 0; !closed;) {
-      for (auto& ev : feed->Next(at, &closed)) {
+      std::vector<Json> batch = feed->Next(at, &closed);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Json& ev = batch[i];
         ++at;
+        const int64_t ended = ExecIdOf(ev, "exec_end");
+        if (ended && streamed.count(ended) && ev["exec_end"].is_object()) {
+          ev["exec_end"].erase("output_tail");  // the follower has it all already
+        }
         if (!client->SendEvent(ev).ok()) return ErrorReply(Unavailable("the client went away"));
+        const int64_t started = ExecIdOf(ev, "exec");
+        if (!started) continue;
+        // Live only if it has not ended yet as far as this batch knows: replaying a run's
+        // past commands keeps to their tails.
+        bool ended_here = false;
+        for (size_t j = i + 1; j < batch.size(); ++j)
+          ended_here |= ExecIdOf(batch[j], "exec_end") == started;
+        if (ended_here) continue;
+        auto log = vms_.OpenExecLog(started);
+        if (!log.ok()) continue;
+        streamed.insert(started);
+        if (!SendLiveOutput(*client, **log, started)) {
+          return ErrorReply(Unavailable("the client went away"));
+        }
       }
     }
   }

@@ -58,6 +58,9 @@ class ExecLog : public OutputSink {
   // Blocks until the stream has bytes past `offset`, the exec has ended, or `*stop` is set
   // and Wake() called.
   void Wait(Channel ch, int64_t offset, const std::atomic<bool>* stop) EXCLUDES(mu_);
+  // Blocks until stdout has bytes past `out_offset` or stderr past `err_offset`, or the exec
+  // has ended.
+  void WaitAny(int64_t out_offset, int64_t err_offset) EXCLUDES(mu_);
   // Wakes every Wait, so that one whose `stop` was set returns.
   void Wake() EXCLUDES(mu_);
 

@@ -51,8 +51,8 @@ bool DiskRefused(const Json& end) {
   return e == "no_transfer_disk" || e == "disk_busy" || e == "disk_full";
 }
 
-DiskContent::DiskContent(TransferDiskPort& port, std::unique_lock<std::mutex> lock, uint64_t bytes,
-                         std::vector<Json> events, Json end)
+DiskContent::DiskContent(TransferDiskPort& port, std::unique_lock<std::timed_mutex> lock,
+                         uint64_t bytes, std::vector<Json> events, Json end)
     : port_(port),
       lock_(std::move(lock)),
       bytes_(bytes),
@@ -85,7 +85,7 @@ Result<std::optional<Json>> PutViaDisk(GuestChannel& guest, Json greq, const Con
   const std::optional<Json> refused;
   TransferDiskPort* port = guest.transfer_disk();
   if (!port) return refused;
-  std::unique_lock<std::mutex> lock = port->TryLock();
+  std::unique_lock<std::timed_mutex> lock = port->TryLock();
   if (!lock) return refused;
   EmptyAfter empty(*port);
   // The disk is empty after every transfer; the announced size cuts whatever follows.
@@ -122,7 +122,7 @@ Result<std::unique_ptr<DiskContent>> GetViaDisk(GuestChannel& guest, Json greq,
                                                 uint64_t max_bytes) {
   TransferDiskPort* port = guest.transfer_disk();
   if (!port) return std::unique_ptr<DiskContent>();
-  std::unique_lock<std::mutex> lock = port->TryLock();
+  std::unique_lock<std::timed_mutex> lock = port->TryLock();
   if (!lock) return std::unique_ptr<DiskContent>();
   EmptyAfter empty(*port);
   max_bytes = Sectors(max_bytes);
@@ -164,7 +164,7 @@ Result<std::unique_ptr<DiskContent>> GetViaDisk(GuestChannel& guest, Json greq,
 bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& client) {
   TransferDiskPort* port = guest.transfer_disk();
   if (!port) return false;
-  std::unique_lock<std::mutex> lock = port->TryLock();
+  std::unique_lock<std::timed_mutex> lock = port->TryLock();
   if (!lock) return false;
   EmptyAfter empty(*port);
   // The upload goes to the file as it arrives. Should the host's disk fill up, what could

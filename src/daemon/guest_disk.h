@@ -31,7 +31,7 @@ namespace trybox::daemon {
 // The disk stays locked while this lives; dropping it empties the disk.
 class DiskContent {
  public:
-  DiskContent(TransferDiskPort& port, std::unique_lock<std::mutex> lock, uint64_t bytes,
+  DiskContent(TransferDiskPort& port, std::unique_lock<std::timed_mutex> lock, uint64_t bytes,
               std::vector<Json> events, Json end);
   ~DiskContent();
   DiskContent(const DiskContent&) = delete;
@@ -45,7 +45,7 @@ class DiskContent {
 
  private:
   TransferDiskPort& port_;
-  std::unique_lock<std::mutex> lock_;
+  std::unique_lock<std::timed_mutex> lock_;
   const uint64_t bytes_;
   uint64_t read_ = 0;
   const std::vector<Json> events_;

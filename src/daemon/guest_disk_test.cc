@@ -35,15 +35,15 @@ class FilePort : public TransferDiskPort {
     if (::ftruncate(fd_.get(), static_cast<off_t>(bytes)) != 0) return ErrnoError("truncate");
     return Status::Ok();
   }
-  std::unique_lock<std::mutex> TryLock() override {
-    return std::unique_lock<std::mutex>(mu_, std::try_to_lock);
+  std::unique_lock<std::timed_mutex> TryLock() override {
+    return std::unique_lock<std::timed_mutex>(mu_, std::try_to_lock);
   }
-  std::mutex& mu() { return mu_; }
+  std::timed_mutex& mu() { return mu_; }
   std::vector<uint64_t> announced;
 
  private:
   UniqueFd fd_;
-  std::mutex mu_;
+  std::timed_mutex mu_;
 };
 
 class DiskGuest : public GuestChannel {
@@ -197,7 +197,7 @@ TEST_F(GuestDiskTest, AFileGoesInAndOutThroughTheDiskWhichIsEmptiedAfter) {
 
 TEST_F(GuestDiskTest, ABusyDiskLeavesTheTransferToTheChannel) {
   Start();
-  std::lock_guard<std::mutex> busy(port_->mu());
+  std::lock_guard<std::timed_mutex> busy(port_->mu());
   const std::string data = Data(200000);
   EXPECT_EQ(Put(Path("f"), data)["via"], "channel");
   EXPECT_EQ(Get(Path("f")).data, data);

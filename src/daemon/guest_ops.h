@@ -41,8 +41,9 @@ class TransferDiskPort {
   virtual int fd_for_io() const = 0;
   // The guest sees `bytes` of capacity from now on; the file is cut or extended to it.
   virtual Status Announce(uint64_t bytes) = 0;
-  // Exclusive use for one transfer; an empty lock while another one runs.
-  virtual std::unique_lock<std::mutex> TryLock() = 0;
+  // Exclusive use for one transfer; an empty lock while another one still runs after a
+  // short wait.
+  virtual std::unique_lock<std::timed_mutex> TryLock() = 0;
 };
 
 class GuestChannel {

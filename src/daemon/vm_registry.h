@@ -63,7 +63,7 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   // TransferDiskPort over the VM's transfer disk.
   int fd_for_io() const override { return vm_->transfer_disk_fd(); }
   Status Announce(uint64_t bytes) override { return vm_->ResizeTransferDisk(bytes); }
-  std::unique_lock<std::mutex> TryLock() override { return vm_->TryLockTransferDisk(); }
+  std::unique_lock<std::timed_mutex> TryLock() override { return vm_->TryLockTransferDisk(); }
 
   const std::unique_ptr<vmm::Vm> vm_;
   UidLease uid_;

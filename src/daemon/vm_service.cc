@@ -194,6 +194,11 @@ Result<store::ExecRecord> VmService::GetExec(int64_t exec_id) {
   return *rec;
 }
 
+Result<std::shared_ptr<ExecLog>> VmService::OpenExecLog(int64_t exec_id) {
+  ASSIGN_OR_RETURN(store::ExecRecord rec, GetExec(exec_id));
+  return logs_.Open(rec.vm_id, exec_id);
+}
+
 Status VmService::SignalExec(int64_t exec_id, int sig) {
   ASSIGN_OR_RETURN(store::ExecRecord rec, GetExec(exec_id));
   Status st = running_.Signal(exec_id, sig);

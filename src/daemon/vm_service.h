@@ -86,6 +86,8 @@ class VmService {
   // kFailedPrecondition: it is not running, naming how it ended.
   Status SignalExec(int64_t exec_id, int sig);
   Result<store::ExecRecord> GetExec(int64_t exec_id);
+  // The kept output of an exec (live while it runs). kNotFound for an unknown id.
+  Result<std::shared_ptr<ExecLog>> OpenExecLog(int64_t exec_id);
   // A VM's execs, oldest first, with the byte counts of running ones as of now. The VM may
   // have been destroyed; kNotFound if it has no record.
   Result<std::vector<store::ExecRecord>> Execs(const std::string& vm_id);

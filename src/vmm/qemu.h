@@ -164,8 +164,11 @@ class Vm {
   // The file, as created before QEMU started (its path is in a directory QEMU's uid owns).
   int transfer_disk_fd() const { return transfer_fd_.get(); }
   Status ResizeTransferDisk(uint64_t bytes);
-  std::unique_lock<std::mutex> TryLockTransferDisk() {
-    return std::unique_lock<std::mutex>(transfer_mu_, std::try_to_lock);
+  std::unique_lock<std::timed_mutex> TryLockTransferDisk() {
+    // The last transfer's handler lets go a moment after its END reached its client, who may
+    // already have sent the next request: that one waits up to a second rather than take
+    // the channel (the guest's side waits the same way).
+    return std::unique_lock<std::timed_mutex>(transfer_mu_, std::chrono::seconds(1));
   }
 
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
@@ -209,7 +212,7 @@ class Vm {
   std::optional<DestroyReport> destroyed_;
   std::atomic<bool> transfer_disk_{false};
   UniqueFd transfer_fd_;
-  std::mutex transfer_mu_;
+  std::timed_mutex transfer_mu_;
 };
 
 // Kills a QEMU left behind by a daemon that died, if `pid` is still that VM's process (its

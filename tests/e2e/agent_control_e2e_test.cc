@@ -42,6 +42,21 @@ class AgentControlE2E : public AgentFixture {
       }
       return true;
     }
+    // Reads stderr to its end (the CLI's exit), or for at most 120 s.
+    void ReadRest() {
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      for (;;) {
+        int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        until - std::chrono::steady_clock::now())
+                                        .count());
+        struct pollfd p = {err.get(), POLLIN, 0};
+        if (left <= 0 || ::poll(&p, 1, left) <= 0) return;
+        char buf[4096];
+        ssize_t n = ::read(err.get(), buf, sizeof buf);
+        if (n <= 0) return;
+        err_seen.append(buf, static_cast<size_t>(n));
+      }
+    }
     // Waits for the exit; the code and stdout.
     int Finish(std::string* out) {
       auto exit = child.Wait();
@@ -169,18 +184,32 @@ TEST_F(AgentControlE2E, CancelFromAnotherTerminalStopsTheRun) {
 
 TEST_F(AgentControlE2E, ShowFollowPrintsEachCommandAndItsOutputAsTheRunWorks) {
   PushProbeReply();
-  model_->Push(Turn({Call("run", {{"command", "echo first-line; sleep 2; echo second-line"}})}));
+  model_->Push(Turn(
+      {Call("run", {{"command", "echo first-line; echo to-err >&2; sleep 6; echo second-line"}})}));
   model_->Push(Turn({Call("finish", {{"summary", "printed"}})}));
   Running cli = Start({"agent", "--model", ModelName(), "--json", "print"});
   ASSERT_TRUE(cli.WaitFor("trybox: run ")) << cli.err_seen;
   ASSERT_TRUE(cli.WaitFor("\n")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
-  CliResult follow = h_->Cli({"agent", "show", run, "--follow"});
-  EXPECT_EQ(follow.code, 2) << follow.err;  // DONE, UNVERIFIED
-  EXPECT_NE(follow.err.find("$ /bin/sh -c echo first-line"), std::string::npos) << follow.err;
-  EXPECT_NE(follow.err.find("second-line"), std::string::npos) << follow.err;
-  EXPECT_NE(follow.err.find("[exit 0]"), std::string::npos) << follow.err;
-  EXPECT_NE(follow.out.find("DONE"), std::string::npos) << follow.out;
+  Running follow = Start({"agent", "show", run, "--follow"});
+  // The command's first line arrives while it still runs (it sleeps 6 s before the second):
+  // live from the kept output, not the tail at its end.
+  // (The command's own text holds the words too, after "echo ": the output is a line.)
+  ASSERT_TRUE(follow.WaitFor("\nfirst-line\n")) << follow.err_seen;
+  EXPECT_EQ(follow.err_seen.find("\nsecond-line\n"), std::string::npos) << follow.err_seen;
+  EXPECT_EQ(follow.err_seen.find("[exit 0]"), std::string::npos) << follow.err_seen;
+  follow.ReadRest();
+  std::string follow_out;
+  EXPECT_EQ(follow.Finish(&follow_out), 2) << follow.err_seen;  // DONE, UNVERIFIED
+  EXPECT_NE(follow.err_seen.find("$ /bin/sh -c echo first-line"), std::string::npos)
+      << follow.err_seen;
+  EXPECT_NE(follow.err_seen.find("\nto-err\n"), std::string::npos) << follow.err_seen;
+  EXPECT_NE(follow.err_seen.find("\nsecond-line\n"), std::string::npos) << follow.err_seen;
+  EXPECT_NE(follow.err_seen.find("[exit 0]"), std::string::npos) << follow.err_seen;
+  // Sent live, the output is not printed again with the end.
+  EXPECT_EQ(follow.err_seen.find("\nfirst-line\n"), follow.err_seen.rfind("\nfirst-line\n"))
+      << follow.err_seen;
+  EXPECT_NE(follow_out.find("DONE"), std::string::npos) << follow_out;
   std::string out;
   EXPECT_EQ(cli.Finish(&out), 2);
   CliResult transcript = h_->Cli({"agent", "transcript", run, "--json"});
