@@ -99,7 +99,6 @@ TEST(MuxTest, LargeTransferIsByteExactThroughFlowControl) {
 }
 
 TEST(MuxTest, SlowStreamDoesNotBlockOthers) {
-  std::atomic<bool> release{false};
   auto p = MakePair([&](std::shared_ptr<Stream> s, Json req) {
     if (req["op"] == "flood") {
       // Fills its window and blocks: the consumer never reads it until released.

@@ -567,7 +567,9 @@ class Server {
   static std::optional<Json> Stopped(const Call& call, const std::string& run) {
     std::string text = "cancelled by the MCP client (" + call.reason() + ")";
     if (!run.empty())
-      text += "; run " + run + " stopped. Call vm_agent with run_id " + run + " to resume it.";
+      text += "; run " + run +
+              " was cancelled (a cancelled run cannot be resumed; `trybox agent show " + run +
+              "` shows what it did).";
     LogInfo("mcp", text);
     if (call.ending() == Call::Ending::kCancelled) return std::nullopt;
     return ToolError(text);

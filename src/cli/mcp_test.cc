@@ -518,7 +518,10 @@ TEST(McpTest, EofWithACallInFlightResetsItAndAnswersIt) {
   EXPECT_NE(reset.get().find("closed stdin"), std::string::npos);
   Json r = s.ReadResponse(1);
   EXPECT_EQ(r["result"]["isError"], true) << r.dump();
-  EXPECT_NE(ResultText(r).find("run_id r1"), std::string::npos) << ResultText(r);
+  // A cancelled run cannot be resumed: the text says where to see it instead.
+  EXPECT_NE(ResultText(r).find("run r1 was cancelled"), std::string::npos) << ResultText(r);
+  EXPECT_NE(ResultText(r).find("trybox agent show r1"), std::string::npos) << ResultText(r);
+  EXPECT_EQ(ResultText(r).find("resume it"), std::string::npos) << ResultText(r);
 }
 
 TEST(McpTest, EofRightAfterACallStillAnswersIt) {

@@ -249,13 +249,13 @@ class SparePool {
     if (!enabled()) return 0;
     return std::max(Floor(s), Recent(s, now));
   }
-  int WantedOf(const Shape& s, Time now) const {
+  int WantedOf(const Shape& s, Time now) const REQUIRES(mu_) {
     if (!enabled() || stopping_) return 0;
     int missing = TargetAt(s, now) - static_cast<int>(s.ready.size()) - s.refilling;
     int64_t room = (opts_.memory_budget_mib - UsedMib()) / std::max(s.memory_mib, 1);
     return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(missing, room)));
   }
-  int64_t UsedMib() const {
+  int64_t UsedMib() const REQUIRES(mu_) {
     int64_t used = 0;
     for (const auto& [name, s] : shapes_) {
       used += static_cast<int64_t>(s.ready.size() + s.refilling) * s.memory_mib;

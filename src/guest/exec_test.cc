@@ -29,8 +29,6 @@ using channel::Json;
 using channel::Mux;
 using channel::Stream;
 
-constexpr uid_t kTesterUid = 4321;
-
 struct Reply {
   bool started = false;
   std::string out, err;

@@ -58,14 +58,14 @@ int RunInChild(void* arg) {
 }  // namespace
 
 bool ChildWatch::exited() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return done_;
 }
 
 int ChildWatch::Wait() const {
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (done_) return status_;
     }
     struct pollfd p = {reaped_.fd_for_poll(), POLLIN, 0};
@@ -74,13 +74,13 @@ int ChildWatch::Wait() const {
 }
 
 std::chrono::steady_clock::time_point ChildWatch::exit_time() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return exit_time_;
 }
 
 void ChildWatch::Complete(int status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     done_ = true;
     status_ = status;
     exit_time_ = std::chrono::steady_clock::now();
@@ -103,7 +103,7 @@ Result<std::shared_ptr<ChildWatch>> Reaper::Fork(const std::function<void()>& in
   // borrows our address space until it execs, so no page tables are copied. Under TCG that
   // matters: every page-table copy and the TLB flushes that follow cost real time.
   std::unique_ptr<char[]> stack(new char[kChildStack]);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   pid_t pid = ::clone(RunInChild, stack.get() + kChildStack, CLONE_VM | CLONE_VFORK | SIGCHLD,
                       const_cast<std::function<void()>*>(&in_child));
   if (pid < 0) return ErrnoError("clone");
@@ -130,7 +130,7 @@ Result<std::shared_ptr<ChildWatch>> Reaper::ForkIntoCgroup(const std::function<v
   args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
   args.stack = reinterpret_cast<uint64_t>(stack.get());
   args.stack_size = kChildStack;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   long pid = trybox_clone3_run(&args, sizeof args, RunInChild,
                                const_cast<std::function<void()>*>(&in_child));
   if (pid < 0) {
@@ -141,7 +141,7 @@ Result<std::shared_ptr<ChildWatch>> Reaper::ForkIntoCgroup(const std::function<v
   // CLONE_VFORK without CLONE_VM: fork semantics (the child returns here on its own copy),
   // and we are resumed once it has exec'd or exited.
   args.flags = CLONE_VFORK | CLONE_INTO_CGROUP;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
   if (pid == 0) RunInChild(const_cast<std::function<void()>*>(&in_child));
 #endif
@@ -161,7 +161,7 @@ void Reaper::Deliver(pid_t pid, int status) {
   {
     // Blocks while a Fork holds the lock, so a child reaped before it was registered is
     // looked up only after registration.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = children_.find(pid);
     if (it == children_.end()) return;  // an orphan: reaping it was the whole job
     watch = std::move(it->second);

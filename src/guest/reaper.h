@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "guest/wakeup.h"
+#include "util/mutex.h"
 #include "util/process.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
@@ -46,7 +47,7 @@ class ChildWatch {
 
   pid_t pid_ = -1;
   Wakeup reaped_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   bool done_ GUARDED_BY(mu_) = false;
   int status_ GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point exit_time_ GUARDED_BY(mu_);
@@ -77,7 +78,7 @@ class Reaper {
   void Loop();
   void Deliver(pid_t pid, int status);
 
-  std::mutex mu_;
+  Mutex mu_;
   std::map<pid_t, std::shared_ptr<ChildWatch>> children_ GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -72,17 +72,8 @@ void ExpectSquatRefused(const std::string& t, const Trap& trap, const std::strin
 
 std::string Runtime(const std::string& t) { return t + "/xdg/trybox"; }
 
-class CliHardeningE2E : public ::testing::Test {
+class CliHardeningE2E : public SharedHarness<CliHardeningE2E> {
  protected:
-  static void SetUpTestSuite() {
-    auto h = Harness::Start();
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    h_ = std::move(*h).release();
-  }
-  static void TearDownTestSuite() {
-    delete h_;
-    h_ = nullptr;
-  }
   void SetUp() override {
     ASSERT_NE(h_, nullptr);
     auto t = TempDir::Make("/tmp", "tbx-clih-");
@@ -116,12 +107,10 @@ class CliHardeningE2E : public ::testing::Test {
     EXPECT_EQ(ModeOf(victim_) & 07777, 0600u);
   }
 
-  static Harness* h_;
   std::optional<TempDir> tmp_;
   std::string victim_;
   std::string vm_;
 };
-Harness* CliHardeningE2E::h_ = nullptr;
 
 // A guest's `chmod 4755` copy of id once came out set-uid root and ran as euid 0 for any
 // user of the host.

@@ -152,17 +152,8 @@ for fd in ports:
 print("forge: %d port descriptors, %d bytes written" % (len(ports), written), flush=True)
 )PY";
 
-class GuestHardeningE2E : public ::testing::Test {
+class GuestHardeningE2E : public SharedHarness<GuestHardeningE2E> {
  protected:
-  static void SetUpTestSuite() {
-    auto h = Harness::Start();
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    h_ = std::move(*h).release();
-  }
-  static void TearDownTestSuite() {
-    delete h_;
-    h_ = nullptr;
-  }
   void SetUp() override { ASSERT_NE(h_, nullptr); }
 
   static std::string Create(const std::vector<std::string>& extra = {}) {
@@ -238,10 +229,7 @@ class GuestHardeningE2E : public ::testing::Test {
     EXPECT_EQ(after.code, 0) << after.err;
     EXPECT_EQ(after.out, "still-here\n");
   }
-
-  static Harness* h_;
 };
-Harness* GuestHardeningE2E::h_ = nullptr;
 
 TEST_F(GuestHardeningE2E, RootCommandInACloneCannotReachTheChannelOrTheKernelHelpers) {
   std::string id = Create();

@@ -2,6 +2,8 @@
 // binary, against the real image built by `trybox image build`. Shared by tests and bench.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -70,5 +72,22 @@ CliResult RunProgram(const std::vector<std::string>& argv, const std::vector<std
 
 std::string BinDir();
 std::string Sha256OfFile(const std::string& path);
+
+// The fixture of a suite whose tests share one daemon under its own TRYBOX_HOME, started
+// once for the suite (`h_`) and stopped after it.
+template <class Suite>
+class SharedHarness : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto h = Harness::Start();
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    h_ = std::move(*h).release();
+  }
+  static void TearDownTestSuite() {
+    delete h_;
+    h_ = nullptr;
+  }
+  static inline Harness* h_ = nullptr;
+};
 
 }  // namespace trybox::e2e

@@ -19,17 +19,8 @@ using Json = nlohmann::json;
 using Kind = channel::Stream::Message::Kind;
 namespace wt = trybox::workspace::testing;
 
-class HostileE2E : public ::testing::Test {
+class HostileE2E : public SharedHarness<HostileE2E> {
  protected:
-  static void SetUpTestSuite() {
-    auto h = Harness::Start();
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    h_ = std::move(*h).release();
-  }
-  static void TearDownTestSuite() {
-    delete h_;
-    h_ = nullptr;
-  }
   void SetUp() override {
     ASSERT_NE(h_, nullptr);
     auto t = TempDir::Make("/tmp", "tbx-hostile-e2e-");
@@ -62,11 +53,9 @@ class HostileE2E : public ::testing::Test {
     EXPECT_EQ(e.out, "still-here\n");
   }
 
-  static Harness* h_;
   std::optional<TempDir> tmp_;
   std::string repo_;
 };
-Harness* HostileE2E::h_ = nullptr;
 
 TEST_F(HostileE2E, MalformedFramesFromInsideAGuestCostOnlyThatGuestsChannel) {
   // Only a privileged VM's commands can reach the channel now; from there, every malformed

@@ -21,17 +21,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-class LifecycleE2E : public ::testing::Test {
+class LifecycleE2E : public SharedHarness<LifecycleE2E> {
  protected:
-  static void SetUpTestSuite() {
-    auto h = Harness::Start();
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    h_ = std::move(*h).release();
-  }
-  static void TearDownTestSuite() {
-    delete h_;
-    h_ = nullptr;
-  }
   void SetUp() override { ASSERT_NE(h_, nullptr); }
 
   static std::string Create(const std::vector<std::string>& extra = {}) {
@@ -53,10 +44,7 @@ class LifecycleE2E : public ::testing::Test {
     }
     return nullptr;
   }
-
-  static Harness* h_;
 };
-Harness* LifecycleE2E::h_ = nullptr;
 
 TEST_F(LifecycleE2E, RunUnameExitsZeroAndPrintsLinux) {
   CliResult r = h_->Cli({"run", "--", "uname", "-a"});

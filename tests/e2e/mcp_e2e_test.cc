@@ -18,17 +18,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-class McpE2E : public ::testing::Test {
+class McpE2E : public SharedHarness<McpE2E> {
  protected:
-  static void SetUpTestSuite() {
-    auto h = Harness::Start();
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    h_ = std::move(*h).release();
-  }
-  static void TearDownTestSuite() {
-    delete h_;
-    h_ = nullptr;
-  }
   void SetUp() override {
     ASSERT_NE(h_, nullptr);
     std::string sdk =
@@ -78,11 +69,7 @@ class McpE2E : public ::testing::Test {
     const Json& c = result["content"];
     return c.is_array() && !c.empty() ? c[0].value("text", "") : "";
   }
-
-  static Harness* h_;
 };
-
-Harness* McpE2E::h_ = nullptr;
 
 TEST_F(McpE2E, SdkClientNegotiatesAndListsVmAgentWithItsSchemas) {
   Json r = RunSdkClient("");

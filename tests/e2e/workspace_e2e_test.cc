@@ -16,17 +16,8 @@ namespace {
 using Json = nlohmann::json;
 namespace wt = trybox::workspace::testing;
 
-class WorkspaceE2E : public ::testing::Test {
+class WorkspaceE2E : public SharedHarness<WorkspaceE2E> {
  protected:
-  static void SetUpTestSuite() {
-    auto h = Harness::Start();
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    h_ = std::move(*h).release();
-  }
-  static void TearDownTestSuite() {
-    delete h_;
-    h_ = nullptr;
-  }
   void SetUp() override {
     ASSERT_NE(h_, nullptr);
     auto t = TempDir::Make("/tmp", "tbx-ws-e2e-");
@@ -68,11 +59,9 @@ class WorkspaceE2E : public ::testing::Test {
     return r.out.substr(0, r.out.find('\n'));
   }
 
-  static Harness* h_;
   std::optional<TempDir> tmp_;
   std::string home_, repo_;
 };
-Harness* WorkspaceE2E::h_ = nullptr;
 
 const Json* FindChange(const Json& changes, const std::string& path) {
   for (const auto& c : changes) {
