@@ -202,10 +202,13 @@ Result<int> ExitCodeOf(const ReplyView& r, std::string* message) {
     if (err == "not_executable" || err == "bad_cwd") return 126;
     return kTryboxFailed;
   }
-  if (outcome == "channel_lost" || outcome == "cancelled") {
+  if (outcome == "channel_lost" || outcome == "cancelled" || outcome == "guest_unresponsive" ||
+      outcome == "not_started") {
     ASSIGN_OR_RETURN(std::string why, r.StringOr("message", ""));
-    *message = (outcome == "cancelled" ? "the command was cancelled: "
-                                       : "lost the guest before the command finished: ") +
+    *message = (outcome == "cancelled"            ? "the command was cancelled: "
+                : outcome == "guest_unresponsive" ? "the guest stopped answering: "
+                : outcome == "not_started"        ? "the command never started: "
+                                           : "lost the guest before the command finished: ") +
                why;
     return kTryboxFailed;
   }
@@ -735,6 +738,16 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
   std::string out = "acceleration: " + accel.value_or("unknown") + "\n  why: " + why + "\n";
   out += "qemu: " + qemu + "\n";
   out += "daemon: pid " + std::to_string(pid) + ", socket " + socket + "\n";
+  if (r.Has("unwell_vms")) {
+    ASSIGN_OR_RETURN(const Json* unwell, r.Array("unwell_vms"));
+    for (size_t i = 0; i < unwell->size(); ++i) {
+      ReplyView v((*unwell)[i], "unwell_vms[" + std::to_string(i) + "]");
+      ASSIGN_OR_RETURN(std::string id, v.String("id"));
+      ASSIGN_OR_RETURN(std::string state, v.String("state"));
+      ASSIGN_OR_RETURN(std::string note, v.StringOr("note", ""));
+      out += "VM " + id + ": " + state + (note.empty() ? "" : " (" + note + ")") + "\n";
+    }
+  }
   ASSIGN_OR_RETURN(auto pool, r.OptionalObject("spare_pool"));
   if (pool) {
     ASSIGN_OR_RETURN(bool enabled, pool->BoolOr("enabled", false));

@@ -37,9 +37,7 @@ Code CodeFromName(const std::string& name) {
 Status PrepareRuntimeDir(const Paths& paths, bool autostart) {
   Status st = autostart ? MakePrivateDir(paths.runtime) : CheckPrivateDir(paths.runtime);
   if (st.ok()) return st;
-  if (st.code() == Code::kNotFound) {
-    return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " + st.message());
-  }
+  if (st.code() == Code::kNotFound) return DaemonUnreachable(paths.socket(), st.message());
   if (st.code() == Code::kPermissionDenied) {
     return PermissionDenied(
         "refusing to use the runtime directory, which holds tryboxd's socket: " + st.message() +
@@ -113,27 +111,39 @@ Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autosta
     }
     if (child.running()) child.Release();  // the daemon lives on, detached
     if (!fd.ok()) {
-      return Unavailable("started tryboxd but it did not answer on " + paths.socket() + " (see " +
-                         log_path + ")");
+      return DaemonUnreachable(paths.socket(),
+                               "started it, but it did not answer (see " + log_path + ")");
     }
   }
-  if (!fd.ok()) {
-    return Unavailable("cannot reach tryboxd at " + paths.socket() + ": " + fd.status().message());
-  }
+  if (!fd.ok()) return DaemonUnreachable(paths.socket(), fd.status().message());
   RETURN_IF_ERROR(CheckDaemonPeer(fd->get(), paths.socket()));
   auto mux = std::make_unique<channel::Mux>(std::move(*fd), channel::Role::kHost);
   mux->Start();
-  return std::unique_ptr<Client>(new Client(std::move(mux)));
+  return std::unique_ptr<Client>(new Client(std::move(mux), paths.socket()));
+}
+
+Status DaemonUnreachable(const std::string& socket, const std::string& detail) {
+  return Unavailable("cannot reach tryboxd at " + socket + ": " + detail);
+}
+
+Status Client::Explain(const Status& st) const {
+  if (st.ok() || mux_->alive()) return st;
+  return DaemonUnreachable(socket_,
+                           "it went away during the request (" + mux_->death_reason() + ")");
 }
 
 Result<std::shared_ptr<channel::Stream>> Client::Open(const Json& request) {
-  return mux_->Open(request);
+  auto s = mux_->Open(request);
+  if (!s.ok()) return Explain(s.status());
+  return s;
 }
 
 Result<Json> Client::Call(const Json& request) {
   ASSIGN_OR_RETURN(auto s, Open(request));
   for (;;) {
-    ASSIGN_OR_RETURN(auto m, s->Next());
+    auto next = s->Next();
+    if (!next.ok()) return Explain(next.status());
+    auto& m = *next;
     if (m.kind == channel::Stream::Message::Kind::kEnd) {
       RETURN_IF_ERROR(StatusFromReply(m.body));
       return m.body;

@@ -30,11 +30,20 @@ class Client {
   Result<std::shared_ptr<channel::Stream>> Open(const Json& request);
   // A verb with no data: returns the END body, or an error Status built from it.
   Result<Json> Call(const Json& request);
+  // `st` as it should be told: once the daemon's connection is gone, DaemonUnreachable.
+  Status Explain(const Status& st) const;
 
  private:
-  explicit Client(std::unique_ptr<channel::Mux> mux) : mux_(std::move(mux)) {}
+  Client(std::unique_ptr<channel::Mux> mux, std::string socket)
+      : mux_(std::move(mux)), socket_(std::move(socket)) {}
   std::unique_ptr<channel::Mux> mux_;
+  const std::string socket_;
 };
+
+// The one name of a daemon that does not answer, whatever the command and whenever it is
+// found out (before connecting, at the start, or mid-request): kUnavailable
+// "cannot reach tryboxd at SOCKET: DETAIL".
+Status DaemonUnreachable(const std::string& socket, const std::string& detail);
 
 // OK if the process at the other end of the connected unix socket `fd` runs as our
 // effective uid or as root; otherwise kPermissionDenied naming its uid and `socket`.

@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <future>
+#include <thread>
+
 #include "cli/testing.h"
 #include "util/private_dir.h"
 
@@ -62,6 +65,30 @@ TEST(ClientTest, MissingRuntimeDirWithoutAutostartIsUnreachable) {
   EXPECT_NE(c.status().message().find("cannot reach tryboxd at " + home.paths.socket()),
             std::string::npos)
       << c.status().message();
+}
+
+TEST(ClientTest, ADaemonThatDiesMidRequestHasTheSameNameAsOneThatIsNotThere) {
+  // It used to be "channel lost: ..." here, "cannot reach tryboxd" before connecting, and
+  // "started tryboxd but it did not answer" after an autostart.
+  Home home;
+  auto d = testing::ScriptedDaemon::Start(
+      home.paths, [](std::shared_ptr<channel::Stream> s, const Json&) { (void)s->Next(); });
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto c = Client::Connect(home.paths, false);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto call = std::async(std::launch::async, [&] { return (*c)->Call({{"verb", "list"}}); });
+  while ((*d)->requests().empty()) std::this_thread::yield();
+  d->reset();  // the daemon goes away with the request unanswered
+  auto r = call.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_NE(r.status().message().find("cannot reach tryboxd at " + home.paths.socket()),
+            std::string::npos)
+      << r.status().message();
+  auto again = (*c)->Call({{"verb", "list"}});
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("cannot reach tryboxd at "), std::string::npos)
+      << again.status().message();
 }
 
 TEST(ClientTest, OwnDaemonIsServed) {

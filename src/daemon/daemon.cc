@@ -53,6 +53,13 @@ Status Daemon::Init() {
                                   *running_, *disks_, opts_.retention, opts_.disk_transfers);
   vms_->ReapLeftovers(p.vms(), p.templates());
   vms_->Prune();
+  heartbeat_ = std::make_unique<Heartbeat>(
+      *registry_,
+      [this](VmEntry& vm, VmEntry::Condition c, const std::string& note) {
+        vms_->NoteCondition(vm, c, note);
+      },
+      Heartbeat::Options{});
+  heartbeat_->Start();
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
   AgentRunnerOptions ao;
@@ -103,6 +110,7 @@ Daemon::~Daemon() {
     housekeeping_cv_.SignalAll();
   }
   if (housekeeping_.joinable()) housekeeping_.join();
+  heartbeat_.reset();
   // Background work (template rebuilds, spare refills) uses the launcher: it stops first.
   background_.reset();
   agents_.reset();

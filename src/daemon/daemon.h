@@ -26,6 +26,7 @@
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
+#include "daemon/heartbeat.h"
 #include "daemon/running_execs.h"
 #include "daemon/supervisor.h"
 #include "daemon/uid_pool.h"
@@ -98,6 +99,7 @@ class Daemon {
   std::unique_ptr<VmLauncher> launcher_;
   std::unique_ptr<VmRegistry> registry_;
   std::unique_ptr<VmService> vms_;
+  std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<WorkspaceService> workspaces_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<AgentRunner> agents_;

@@ -98,6 +98,10 @@ const char* ExecOutcomeName(ExecOutcome o) {
       return "channel_lost";
     case ExecOutcome::kCancelled:
       return "cancelled";
+    case ExecOutcome::kGuestUnresponsive:
+      return "guest_unresponsive";
+    case ExecOutcome::kNotStarted:
+      return "not_started";
   }
   return "error";
 }
@@ -185,10 +189,18 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
   auto opened = guest.Open(GuestExecRequest(spec));
   if (!opened.ok()) {
     ExecResult r;
-    r.outcome = ExecOutcome::kChannelLost;
+    r.outcome = ExecOutcome::kNotStarted;
     r.message = GuestGone(guest, opened.status()).message();
     return r;
   }
+  // The host's own deadline: one wake-up at most, and only if the guest has not ended the
+  // command by then.
+  channel::Stream::Deadline deadline;
+  if (spec.timeout_ms > 0) {
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::milliseconds(spec.timeout_ms + spec.host_grace_ms);
+  }
+  bool started = false;
   std::shared_ptr<channel::Stream> s = *opened;
   if (io.on_open) io.on_open(s);
   std::atomic<bool> cancelled{false};
@@ -206,7 +218,7 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
   int64_t bytes[3] = {0, 0, 0};
   bool client_gone = false;
   while (!result && failure.ok()) {
-    auto m = s->Next();
+    auto m = s->Next(deadline);
     if (!m.ok()) {
       failure = m.status();
       break;
@@ -236,6 +248,7 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
           (void)s->Reset("malformed event");
           result = BadReply(ev.status().message());
         } else if (*ev) {
+          started = true;
           if (io.on_started) io.on_started();
           if (io.client && !client_gone) (void)io.client->SendEvent(**ev);
         }
@@ -255,14 +268,28 @@ ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io) 
   }
   if (!result) {
     ExecResult r;
-    if (client_gone || cancelled || (io.cancelled && *io.cancelled)) {
+    const bool deadline_passed = failure.code() == Code::kDeadlineExceeded;
+    if (deadline_passed || (failure.code() == Code::kCancelled && guest.unresponsive())) {
+      r.outcome = ExecOutcome::kGuestUnresponsive;
+      r.message = deadline_passed
+                      ? "the guest did not end the command within its timeout of " +
+                            std::to_string(spec.timeout_ms) + " ms plus the host's grace of " +
+                            std::to_string(spec.host_grace_ms) + " ms"
+                      : "the guest stopped answering the host's heartbeat";
+      // The guest kills the command if it ever reads this. On a thread of its own: a
+      // stopped guest reads nothing, and the write may wait until it is continued or killed.
+      std::thread([s] {
+        (void)s->Reset("the host gave up on this exec: guest unresponsive");
+      }).detach();
+    } else if (client_gone || cancelled || (io.cancelled && *io.cancelled)) {
       r.outcome = ExecOutcome::kCancelled;
       r.message = client_gone ? "the client disconnected"
                   : cancelled ? cancel_reason
                               : "stopped: the run was cancelled or its agent ended";
     } else {
-      // The channel closed before an exit event: that is reported, never an exit code.
-      r.outcome = ExecOutcome::kChannelLost;
+      // The channel closed before an exit event: that is reported, never an exit code; and
+      // before the guest said the command started, it is not recorded as one that ran.
+      r.outcome = started ? ExecOutcome::kChannelLost : ExecOutcome::kNotStarted;
       r.message = GuestGone(guest, failure).message();
     }
     result = r;

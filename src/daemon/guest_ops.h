@@ -56,6 +56,9 @@ class GuestChannel {
   virtual std::string death_reason() const = 0;
   // Its transfer disk, or null: bulk bytes then take the channel.
   virtual TransferDiskPort* transfer_disk() { return nullptr; }
+  // True while the host's heartbeat finds the guest not answering (docs/reliability.md).
+  // Streams waiting on such a guest are Interrupt()ed; they then end as guest_unresponsive.
+  virtual bool unresponsive() const { return false; }
 };
 
 // The reason of a RESET body ("no reason given" if it has none).
@@ -69,7 +72,16 @@ Status GuestGone(const GuestChannel& guest, const Status& fallback);
 
 // ---- exec ----
 
-enum class ExecOutcome { kExited, kSignaled, kTimedOut, kError, kChannelLost, kCancelled };
+enum class ExecOutcome {
+  kExited,
+  kSignaled,
+  kTimedOut,
+  kError,
+  kChannelLost,
+  kCancelled,
+  kGuestUnresponsive,  // the guest stopped answering: the host's deadline or heartbeat ended it
+  kNotStarted,         // the guest was gone before it reported the command started
+};
 const char* ExecOutcomeName(ExecOutcome o);  // "exited", ... as on the wire
 
 struct ExecResult {
@@ -98,6 +110,11 @@ ExecResult ExecResultFromGuest(const Json& end);
 Result<std::optional<Json>> GuestExecEvent(const Json& body);
 Result<Json> GuestMetaEvent(const Json& body);
 
+// The host's own deadline for an exec with a timeout: the guest's timeout plus this grace,
+// for the guest to kill the command and send its END (docs/reliability.md). Past it the exec
+// ends as guest_unresponsive.
+inline constexpr int64_t kHostGraceMs = 5000;
+
 struct ExecSpec {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
@@ -109,6 +126,8 @@ struct ExecSpec {
   // On a pseudo-terminal of this size: stdout and stderr arrive merged on channel 1, the
   // client's channel 0 is the terminal's input and its resize EVENTs are relayed.
   std::optional<TermSize> tty;
+  // With a timeout: how long past it the host waits for the guest's END (never sent).
+  int64_t host_grace_ms = kHostGraceMs;
 };
 
 // Where an exec's output is kept as it arrives (the daemon's ExecLogs). Called on the
@@ -144,8 +163,10 @@ struct ExecIo {
 
 inline constexpr size_t kCaptureBytes = 256 * 1024;
 
-// Runs one exec to its end. Never blocks on a timer: it returns as soon as the guest's END,
-// the guest's loss, or the client's cancellation is seen.
+// Runs one exec to its end. Never blocks on a polling timer: it returns as soon as the
+// guest's END, the guest's loss, the client's cancellation, the heartbeat's verdict that the
+// guest is unresponsive (an Interrupt() of the stream), or the host's deadline (an exec with
+// a timeout: timeout_ms + host_grace_ms) is seen.
 ExecResult RunExec(GuestChannel& guest, const ExecSpec& spec, const ExecIo& io);
 
 // ---- files ----

@@ -168,9 +168,10 @@ TEST(GuestOpsExecTest, MalformedEndsAreErrorsOfTheirOwnNameNeverExitCodes) {
     channel::Frame open = h.peer->Read();
     h.peer->Json(open.stream, FrameType::kEnd, end);
     ExecResult r = fut.get();
-    // A non-object END is a malformed frame: the stream is reset, the channel lives on.
+    // A non-object END is a malformed frame: the stream is reset, the channel lives on; the
+    // command never said it started.
     if (std::string(end)[0] != '{') {
-      EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost) << end;
+      EXPECT_EQ(r.outcome, ExecOutcome::kNotStarted) << end;
       continue;
     }
     EXPECT_EQ(r.outcome, ExecOutcome::kError) << end;
@@ -198,6 +199,7 @@ TEST(GuestOpsExecTest, ResetWithAReasonOfTheWrongTypeIsAGuestAbort) {
   Hostile h = MakeHostile();
   auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
   channel::Frame open = h.peer->Read();
+  h.peer->Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
   h.peer->Json(open.stream, FrameType::kReset, R"({"reason":1})");
   ExecResult r = fut.get();
   EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost);
@@ -209,6 +211,7 @@ TEST(GuestOpsExecTest, GarbageOnStreamZeroClosesTheChannelWithItsName) {
     Hostile h = MakeHostile();
     auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
     channel::Frame open = h.peer->Read();
+    h.peer->Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
     h.peer->Json(0, FrameType::kEvent, event);
     ExecResult r = fut.get();
     EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost) << event;
@@ -222,12 +225,80 @@ TEST(GuestOpsExecTest, ChannelClosedBeforeTheEndIsChannelLostNotAnExitCode) {
   Hostile h = MakeHostile();
   auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
   channel::Frame open = h.peer->Read();
+  h.peer->Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
   h.peer->Send(open.stream, FrameType::kData, 1, "partial");
   h.peer->Close();
   ExecResult r = fut.get();
   EXPECT_EQ(r.outcome, ExecOutcome::kChannelLost);
   EXPECT_FALSE(r.exit_code.has_value());
   EXPECT_NE(r.message.find("the guest is gone"), std::string::npos) << r.message;
+}
+
+TEST(GuestOpsExecTest, AGuestLostBeforeTheCommandStartedIsNotStartedNotChannelLost) {
+  // An exec on a VM whose QEMU had died used to be recorded as channel_lost: a command
+  // that never started, recorded as one that ran and lost its channel.
+  Hostile h = MakeHostile();
+  auto fut = Async([&] { return RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{}); });
+  (void)h.peer->Read();
+  h.peer->Close();
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kNotStarted);
+  EXPECT_EQ(r.ToJson()["outcome"], "not_started");
+  EXPECT_FALSE(r.exit_code.has_value());
+  // And a guest already gone refuses the open itself.
+  ExecResult again = RunExec(*h.guest, ExecSpec{{"x"}}, ExecIo{});
+  EXPECT_EQ(again.outcome, ExecOutcome::kNotStarted);
+}
+
+TEST(GuestOpsExecTest, AGuestSilentPastTheTimeoutAndGraceIsUnresponsive) {
+  // The timeout lived only in the guest: a stopped guest kept the exec waiting for ever.
+  Hostile h = MakeHostile();
+  ExecSpec spec{{"sleep", "60"}};
+  spec.timeout_ms = 50;
+  spec.host_grace_ms = 100;
+  auto fut = Async([&] { return RunExec(*h.guest, spec, ExecIo{}); });
+  channel::Frame open = h.peer->Read();
+  h.peer->Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
+  // The guest says nothing more; the host gives up on it and tells it so.
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kGuestUnresponsive);
+  EXPECT_EQ(r.ToJson()["outcome"], "guest_unresponsive");
+  EXPECT_FALSE(r.exit_code.has_value());
+  EXPECT_NE(r.message.find("timeout of 50 ms"), std::string::npos) << r.message;
+  channel::Frame reset = h.peer->Read();
+  EXPECT_EQ(reset.type, FrameType::kReset);
+  EXPECT_EQ(reset.stream, open.stream);
+}
+
+// A guest the heartbeat can declare unresponsive, as VmEntry does.
+class FlaggedGuest : public MuxGuest {
+ public:
+  using MuxGuest::MuxGuest;
+  bool unresponsive() const override { return flag; }
+  std::atomic<bool> flag{false};
+};
+
+TEST(GuestOpsExecTest, AnExecWithNoTimeoutEndsWhenTheHeartbeatGivesUpOnTheGuest) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  FlaggedGuest guest{UniqueFd(sv[0])};
+  RawPeer peer{UniqueFd(sv[1])};
+  std::promise<std::shared_ptr<Stream>> opened;
+  auto fut = Async([&] {
+    ExecIo io;
+    io.on_open = [&](std::shared_ptr<Stream> s) { opened.set_value(std::move(s)); };
+    return RunExec(guest, ExecSpec{{"sleep", "60"}}, io);
+  });
+  channel::Frame open = peer.Read();
+  peer.Json(open.stream, FrameType::kEvent, R"({"type":"started","pid":42})");
+  std::shared_ptr<Stream> s = opened.get_future().get();
+  // What the heartbeat does to the streams of a guest that stopped answering.
+  guest.flag = true;
+  s->Interrupt();
+  ExecResult r = fut.get();
+  EXPECT_EQ(r.outcome, ExecOutcome::kGuestUnresponsive);
+  EXPECT_NE(r.message.find("heartbeat"), std::string::npos) << r.message;
+  EXPECT_FALSE(r.exit_code.has_value());
 }
 
 TEST(GuestOpsExecTest, AClientThatResetsCancelsTheCommandInTheGuest) {

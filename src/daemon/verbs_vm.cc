@@ -71,7 +71,15 @@ Json Doctor(Services& s, bool probe) {
     }
   }
   auto qv = vmm::QemuVersion(s.qemu);  // the same line the template key uses
+  // VMs the heartbeat finds unwell (docs/reliability.md): unresponsive, paused, dead.
+  Json unwell = Json::array();
+  for (const auto& v : s.vms.List()) {
+    if (v.state != "running") {
+      unwell.push_back({{"id", v.id}, {"state", v.state}, {"note", v.note}, {"pid", v.pid}});
+    }
+  }
   return {{"ok", true},
+          {"unwell_vms", unwell},
           {"accel", accel},
           {"qemu", qv.ok() ? *qv : qv.status().message()},
           {"images", images},

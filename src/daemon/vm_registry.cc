@@ -7,9 +7,49 @@ store::VmRecord VmEntry::record() const {
   return record_;
 }
 
+Result<std::shared_ptr<channel::Stream>> VmEntry::Open(const Json& request) {
+  auto s = vm_->Open(request);
+  if (!s.ok()) return s;
+  MutexLock lock(mu_);
+  std::erase_if(streams_, [](const auto& w) { return w.expired(); });
+  streams_.push_back(*s);
+  return s;
+}
+
+const char* VmEntry::ConditionName(Condition c) {
+  switch (c) {
+    case Condition::kRunning:
+      return "running";
+    case Condition::kUnresponsive:
+      return "unresponsive";
+    case Condition::kPaused:
+      return "paused";
+  }
+  return "running";
+}
+
+bool VmEntry::SetCondition(Condition c, const std::string& note) {
+  std::vector<std::shared_ptr<channel::Stream>> wake;
+  {
+    MutexLock lock(mu_);
+    if (record_.state == "dead" || condition_.load() == c) return false;
+    condition_ = c;
+    record_.state = ConditionName(c);
+    record_.note = note;
+    if (c != Condition::kRunning) {
+      for (const auto& w : streams_) {
+        if (auto s = w.lock()) wake.push_back(std::move(s));
+      }
+    }
+  }
+  // Interrupt() only wakes readers; it writes nothing to the guest, so it never blocks.
+  for (const auto& s : wake) s->Interrupt();
+  return true;
+}
+
 bool VmEntry::MarkDead(const std::string& why) {
   MutexLock lock(mu_);
-  if (record_.state != "running" || why.empty()) return false;
+  if (record_.state == "dead" || why.empty()) return false;
   record_.state = "dead";
   record_.note = why;
   return true;

@@ -33,11 +33,11 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
         disk_transfers_(disk_transfers),
         record_(std::move(record)) {}
 
-  // GuestChannel over the VM's agent.
-  Result<std::shared_ptr<channel::Stream>> Open(const Json& request) override {
-    return vm_->Open(request);
-  }
+  // GuestChannel over the VM's agent. Each stream is remembered (weakly) so that the
+  // heartbeat's verdict can wake whatever waits on the guest.
+  Result<std::shared_ptr<channel::Stream>> Open(const Json& request) override EXCLUDES(mu_);
   bool alive() const override { return vm_->alive(); }
+  bool unresponsive() const override { return condition_.load() != Condition::kRunning; }
   std::string death_reason() const override { return vm_->death_reason(); }
   TransferDiskPort* transfer_disk() override {
     return disk_transfers_ && vm_->has_transfer_disk() ? this : nullptr;
@@ -51,6 +51,17 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   store::VmRecord record() const EXCLUDES(mu_);
   // Marks the record dead with `why`, once: true if this call did (the caller records it).
   bool MarkDead(const std::string& why) EXCLUDES(mu_);
+
+  // What the heartbeat last found (docs/reliability.md). Shown as the record's state while
+  // the VM lives: "running", "unresponsive" (its guest does not answer) or "paused" (QEMU
+  // stopped it on a disk I/O error).
+  enum class Condition { kRunning, kUnresponsive, kPaused };
+  static const char* ConditionName(Condition c);
+  Condition condition() const { return condition_.load(); }
+  // Sets the condition and shows it in the record (`note` says why). Leaving kRunning
+  // interrupts every open stream to the guest: their waits end, as guest_unresponsive.
+  // False if the VM was already in it, or is dead.
+  bool SetCondition(Condition c, const std::string& note) EXCLUDES(mu_);
 
   // Execs default to /workspace once the VM has a workspace.
   bool has_workspace() const { return has_workspace_; }
@@ -72,8 +83,10 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   const bool privileged_;
   const bool disk_transfers_;
   std::atomic<bool> has_workspace_{false};
+  std::atomic<Condition> condition_{Condition::kRunning};
   mutable Mutex mu_;
   store::VmRecord record_ GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<channel::Stream>> streams_ GUARDED_BY(mu_);
 };
 
 class VmRegistry {

@@ -77,6 +77,17 @@ void VmService::NoteDeath(VmEntry& vm) {
   if (vm.MarkDead(why)) (void)store_.UpdateVmState(vm.id(), "dead", why);
 }
 
+void VmService::NoteCondition(VmEntry& vm, VmEntry::Condition c, const std::string& note) {
+  const VmEntry::Condition before = vm.condition();
+  if (!vm.SetCondition(c, note)) return;
+  if (c == VmEntry::Condition::kRunning) {
+    LogInfo("daemon", "VM " + vm.id() + " answers again (it was " + VmEntry::ConditionName(before) +
+                          "); running");
+  } else {
+    LogError("daemon", "VM " + vm.id() + " is " + VmEntry::ConditionName(c) + ": " + note);
+  }
+}
+
 Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   ASSIGN_OR_RETURN(auto e, Get(id));
   if (!registry_.Remove(id)) {
@@ -139,6 +150,13 @@ ExecSpec VmService::SpecFor(const VmEntry& vm, const ExecRequest& req) const {
   return spec;
 }
 
+Status VmService::Responsive(VmEntry& vm) {
+  if (!vm.unresponsive()) return Status::Ok();
+  store::VmRecord rec = vm.record();
+  return Unavailable("VM " + vm.id() + " is " + rec.state + ": " + rec.note +
+                     "; nothing was run (`trybox rm " + vm.id() + "` destroys it)");
+}
+
 Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec) {
   Recorded r;
   r.rec.vm_id = vm.id();
@@ -189,10 +207,11 @@ Result<ExecResult> VmService::Exec(VmEntry& vm, const ExecSpec& spec, const Exec
   if (!vm.alive()) {
     NoteDeath(vm);
     ExecResult r;
-    r.outcome = ExecOutcome::kChannelLost;
+    r.outcome = ExecOutcome::kNotStarted;
     r.message = "the guest is gone: " + vm.death_reason();
     return r;
   }
+  RETURN_IF_ERROR(Responsive(vm));
   ASSIGN_OR_RETURN(Recorded r, Record(vm, spec));
   if (exec_id) *exec_id = r.rec.id;
   return RunRecorded(vm, spec, io, std::move(r));
@@ -203,6 +222,7 @@ Result<DetachedExec> VmService::ExecDetached(std::shared_ptr<VmEntry> vm, const 
     NoteDeath(*vm);
     return Unavailable("the guest is gone: " + vm->death_reason());
   }
+  RETURN_IF_ERROR(Responsive(*vm));
   ASSIGN_OR_RETURN(Recorded r, Record(*vm, spec));
   DetachedExec out;
   out.exec_id = r.rec.id;

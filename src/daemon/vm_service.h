@@ -77,8 +77,8 @@ class VmService {
   std::vector<store::VmRecord> List();
 
   // Runs and records one exec, its output kept (io.sink is set here). An error Status when
-  // it could not be recorded (nothing ran). A VM already known dead gives channel_lost and
-  // records nothing: no command started.
+  // it could not be recorded, or when the VM is unresponsive or paused (nothing ran). A VM
+  // already known dead gives not_started and records nothing: no command started.
   Result<ExecResult> Exec(VmEntry& vm, const ExecSpec& spec, const ExecIo& io,
                           int64_t* exec_id = nullptr);
   // Records and starts an exec with no client, on a thread of its own (RunningExecs), and
@@ -109,6 +109,9 @@ class VmService {
 
   // Marks the VM dead in the store once, if it has died.
   void NoteDeath(VmEntry& vm);
+  // The heartbeat's verdict on a VM (heartbeat.h): shown in its record and logged. Execs
+  // waiting on a guest that stopped answering end as guest_unresponsive.
+  void NoteCondition(VmEntry& vm, VmEntry::Condition c, const std::string& note);
 
   // At start: kills QEMUs and removes directories a dead daemon left (docs/store.md).
   void ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir);
@@ -131,6 +134,8 @@ class VmService {
     store::ExecRecord rec;
     std::shared_ptr<ExecLog> log;
   };
+  // OK unless the heartbeat finds the VM unresponsive or paused: then an error naming it.
+  static Status Responsive(VmEntry& vm);
   // Inserts the exec's row and starts its log: nothing runs unrecorded.
   Result<Recorded> Record(VmEntry& vm, const ExecSpec& spec);
   // Runs a recorded exec to its end and finishes its row and its log.

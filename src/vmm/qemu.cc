@@ -206,13 +206,17 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       // disk (cache=unsafe). Each fdatasync they caused allocated and journaled blocks that
       // destroy then had to free: unlinking a 0.6 MB layer took 23-38 ms on a loaded host.
       // A template's layer is kept, and flushed as before.
+      // werror/rerror=report: a write that fails on the host (a full disk) is an I/O error
+      // in the guest, never a VM paused for good (QEMU's default for ENOSPC is to pause).
       "-drive", "id=disk,file=" + disk + ",format=qcow2,if=none,discard=unmap,cache=" +
-                    (c.mode == StartMode::kTemplate ? "writeback" : "unsafe"),
+                    (c.mode == StartMode::kTemplate ? "writeback" : "unsafe") +
+                    ",werror=report,rerror=report",
       "-device", "virtio-blk-device,drive=disk",
       // The transfer disk (docs/protocol/guest.md, "Bulk data through a disk"): a raw file
       // of the VM's own, empty and of capacity 0 except during a transfer, when the daemon
       // fills it (or lets the guest fill it) and announces its size (QMP block_resize).
-      "-drive", "id=xfer,file=" + dir + "/" + kTransferDisk + ",format=raw,if=none,cache=unsafe",
+      "-drive", "id=xfer,file=" + dir + "/" + kTransferDisk +
+                    ",format=raw,if=none,cache=unsafe,werror=report,rerror=report",
       "-device", std::string("virtio-blk-device,drive=xfer,serial=") + kTransferDiskSerial,
       "-device", "virtio-rng-device",
       "-device", "virtio-serial-device",
@@ -632,6 +636,24 @@ Status Vm::ResizeTransferDisk(uint64_t bytes) {
 Status Vm::SetNice(int nice) {
   if (pid_ <= 0) return FailedPrecondition("QEMU is not running");
   return SetProcessNice(pid_, nice);
+}
+
+Result<std::string> Vm::RunState(std::chrono::steady_clock::time_point deadline) {
+  if (!alive()) return Unavailable("the guest is gone: " + death_reason());
+  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", deadline);
+  if (!qmp.ok()) return qmp.status().Annotate("ask QEMU for its run state");
+  ASSIGN_OR_RETURN(Json st, qmp->Execute("query-status"));
+  if (!st.is_object() || !st.contains("status") || !st["status"].is_string()) {
+    return Internal("QEMU's query-status reply has no string 'status'");
+  }
+  return st["status"].get<std::string>();
+}
+
+Status Vm::Resume(std::chrono::steady_clock::time_point deadline) {
+  if (!alive()) return Unavailable("the guest is gone: " + death_reason());
+  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", deadline);
+  if (!qmp.ok()) return qmp.status().Annotate("resume the VM");
+  return qmp->Execute("cont").status().Annotate("resume the VM");
 }
 
 DestroyReport Vm::Destroy() {

@@ -171,6 +171,12 @@ class Vm {
     return std::unique_lock<std::timed_mutex>(transfer_mu_, std::chrono::seconds(1));
   }
 
+  // QEMU's run state (QMP query-status): "running", "paused", "io-error", ... An error if
+  // QEMU does not answer by `deadline` (a stopped QEMU answers nothing).
+  Result<std::string> RunState(std::chrono::steady_clock::time_point deadline);
+  // Resumes a VM QEMU paused (QMP cont).
+  Status Resume(std::chrono::steady_clock::time_point deadline);
+
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
   // Idempotent: a second call returns the first report.
   DestroyReport Destroy();

@@ -1,0 +1,126 @@
+// Host-side deadlines and the heartbeat (issue 19; docs/reliability.md): a guest that stops
+// answering (its QEMU SIGSTOPped) ends its execs as guest_unresponsive, is shown as
+// unresponsive, is noticed when it answers again, and can always be destroyed.
+//
+// Only QEMUs of this suite's own daemon are signalled: their pids come from its `ls`.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "tests/e2e/harness.h"
+#include "util/fd.h"
+
+namespace trybox::e2e {
+namespace {
+
+using Json = nlohmann::json;
+
+class UnresponsiveE2E : public SharedHarness<UnresponsiveE2E> {
+ protected:
+  static std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  // The VM's entry in `list`, or null.
+  static Json Vm(const std::string& id) {
+    auto r = h_->Call({{"verb", "list"}});
+    if (!r.ok()) return nullptr;
+    for (const auto& v : (*r)["vms"]) {
+      if (v["id"] == id) return v;
+    }
+    return nullptr;
+  }
+
+  // Waits for `done` to hold, checking it again each time the daemon is asked; false after
+  // `limit` (generous: the machine may be loaded).
+  static bool WaitFor(const std::function<bool()>& done,
+                      std::chrono::seconds limit = std::chrono::seconds(120)) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return true;
+  }
+
+  // A VM of this daemon and its QEMU's pid.
+  static std::pair<std::string, pid_t> Create() {
+    CliResult c = h_->Cli({"create"});
+    EXPECT_EQ(c.code, 0) << c.err;
+    std::string id = FirstLine(c.out);
+    Json v = Vm(id);
+    EXPECT_TRUE(v.is_object()) << id;
+    pid_t pid = v.is_object() ? v["pid"].get<pid_t>() : -1;
+    // Ours: the QEMU's command line names this harness's home.
+    auto ours = h_->QemuPids();
+    EXPECT_NE(std::find(ours.begin(), ours.end(), pid), ours.end()) << pid;
+    return {id, pid};
+  }
+};
+
+TEST_F(UnresponsiveE2E, AStoppedGuestsExecEndsAsGuestUnresponsiveAndTheGuestIsNoticedAgain) {
+  auto [id, pid] = Create();
+  ASSERT_GT(pid, 0);
+  // The exec runs; then its guest stops answering. Its timeout lives in the guest, which
+  // will never act on it: only the host's deadline (or heartbeat) can end it.
+  auto exec = std::async(std::launch::async, [&, id = id] {
+    return h_->Cli({"exec", "--timeout", "5", id, "--", "sleep", "60"});
+  });
+  ASSERT_TRUE(WaitFor([&] {
+    Json v = Vm(id);
+    return v.is_object() && v["running_execs"] == 1;
+  }));
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  CliResult r = exec.get();
+  EXPECT_EQ(r.code, 125) << r.err;
+  EXPECT_NE(r.err.find("the guest stopped answering"), std::string::npos) << r.err;
+
+  // Recorded with its own name and no exit code.
+  auto ps = h_->Call({{"verb", "ps"}, {"vm", id}});
+  ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+  ASSERT_EQ((*ps)["execs"].size(), 1u) << ps->dump();
+  const Json& e = (*ps)["execs"][0];
+  EXPECT_EQ(e["outcome"], "guest_unresponsive") << e.dump();
+  EXPECT_FALSE(e.contains("exit_code")) << e.dump();
+
+  // Shown as unresponsive, in ls and in doctor; an exec is refused, and nothing recorded.
+  ASSERT_TRUE(WaitFor([&] { return Vm(id).value("state", "") == "unresponsive"; }));
+  CliResult ls = h_->Cli({"ls"});
+  EXPECT_NE(ls.out.find("unresponsive"), std::string::npos) << ls.out;
+  CliResult doctor = h_->Cli({"doctor"});
+  EXPECT_NE(doctor.out.find("VM " + id + ": unresponsive"), std::string::npos) << doctor.out;
+  CliResult refused = h_->Cli({"exec", id, "--", "true"});
+  EXPECT_EQ(refused.code, 125);
+  EXPECT_NE(refused.err.find("is unresponsive"), std::string::npos) << refused.err;
+  ps = h_->Call({{"verb", "ps"}, {"vm", id}});
+  ASSERT_TRUE(ps.ok());
+  EXPECT_EQ((*ps)["execs"].size(), 1u) << ps->dump();
+
+  // It answers again: noticed, said, and it works.
+  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  ASSERT_TRUE(WaitFor([&] { return Vm(id).value("state", "") == "running"; }));
+  auto log = ReadFileToString(h_->home() + "/tryboxd.log");
+  ASSERT_TRUE(log.ok());
+  EXPECT_NE(log->find("VM " + id + " answers again"), std::string::npos);
+  CliResult ok = h_->Cli({"exec", id, "--", "echo", "back"});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.out, "back\n");
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
+TEST_F(UnresponsiveE2E, AStoppedVmIsDestroyedWithoutWaitingForItsGuest) {
+  auto [id, pid] = Create();
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  CliResult rm = h_->Cli({"rm", id});
+  EXPECT_EQ(rm.code, 0) << rm.err;
+  EXPECT_TRUE(Vm(id).is_null());
+  auto left = h_->QemuPids();
+  EXPECT_EQ(std::find(left.begin(), left.end(), pid), left.end()) << "QEMU " << pid << " left";
+}
+
+}  // namespace
+}  // namespace trybox::e2e
