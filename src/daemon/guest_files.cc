@@ -217,7 +217,7 @@ void DrainInput(channel::Stream& client) {
 void FinishRelay(GuestChannel& guest, channel::Stream& client, const std::optional<Json>& end,
                  const Status& failure, bool via_disk) {
   if (!end) {
-    (void)client.End(ErrorReply(GuestGone(guest, failure)));
+    (void)client.End(TransferErrorReply(guest, GuestGone(guest, failure), ""));
     return;
   }
   std::string kind;
@@ -225,7 +225,7 @@ void FinishRelay(GuestChannel& guest, channel::Stream& client, const std::option
   Status st = FileEndStatus(*end, &kind, &bytes);
   (void)client.End(
       st.ok() ? Json{{"ok", true}, {"bytes", bytes}, {"via", via_disk ? "disk" : "channel"}}
-              : ErrorReply(st, kind));
+              : TransferErrorReply(guest, st, kind));
 }
 
 Result<Json> GuestMetaEvent(const Json& b) {

@@ -79,9 +79,22 @@ Status GuestAborted(const Json& body) {
 }
 
 Status GuestGone(const GuestChannel& guest, const Status& fallback) {
+  if (guest.alive() && guest.unresponsive()) {
+    return Unavailable("the guest stopped answering (guest_unresponsive): " + fallback.message());
+  }
   if (guest.alive()) return fallback;
   std::string why = guest.death_reason();
   return Unavailable("the guest is gone: " + (why.empty() ? fallback.message() : why));
+}
+
+Json TransferErrorReply(const GuestChannel& guest, const Status& st, const std::string& kind) {
+  if (kind != "no_space") {
+    if (std::string full = guest.host_no_space(); !full.empty()) {
+      return ErrorReply(ResourceExhausted("no space: " + full + " (" + st.message() + ")"),
+                        "no_space");
+    }
+  }
+  return ErrorReply(st, kind);
 }
 
 const char* ExecOutcomeName(ExecOutcome o) {

@@ -59,6 +59,9 @@ class GuestChannel {
   // True while the host's heartbeat finds the guest not answering (docs/reliability.md).
   // Streams waiting on such a guest are Interrupt()ed; they then end as guest_unresponsive.
   virtual bool unresponsive() const { return false; }
+  // Why the host's own file system under the VM cannot take more ("" while it can): a
+  // transfer that fails then is named no_space, whatever the guest saw (an I/O error).
+  virtual std::string host_no_space() const { return ""; }
 };
 
 // The reason of a RESET body ("no reason given" if it has none).
@@ -67,8 +70,13 @@ std::string ResetReason(const Json& body);
 Status GuestAborted(const Json& body);
 
 // `fallback`, or kUnavailable("the guest is gone: WHY") when the guest has died: the reason
-// a transfer failed is then the guest's death, not the broken stream it caused.
+// a transfer failed is then the guest's death, not the broken stream it caused; or
+// kUnavailable("the guest stopped answering ...") when the heartbeat gave up on it.
 Status GuestGone(const GuestChannel& guest, const Status& fallback);
+
+// A failed transfer's error reply: `st` with the guest's `kind`, or, when the host's file
+// system under the VM is full, kResourceExhausted with kind "no_space" naming it.
+Json TransferErrorReply(const GuestChannel& guest, const Status& st, const std::string& kind);
 
 // ---- exec ----
 

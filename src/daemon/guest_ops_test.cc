@@ -651,3 +651,37 @@ TEST(GuestOpsPortTest, AClientThatGoesAwayResetsTheGuestConnection) {
 
 }  // namespace
 }  // namespace trybox::daemon
+
+namespace trybox::daemon {
+namespace {
+
+// A guest whose host file system is full, or not.
+class HostDiskGuest : public GuestChannel {
+ public:
+  explicit HostDiskGuest(std::string full) : full_(std::move(full)) {}
+  Result<std::shared_ptr<Stream>> Open(const Json&) override { return Unavailable("unused"); }
+  bool alive() const override { return true; }
+  std::string death_reason() const override { return ""; }
+  std::string host_no_space() const override { return full_; }
+
+ private:
+  std::string full_;
+};
+
+TEST(GuestOpsTransferTest, ATransferThatFailsOnAFullHostDiskIsNamedNoSpace) {
+  // A full host disk reached the guest as an I/O error and was reported as one.
+  HostDiskGuest full("the host's file system under /x is full (12 KiB free)");
+  Json r = TransferErrorReply(full, Unavailable("tar: write error: Input/output error"), "io");
+  EXPECT_EQ(r["ok"], false);
+  EXPECT_EQ(r["error"]["kind"], "no_space");
+  EXPECT_EQ(r["error"]["code"], CodeName(Code::kResourceExhausted));
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("12 KiB free"), std::string::npos);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("Input/output error"), std::string::npos);
+  // With room on the host, the guest's own kind stands.
+  HostDiskGuest roomy("");
+  r = TransferErrorReply(roomy, Unavailable("tar: write error"), "io");
+  EXPECT_EQ(r["error"]["kind"], "io");
+}
+
+}  // namespace
+}  // namespace trybox::daemon

@@ -1,5 +1,7 @@
 #include "daemon/vm_registry.h"
 
+#include <sys/statvfs.h>
+
 namespace trybox::daemon {
 
 store::VmRecord VmEntry::record() const {
@@ -14,6 +16,16 @@ Result<std::shared_ptr<channel::Stream>> VmEntry::Open(const Json& request) {
   std::erase_if(streams_, [](const auto& w) { return w.expired(); });
   streams_.push_back(*s);
   return s;
+}
+
+std::string VmEntry::host_no_space() const {
+  const std::string& dir = vm_->config().vm_dir;
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return "";
+  const uint64_t free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  if (free >= kHostFullBytes) return "";
+  return "the host's file system under " + dir + " is full (" + std::to_string(free >> 10) +
+         " KiB free)";
 }
 
 const char* VmEntry::ConditionName(Condition c) {

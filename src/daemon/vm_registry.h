@@ -38,6 +38,9 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   Result<std::shared_ptr<channel::Stream>> Open(const Json& request) override EXCLUDES(mu_);
   bool alive() const override { return vm_->alive(); }
   bool unresponsive() const override { return condition_.load() != Condition::kRunning; }
+  // Under kHostFullBytes free on the file system of the VM's directory.
+  std::string host_no_space() const override;
+  static constexpr uint64_t kHostFullBytes = uint64_t{4} << 20;
   std::string death_reason() const override { return vm_->death_reason(); }
   TransferDiskPort* transfer_disk() override {
     return disk_transfers_ && vm_->has_transfer_disk() ? this : nullptr;
