@@ -1,7 +1,5 @@
 #include "daemon/heartbeat.h"
 
-#include <sys/statvfs.h>
-
 #include "util/log.h"
 
 namespace trybox::daemon {
@@ -12,12 +10,6 @@ using Clock = std::chrono::steady_clock;
 
 // QMP gets this long to answer; a stopped QEMU answers nothing.
 constexpr std::chrono::seconds kQmpDeadline{2};
-
-std::optional<uint64_t> FreeBytes(const std::string& dir) {
-  struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) != 0) return std::nullopt;
-  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-}
 
 std::string Seconds(std::chrono::milliseconds ms) {
   return std::to_string(ms.count() / 1000) + " s";
@@ -104,7 +96,7 @@ void Heartbeat::Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<S
     on_change_(*vm, *next, note);
   }
   if (vm->condition() == Condition::kPaused && look.qemu_state == "io-error") {
-    auto free = FreeBytes(vm->vm().config().vm_dir);
+    auto free = vm->HostFreeBytes();
     if (free && *free >= options_.resume_free_bytes) {
       Status st = vm->vm().Resume(Clock::now() + kQmpDeadline);
       LogInfo("heartbeat", "VM " + vm->id() + ": its file system has room again (" +

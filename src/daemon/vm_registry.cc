@@ -18,14 +18,17 @@ Result<std::shared_ptr<channel::Stream>> VmEntry::Open(const Json& request) {
   return s;
 }
 
-std::string VmEntry::host_no_space() const {
-  const std::string& dir = vm_->config().vm_dir;
+std::optional<uint64_t> VmEntry::HostFreeBytes() const {
   struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) != 0) return "";
-  const uint64_t free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-  if (free >= kHostFullBytes) return "";
-  return "the host's file system under " + dir + " is full (" + std::to_string(free >> 10) +
-         " KiB free)";
+  if (::statvfs(vm_->config().vm_dir.c_str(), &st) != 0) return std::nullopt;
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+std::string VmEntry::host_no_space() const {
+  auto free = HostFreeBytes();
+  if (!free || *free >= kHostFullBytes) return "";
+  return "the host's file system under " + vm_->config().vm_dir + " is full (" +
+         std::to_string(*free >> 10) + " KiB free)";
 }
 
 const char* VmEntry::ConditionName(Condition c) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   bool unresponsive() const override { return condition_.load() != Condition::kRunning; }
   // Under kHostFullBytes free on the file system of the VM's directory.
   std::string host_no_space() const override;
+  // Free bytes on the file system of the VM's directory (nullopt if statvfs fails).
+  std::optional<uint64_t> HostFreeBytes() const;
   static constexpr uint64_t kHostFullBytes = uint64_t{4} << 20;
   std::string death_reason() const override { return vm_->death_reason(); }
   TransferDiskPort* transfer_disk() override {

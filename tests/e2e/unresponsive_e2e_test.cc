@@ -3,10 +3,14 @@
 // unresponsive, is noticed when it answers again, and can always be destroyed.
 //
 // Only QEMUs of this suite's own daemon are signalled: their pids come from its `ls`.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <string>
@@ -120,6 +124,70 @@ TEST_F(UnresponsiveE2E, AStoppedVmIsDestroyedWithoutWaitingForItsGuest) {
   EXPECT_TRUE(Vm(id).is_null());
   auto left = h_->QemuPids();
   EXPECT_EQ(std::find(left.begin(), left.end(), pid), left.end()) << "QEMU " << pid << " left";
+}
+
+}  // namespace
+}  // namespace trybox::e2e
+
+namespace trybox::e2e {
+namespace {
+
+// The VMs' directories on a small tmpfs of the test's own, unmounted at the end (after its
+// VMs are gone, so nothing holds it).
+class FullDiskE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a tmpfs";
+    auto h = Harness::Start({"TRYBOX_SPARES=0"});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    h_ = std::move(*h);
+    ASSERT_EQ(::mount("tmpfs", h_->vms_dir().c_str(), "tmpfs", 0, "size=48m,mode=0700"), 0)
+        << std::strerror(errno);
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (h_) (void)h_->StopDaemon();  // destroys its VMs
+    if (mounted_) ::umount2(h_->vms_dir().c_str(), MNT_DETACH);
+  }
+  // Fills the tmpfs to the last byte with a file of the test's own.
+  void Fill() {
+    UniqueFd fd(::open((h_->vms_dir() + "/filler").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    ASSERT_TRUE(fd.valid());
+    std::string block(1 << 16, 'x');
+    while (::write(fd.get(), block.data(), block.size()) > 0) {
+    }
+    std::string byte(1, 'x');
+    while (::write(fd.get(), byte.data(), 1) > 0) {
+    }
+  }
+  std::unique_ptr<Harness> h_;
+  bool mounted_ = false;
+};
+
+TEST_F(FullDiskE2E, ACopyIntoAVmOnAFullHostDiskFailsAsNoSpaceAndWorksOnceThereIsRoom) {
+  CliResult c = h_->Cli({"create"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string id = c.out.substr(0, c.out.find('\n'));
+  auto local = TempDir::Make("/tmp", "tbx-deadlines-cp-");
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  const std::string file = local->path() + "/f";
+  ASSERT_TRUE(WriteFileAtomic(file, std::string(2 << 20, 'a'), 0644).ok());
+
+  Fill();
+  // QEMU used to pause the VM on the host's ENOSPC: the copy hung, and the VM for good.
+  CliResult cp = h_->Cli({"cp", file, id + ":/root/f"});
+  EXPECT_NE(cp.code, 0);
+  EXPECT_NE(cp.err.find("no space"), std::string::npos) << cp.err;
+  CliResult ls = h_->Cli({"ls"});
+  EXPECT_EQ(ls.out.find("paused"), std::string::npos) << ls.out;
+  CliResult alive = h_->Cli({"exec", id, "--", "true"});
+  EXPECT_EQ(alive.code, 0) << alive.err;
+
+  ASSERT_EQ(::unlink((h_->vms_dir() + "/filler").c_str()), 0);
+  cp = h_->Cli({"cp", file, id + ":/root/f2"});
+  EXPECT_EQ(cp.code, 0) << cp.err;
+  CliResult size = h_->Cli({"exec", id, "--", "stat", "-c", "%s", "/root/f2"});
+  EXPECT_EQ(size.out, std::to_string(2 << 20) + "\n") << size.err;
 }
 
 }  // namespace
