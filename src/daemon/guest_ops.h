@@ -127,9 +127,9 @@ struct ExecSpec {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
   std::string cwd = "/root";  // "": the account's home, as the guest resolves it
-  int64_t timeout_ms = 0;  // 0: none
-  bool stdin = false;      // the client's channel 0 becomes the command's stdin
-  std::string user;        // "" = root
+  int64_t timeout_ms = 0;     // 0: none
+  bool stdin = false;         // the client's channel 0 becomes the command's stdin
+  std::string user;           // "" = root
   bool privileged = false;
   // On a pseudo-terminal of this size: stdout and stderr arrive merged on channel 1, the
   // client's channel 0 is the terminal's input and its resize EVENTs are relayed.
