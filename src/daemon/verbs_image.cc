@@ -2,6 +2,7 @@
 // parsers, the ImageService calls, and their result writers.
 #include "daemon/image_service.h"
 #include "daemon/verbs.h"
+#include "util/fd.h"
 
 namespace trybox::daemon {
 namespace {
@@ -68,20 +69,20 @@ void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
   t.AddUnary("image_ls", [&images, &s](const Json&, Connection&) -> Json {
     auto list = images.List();
     if (!list.ok()) return ErrorReply(list.status());
-    // The template state needs the accelerator; it is the probe's kept answer (no boot
-    // when one was made before).
-    std::string accel;
-    for (const auto& v : *list) {
-      if (v.entry.valid) {
-        accel = s.launcher.Accel(v.entry.dir).accel;
-        break;
-      }
-    }
+    // The template state needs the accelerator: the one the daemon chose and kept
+    // (vmm/accel.h); before any choice it is unknown, and listing never probes.
+    auto kept = ReadFileToString(s.paths.state + "/accel.json");
+    Json a = kept.ok() ? Json::parse(*kept, nullptr, false) : Json();
+    const std::string accel = a.is_object() && a.contains("accel") && a["accel"].is_string()
+                                  ? a["accel"].get<std::string>()
+                                  : "";
     Json out = Json::array();
     for (const auto& v : *list) {
       Json tpl = v.entry.valid && !accel.empty()
                      ? s.launcher.DescribeTemplate(v.entry.name, v.entry.dir, accel)
-                     : Json(nullptr);
+                     : Json{{"state", "unknown"},
+                            {"reason", v.entry.valid ? "tryboxd has not chosen an accelerator yet"
+                                                     : "the image is not valid"}};
       out.push_back(ImageJson(v, tpl));
     }
     return {{"ok", true}, {"images", out}};
