@@ -1146,7 +1146,6 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
-  if (inv.command == "image-ls") return CmdImageLs(c, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
   if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);
   // The terminal's commands own the process's terminal and streams.
@@ -1209,6 +1208,7 @@ int Run(const Invocation& inv) {
     return 0;
   }
   if (inv.command == "image-build") return CmdImageBuild(inv);
+  if (inv.command == "image-ls") return CmdImageLs(inv.json, std::cout, std::cerr);
   if (inv.command == "mcp") return RunMcpServer({.model = inv.model, .tools = inv.tools}, 0, 1);
   if (inv.exec.tty || inv.command == "shell") {
     // Before anything starts (a VM, the daemon): a terminal we do not have cannot be used.

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 
+#include "daemon/verbs.h"
+#include "util/paths.h"
+
 namespace trybox::cli {
 namespace {
 
@@ -52,10 +55,20 @@ int CmdCommit(Client& c, const std::string& vm, const std::string& name, bool js
   return 0;
 }
 
-int CmdImageLs(Client& c, bool json, std::ostream& out, std::ostream& err) {
-  auto r = c.Call({{"verb", "image_ls"}});
-  if (!r.ok()) return Failed(err, r.status());
-  const Json& images = (*r)["images"];
+int CmdImageLs(bool json, std::ostream& out, std::ostream& err) {
+  // The running daemon's view (it knows which VMs use an image) when it serves this images
+  // directory; else the directory as it is. Listing never starts a daemon.
+  const Paths paths = Paths::FromEnvironment();
+  Json images;
+  if (auto c = Client::Connect(paths, /*autostart=*/false); c.ok()) {
+    auto r = (*c)->Call({{"verb", "image_ls"}});
+    if (r.ok() && r->value("images_dir", "") == paths.images) images = (*r)["images"];
+  }
+  if (images.is_null()) {
+    auto list = daemon::ListImageViews(paths.images, {});
+    if (!list.ok()) return Failed(err, list.status());
+    images = daemon::ImageListJson(*list, paths.state);
+  }
   if (json) {
     out << images.dump(2) << "\n";
     return 0;

@@ -12,7 +12,8 @@ namespace trybox::cli {
 
 int CmdCommit(Client& c, const std::string& vm, const std::string& name, bool json,
               std::ostream& out, std::ostream& err);
-int CmdImageLs(Client& c, bool json, std::ostream& out, std::ostream& err);
+// Needs no daemon: without one serving this images directory it reads the directory.
+int CmdImageLs(bool json, std::ostream& out, std::ostream& err);
 int CmdImageRm(Client& c, const std::string& name, std::ostream& out, std::ostream& err);
 int CmdImagePrune(Client& c, bool json, std::ostream& out, std::ostream& err);
 
