@@ -121,13 +121,13 @@ TEST_F(ImageE2E, CommitFreezesFilesDeletionsAndDirsAndStacksASecondLayer) {
   EXPECT_EQ((*r)["image"]["parent"]["name"], one);
   EXPECT_EQ((*r)["image"]["layer"], "layer-2.ext4");
   const std::string d = Create(two);
-  CliResult stacked =
-      Sh(d, "cat /root/second.txt; test -e /root/made.txt || echo made-gone; "
-            "test -e /etc/motd || echo no-motd; test -x /opt/tool/bin/t && echo tool; "
-            "echo \"$LAYER_ENV\"");
+  CliResult stacked = Sh(d,
+                         "cat /root/second.txt; test -e /root/made.txt || echo made-gone; "
+                         "test -e /etc/motd || echo no-motd; test -x /opt/tool/bin/t && echo tool; "
+                         "echo \"$LAYER_ENV\"");
   EXPECT_EQ(stacked.out, "second\nmade-gone\nno-motd\ntool\nfrom-image\n") << stacked.err;
-  CliResult mine = h_->Cli({"exec", "--env", "LAYER_ENV=mine", d, "--", "sh", "-c",
-                            "echo \"$LAYER_ENV $OTHER\""});
+  CliResult mine = h_->Cli(
+      {"exec", "--env", "LAYER_ENV=mine", d, "--", "sh", "-c", "echo \"$LAYER_ENV $OTHER\""});
   EXPECT_EQ(mine.out, "mine x\n") << mine.err;
 
   // A parent with a derived image stays until the derived one goes.
