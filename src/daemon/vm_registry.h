@@ -68,6 +68,10 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   // interrupts every open stream to the guest: their waits end, as guest_unresponsive.
   // False if the VM was already in it, or is dead.
   bool SetCondition(Condition c, const std::string& note) EXCLUDES(mu_);
+  // The image's env (its manifest's, docs/images.md): every exec gets it under its own.
+  const std::map<std::string, std::string>& image_env() const { return image_env_; }
+  // Before the entry is shared (VmService::Create).
+  void set_image_env(std::map<std::string, std::string> env) { image_env_ = std::move(env); }
 
   // Execs default to /workspace once the VM has a workspace.
   bool has_workspace() const { return has_workspace_; }
@@ -90,6 +94,7 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   const bool disk_transfers_;
   std::atomic<bool> has_workspace_{false};
   std::atomic<Condition> condition_{Condition::kRunning};
+  std::map<std::string, std::string> image_env_;
   mutable Mutex mu_;
   store::VmRecord record_ GUARDED_BY(mu_);
   std::vector<std::weak_ptr<channel::Stream>> streams_ GUARDED_BY(mu_);
