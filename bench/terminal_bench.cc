@@ -244,6 +244,8 @@ int main(int argc, char** argv) {
     if (a == "--stream-mib") stream_mib = v;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // Start() points TRYBOX_HOME at each daemon's home in turn; the images stay where they are.
+  ::setenv("TRYBOX_IMAGES", trybox::Paths::FromEnvironment().images.c_str(), 1);
   Daemon kept = Start({});
   Daemon bare = Start({"TRYBOX_EXEC_LOG_CAP=0"});
   ::setenv("TRYBOX_HOME", kept.h->home().c_str(), 1);

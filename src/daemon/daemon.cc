@@ -45,8 +45,12 @@ Status Daemon::Init() {
   registry_ = std::make_unique<VmRegistry>();
   exec_logs_ = std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap);
   running_ = std::make_unique<RunningExecs>();
-  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
-                                     *exec_logs_, *running_, opts_.retention, opts_.disk_transfers);
+  ASSIGN_OR_RETURN(int64_t budget, DiskBudgetBytes(opts_.disk_budget_mib, p.state));
+  disks_ = std::make_unique<DiskBudget>(budget, opts_.disk_reserve_mib << 20, p.state);
+  LogInfo("daemon", "host-wide disk budget for VMs: " + FormatMiB(budget));
+  vms_ =
+      std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images, *exec_logs_,
+                                  *running_, *disks_, opts_.retention, opts_.disk_transfers);
   vms_->ReapLeftovers(p.vms(), p.templates());
   vms_->Prune();
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
@@ -82,6 +86,7 @@ void Daemon::Housekeeping() {
     if (stopping_) return;
     mu_.Unlock();
     egress_->Housekeeping();
+    vms_->EnforceDiskBudget();
     mu_.Lock();
   }
 }

@@ -63,6 +63,11 @@ struct Options {
   int64_t exec_log_cap = kDefaultExecLogCap;
   // How long the record of a VM that ended is kept, with its exec logs; 0: for ever.
   std::chrono::seconds retention{14 * 24 * 3600};
+  // The host-wide cap on the running VMs' disks (disk_budget.h); 0: half the free space of
+  // the state filesystem when the daemon starts.
+  int64_t disk_budget_mib = 0;
+  // Free space a create needs under the state directory.
+  int64_t disk_reserve_mib = 512;
 };
 
 class Daemon {
@@ -88,6 +93,7 @@ class Daemon {
   std::unique_ptr<vmm::TemplateStore> templates_;
   std::unique_ptr<BackgroundQueue> background_;
   std::unique_ptr<ExecLogs> exec_logs_;
+  std::unique_ptr<DiskBudget> disks_;
   std::unique_ptr<RunningExecs> running_;
   std::unique_ptr<VmLauncher> launcher_;
   std::unique_ptr<VmRegistry> registry_;

@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "guest/files.h"
@@ -121,12 +123,27 @@ class GuestDiskTest : public ::testing::Test {
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     guest_mux_ = std::make_unique<Mux>(UniqueFd(sv[1]), channel::Role::kGuest);
     guest_mux_->OnOpen([this](std::shared_ptr<Stream> s, Json req) {
+      {
+        std::lock_guard<std::mutex> lock(handlers_mu_);
+        ++handlers_;
+      }
       if (req.contains("disk")) ++disk_requests_;
       if (req["op"] == "put") guest::ServePut(reaper_, *s, req, guest_disk_.get());
       if (req["op"] == "get") guest::ServeGet(reaper_, *s, req, guest_disk_.get());
+      std::lock_guard<std::mutex> lock(handlers_mu_);
+      --handlers_;
+      handlers_cv_.notify_all();
     });
     guest_mux_->Start();
     guest_ = std::make_unique<DiskGuest>(UniqueFd(sv[0]), port_.get());
+  }
+  // The guest's handlers run on detached threads (as in trybox-init) and use this fixture:
+  // it waits for those still running, with the host side closed first so that none waits
+  // on it.
+  void TearDown() override {
+    guest_.reset();
+    std::unique_lock<std::mutex> lock(handlers_mu_);
+    handlers_cv_.wait(lock, [this] { return handlers_ == 0; });
   }
   std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
 
@@ -157,6 +174,9 @@ class GuestDiskTest : public ::testing::Test {
     return ::stat(Path("xfer.img").c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 1;
   }
 
+  std::mutex handlers_mu_;
+  std::condition_variable handlers_cv_;
+  int handlers_ = 0;
   guest::Reaper reaper_;
   std::optional<TempDir> dir_;
   std::unique_ptr<FilePort> port_;

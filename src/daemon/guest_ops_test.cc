@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "channel/frame.h"
@@ -290,9 +292,16 @@ class GuestOpsFilesTest : public ::testing::Test {
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     guest_mux_ = std::make_unique<Mux>(UniqueFd(sv[1]), channel::Role::kGuest);
-    guest_mux_->OnOpen([this](std::shared_ptr<Stream> s, Json req) {
-      if (req["op"] == "put") guest::ServePut(reaper_, *s, req);
-      if (req["op"] == "get") guest::ServeGet(reaper_, *s, req);
+    guest_mux_->OnOpen([g = guest_side_](std::shared_ptr<Stream> s, Json req) {
+      {
+        std::lock_guard<std::mutex> lock(g->mu);
+        ++g->running;
+      }
+      if (req["op"] == "put") guest::ServePut(g->reaper, *s, req);
+      if (req["op"] == "get") guest::ServeGet(g->reaper, *s, req);
+      std::lock_guard<std::mutex> lock(g->mu);
+      --g->running;
+      g->cv.notify_all();
     });
     guest_mux_->Start();
     guest_ = std::make_unique<MuxGuest>(UniqueFd(sv[0]));
@@ -300,9 +309,24 @@ class GuestOpsFilesTest : public ::testing::Test {
     ASSERT_TRUE(dir.ok());
     dir_.emplace(std::move(dir).value());
   }
+  // The guest's handlers run on detached threads of their own (as in trybox-init), which may
+  // still be finishing a request the host has given up on (a get of a directory): they share
+  // the guest side, and the fixture waits for those running (the host side closed first, so
+  // that none waits on it). ASan found one using a freed fixture's reaper.
+  void TearDown() override {
+    guest_.reset();
+    std::unique_lock<std::mutex> lock(guest_side_->mu);
+    guest_side_->cv.wait(lock, [this] { return guest_side_->running == 0; });
+  }
   std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
 
-  guest::Reaper reaper_;
+  struct GuestSide {
+    guest::Reaper reaper;
+    std::mutex mu;
+    std::condition_variable cv;
+    int running = 0;
+  };
+  std::shared_ptr<GuestSide> guest_side_ = std::make_shared<GuestSide>();
   std::unique_ptr<Mux> guest_mux_;
   std::unique_ptr<MuxGuest> guest_;
   std::optional<TempDir> dir_;

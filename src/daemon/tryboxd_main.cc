@@ -68,6 +68,21 @@ int main(int argc, char** argv) {
                  "Seconds the record of a VM that ended is kept, with its exec logs; 0 keeps "
                  "them for ever (env TRYBOX_RETENTION_S)")
       ->check(CLI::NonNegativeNumber);
+  if (const char* n = std::getenv("TRYBOX_DISK_BUDGET_MIB"); n && *n) {
+    opts.disk_budget_mib = std::atoll(n);
+  }
+  app.add_option("--disk-budget", opts.disk_budget_mib,
+                 "MiB the running VMs' disks may take on the host together; past it the VM "
+                 "using the most is destroyed. 0: half the state filesystem's free space at "
+                 "start (env TRYBOX_DISK_BUDGET_MIB)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  if (const char* n = std::getenv("TRYBOX_DISK_RESERVE_MIB"); n && *n) {
+    opts.disk_reserve_mib = std::atoll(n);
+  }
+  app.add_option("--disk-reserve", opts.disk_reserve_mib,
+                 "MiB of free space under the state directory a create needs (env "
+                 "TRYBOX_DISK_RESERVE_MIB)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
@@ -75,9 +90,12 @@ int main(int argc, char** argv) {
   opts.disk_transfers = transfer == "disk";
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
   // The environment's values bypass CLI11's checks.
-  if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0) {
-    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40 and TRYBOX_RETENTION_S "
-                 "not negative\n";
+  if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0 ||
+      opts.disk_budget_mib < 0 || opts.disk_budget_mib > (int64_t{1} << 30) ||
+      opts.disk_reserve_mib < 0 || opts.disk_reserve_mib > (int64_t{1} << 30)) {
+    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
+                 "not negative, TRYBOX_DISK_BUDGET_MIB and TRYBOX_DISK_RESERVE_MIB from 0 to "
+                 "2^30\n";
     return 2;
   }
   opts.retention = std::chrono::seconds(retention_s);

@@ -16,7 +16,8 @@ namespace trybox::daemon {
 Status VmService::Validate(const CreateRequest& req) const {
   ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_dir_, req.image));
   RETURN_IF_ERROR(image::VerifyImage(dir));
-  return egress_.AllowList(req.allow, req.profiles).status();
+  RETURN_IF_ERROR(egress_.AllowList(req.allow, req.profiles).status());
+  return disks_.Admit(DiskUses());
 }
 
 Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& progress) {
@@ -24,6 +25,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   RETURN_IF_ERROR(image::VerifyImage(dir));
   ASSIGN_OR_RETURN(std::string manifest_sha, Sha256File(dir + "/manifest.json"));
   ASSIGN_OR_RETURN(egress::AllowList allow, egress_.AllowList(req.allow, req.profiles));
+  RETURN_IF_ERROR(disks_.Admit(DiskUses()));
 
   LaunchSpec spec{req.image, dir, manifest_sha, req.memory_mib, req.cpus, req.cold, progress};
   auto launched = launcher_.Launch(spec);
@@ -88,6 +90,33 @@ Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   return report;
 }
 
+std::vector<DiskUse> VmService::DiskUses() const {
+  std::vector<DiskUse> out;
+  for (auto& e : registry_.All()) {
+    out.push_back({e->id(), DiskBudget::VmBytes(e->vm().config().vm_dir)});
+  }
+  return out;
+}
+
+std::vector<std::string> VmService::EnforceDiskBudget() {
+  std::vector<std::string> destroyed;
+  if (disks_.budget() <= 0) return destroyed;
+  while (auto over = disks_.OverBudget(DiskUses())) {
+    auto e = registry_.Find(over->vm_id);
+    if (!e || !registry_.Remove(over->vm_id)) break;  // gone meanwhile, or being destroyed
+    const std::string why = "destroyed by tryboxd: its disks took " + FormatMiB(over->bytes) +
+                            " on the host, past the host-wide disk budget of " +
+                            FormatMiB(disks_.budget()) + " (tryboxd --disk-budget)";
+    LogError("daemon", "VM " + over->vm_id + " " + why);
+    e->MarkDead(why);
+    (void)e->Destroy();
+    egress_.VmGone(over->vm_id);
+    (void)store_.UpdateVmState(over->vm_id, "reaped", why);
+    destroyed.push_back(over->vm_id);
+  }
+  return destroyed;
+}
+
 std::vector<store::VmRecord> VmService::List() {
   std::vector<store::VmRecord> out;
   for (auto& e : registry_.All()) {
@@ -150,6 +179,8 @@ ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecI
   if (!st.ok()) LogError("daemon", "exec " + std::to_string(rec.id) + ": " + st.message());
   // After the record: a follower that sees the log end reads the final outcome.
   logs_.Finish(rec.id);
+  // What the command wrote counts against the host-wide budget from now on.
+  EnforceDiskBudget();
   return result;
 }
 

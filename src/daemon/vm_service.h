@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/disk_budget.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
 #include "daemon/guest_ops.h"
@@ -46,8 +47,9 @@ class VmService {
   // `retention`: how long the record (and the exec logs) of a VM that ended is kept; 0
   // keeps them for ever. `disk_transfers`: bulk data may use VMs' transfer disks (else
   // always the channel).
+  // `disks`: the host-wide disk budget, checked at create and enforced after each exec.
   VmService(store::Store& store, VmRegistry& registry, VmLauncher& launcher, EgressGateway& egress,
-            std::string images_dir, ExecLogs& logs, RunningExecs& running,
+            std::string images_dir, ExecLogs& logs, RunningExecs& running, const DiskBudget& disks,
             std::chrono::seconds retention, bool disk_transfers = true)
       : store_(store),
         registry_(registry),
@@ -56,11 +58,12 @@ class VmService {
         images_dir_(std::move(images_dir)),
         logs_(logs),
         running_(running),
+        disks_(disks),
         retention_(retention),
         disk_transfers_(disk_transfers) {}
 
-  // Everything Create checks before it boots: the image (built, verified) and the egress
-  // allow-list.
+  // Everything Create checks before it boots: the image (built, verified), the egress
+  // allow-list, and room under the disk budget.
   Status Validate(const CreateRequest& req) const;
   // Validates everything before anything boots, then starts and records the VM.
   // `progress` hears of the steps that may take seconds (vm_launcher.h).
@@ -96,6 +99,11 @@ class VmService {
 
   // Deletes the records and exec logs of VMs that ended more than the retention ago.
   void Prune();
+  // Each running VM's disk use on the host (DiskBudget::VmBytes).
+  std::vector<DiskUse> DiskUses() const;
+  // While the running VMs use more than the disk budget, destroys the one using the most,
+  // recording it `reaped` with the reason. Returns the VMs destroyed.
+  std::vector<std::string> EnforceDiskBudget();
   // The exec spec of an exec request on `vm` (its default cwd, its privileges).
   ExecSpec SpecFor(const VmEntry& vm, const ExecRequest& req) const;
 
@@ -115,6 +123,7 @@ class VmService {
   const std::string images_dir_;
   ExecLogs& logs_;
   RunningExecs& running_;
+  const DiskBudget& disks_;
   const std::chrono::seconds retention_;
   const bool disk_transfers_;
 

@@ -146,10 +146,18 @@ TEST_F(AgentControlE2E, CtrlCDuringALongCommandKillsItAndRecordsTheRunCancelled)
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
   ASSERT_FALSE(run.empty()) << cli.err_seen;
+  // The progress line comes before the command starts; a follower sees "$ argv" once the
+  // exec is recorded and running in the guest. Ctrl-C before that would cancel a run whose
+  // command never started (seen once in CI: the report rightly had no commands).
+  Running follow = Start({"agent", "show", run, "--follow"});
+  ASSERT_TRUE(follow.WaitFor("$ /bin/sh -c sleep 300")) << follow.err_seen;
   ASSERT_EQ(cli.child.Signal(SIGINT).code(), Code::kOk);
   std::string out;
   int code = cli.Finish(&out);
   EXPECT_EQ(code, 130) << cli.err_seen;
+  follow.ReadRest();
+  std::string follow_out;
+  EXPECT_EQ(follow.Finish(&follow_out), 130) << follow.err_seen;  // it saw the run cancelled
   Json report = Json::parse(out, nullptr, false);
   ASSERT_TRUE(report.is_object()) << out;
   EXPECT_EQ(report["outcome"], "CANCELLED");
