@@ -150,7 +150,30 @@ class PortRelay::PortWriter : public channel::FrameWriter {
  public:
   explicit PortWriter(PortRelay& relay) : relay_(relay) {}
 
-  Status Write(struct iovec* iov, int count) override {
+  // A write that failed cut its frame: the session writes nothing more (Stop), whatever
+  // the reason.
+  Status Write(struct iovec* iov, int count) override { return Ending(WriteAll(iov, count)); }
+
+  Status Splice(int pipe, size_t len) override {
+    // The driver (6.1) sizes the buffer it queues by the pages the pipe holds and lists that
+    // many entries to the device, so a splice that leaves pages in the pipe hands QEMU empty
+    // ones ('virtio: zero sized buffers are not allowed'), which breaks the virtqueue for
+    // good: the guest's channel goes silent, and the host waits on it. So the bytes go
+    // through a pipe of our own (moved, not copied) that must hold exactly what the port is
+    // to take. That pipe exists only during this call: a process that can take init's
+    // descriptors (a privileged VM's, with pidfd_getfd) once put its own bytes in a staging
+    // pipe kept between frames, and the next frame left them behind in it (HostileE2E). And
+    // a pipe that holds more than was staged is not spliced: the session ends instead.
+    return Ending(SpliceStaged(pipe, len));
+  }
+
+ private:
+  Status Ending(Status st) {
+    if (!st.ok()) relay_.Stop("port writer: " + st.message());
+    return st;
+  }
+
+  Status WriteAll(struct iovec* iov, int count) {
     // Each write(2) is a buffer the host is notified of, and under emulation each such
     // round costs more than copying a small frame: a frame that fits one write goes as one.
     size_t total = 0;
@@ -189,23 +212,16 @@ class PortRelay::PortWriter : public channel::FrameWriter {
     return Status::Ok();
   }
 
-  Status Splice(int pipe, size_t len) override {
-    if (!staging_r_.valid()) {
-      int p[2];
-      if (::pipe2(p, O_CLOEXEC) != 0) return channel::CopyFromPipe(*this, pipe, len);
-      staging_r_.Reset(p[0]);
-      staging_w_.Reset(p[1]);
-      ::fcntl(staging_w_.get(), F_SETPIPE_SZ, static_cast<int>(kOutSplice));
-    }
+  Status SpliceStaged(int pipe, size_t len) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return channel::CopyFromPipe(*this, pipe, len);
+    UniqueFd staging_r(p[0]), staging_w(p[1]);
+    ::fcntl(staging_w.get(), F_SETPIPE_SZ, static_cast<int>(kOutSplice));
     while (len > 0) {
-      // The driver (6.1) sizes the buffer it queues by the pages the pipe holds and lists
-      // that many entries to the device, so a splice that leaves pages in the pipe hands
-      // QEMU empty ones, which breaks the virtqueue for good. So the bytes go through a
-      // pipe of our own (moved, not copied) that holds exactly what the port is to take.
       size_t staged = 0;
       const size_t want = std::min(len, kOutSplice);
       while (staged < want) {
-        ssize_t m = ::splice(pipe, nullptr, staging_w_.get(), nullptr, want - staged, 0);
+        ssize_t m = ::splice(pipe, nullptr, staging_w.get(), nullptr, want - staged, 0);
         if (m < 0 && errno == EINTR) continue;
         if (m <= 0)
           return m < 0 ? ErrnoError("splice to the staging pipe") : Internal("pipe empty");
@@ -214,15 +230,23 @@ class PortRelay::PortWriter : public channel::FrameWriter {
       len -= staged;
       while (staged > 0) {
         RETURN_IF_ERROR(relay_.Live());
+        int held = 0;
+        if (::ioctl(staging_r.get(), FIONREAD, &held) != 0) {
+          return ErrnoError("FIONREAD on the staging pipe");
+        }
+        if (static_cast<size_t>(held) != staged) {
+          return Internal("the staging pipe holds " + std::to_string(held) + " bytes, not the " +
+                          std::to_string(staged) + " staged: another process wrote to it");
+        }
         ssize_t w =
-            ::splice(staging_r_.get(), nullptr, relay_.port_, nullptr, staged, SPLICE_F_NONBLOCK);
+            ::splice(staging_r.get(), nullptr, relay_.port_, nullptr, staged, SPLICE_F_NONBLOCK);
         if (w > 0) {
           staged -= static_cast<size_t>(w);
           continue;
         }
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && errno == EINVAL) {
-          RETURN_IF_ERROR(channel::CopyFromPipe(*this, staging_r_.get(), staged));
+          RETURN_IF_ERROR(channel::CopyFromPipe(*this, staging_r.get(), staged));
           break;
         }
         if (w < 0 && errno != EAGAIN) return ErrnoError("splice to port");
@@ -232,10 +256,8 @@ class PortRelay::PortWriter : public channel::FrameWriter {
     return Status::Ok();
   }
 
- private:
   PortRelay& relay_;
-  UniqueFd staging_r_, staging_w_;  // empty between calls
-  char small_[kOutSegment];         // a small frame gathered into one write
+  char small_[kOutSegment];  // a small frame gathered into one write
 };
 
 std::unique_ptr<channel::FrameWriter> PortRelay::Writer() {

@@ -3,12 +3,14 @@
 // queued per splice) are only met in a real guest: the e2e suites and the benchmark.
 #include "guest/port.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <set>
 #include <string>
 #include <thread>
 
@@ -71,6 +73,55 @@ TEST(PortRelayTest, WriterSplicesPipeContentsToThePortByteExact) {
   host.join();
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_TRUE(got == payload) << got.size() << " of " << payload.size() << " bytes";
+}
+
+std::set<std::string> OpenFds() {
+  std::set<std::string> fds;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (struct dirent* e = d ? ::readdir(d) : nullptr) {
+    if (e->d_name[0] != '.') fds.insert(e->d_name);
+  }
+  if (d != nullptr) ::closedir(d);
+  return fds;
+}
+
+TEST(PortRelayTest, WriterKeepsNoStagingPipeBetweenFrames) {
+  // Any process that can take init's descriptors (pidfd_getfd in a privileged VM) could write
+  // into a staging pipe kept between frames; the next frame then left pages behind in it,
+  // which the 6.1 driver turns into empty buffers that break the port for good (a hang in
+  // HostileE2E). No descriptor of the writer's may outlive the frame it writes.
+  Session s = Start();
+  auto writer = s.relay->Writer();
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd r(p[0]), w(p[1]);
+  ASSERT_GE(::fcntl(w.get(), F_SETPIPE_SZ, 1 << 20), 70 * 1024);
+  const std::set<std::string> before = OpenFds();
+  for (const std::string& part : {std::string("first frame"), Pattern(70 * 1024)}) {
+    ASSERT_TRUE(WriteFull(w.get(), part).ok());
+    std::string got;
+    std::thread host([&] { got = ReadExactly(s.host.get(), part.size()); });
+    Status st = writer->Splice(r.get(), part.size());
+    host.join();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(got == part);
+    EXPECT_EQ(OpenFds(), before);
+  }
+}
+
+TEST(PortRelayTest, AFailedFrameEndsTheSession) {
+  // A frame cut short leaves the port's framing broken: the session must stop (and the Mux
+  // with it) rather than go on writing after half a frame.
+  Session s = Start();
+  auto writer = s.relay->Writer();
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd r(p[0]), w(p[1]);
+  ASSERT_TRUE(WriteFull(w.get(), "short").ok());
+  w.Reset();
+  // The pipe holds 5 bytes, not the 100 announced.
+  EXPECT_FALSE(writer->Splice(r.get(), 100).ok());
+  EXPECT_NE(s.relay->Wait().find("port writer"), std::string::npos);
 }
 
 TEST(PortRelayTest, WriterWritesWholeIovecsPastTheSegmentSize) {
