@@ -39,6 +39,13 @@ Session Start() {
   return s;
 }
 
+// A pipe's read and write ends.
+std::pair<UniqueFd, UniqueFd> Pipe() {
+  int p[2];
+  EXPECT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  return {UniqueFd(p[0]), UniqueFd(p[1])};
+}
+
 std::string Pattern(size_t size) {
   std::string out(size, '\0');
   for (size_t i = 0; i < size; ++i) out[i] = static_cast<char>((i * 2654435761u) >> 9);
@@ -62,9 +69,7 @@ TEST(PortRelayTest, WriterSplicesPipeContentsToThePortByteExact) {
   auto writer = s.relay->Writer();
   // More than one splice's worth (256 KiB), from a pipe holding all of it.
   const std::string payload = Pattern(600 * 1024 + 5);
-  int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-  UniqueFd r(p[0]), w(p[1]);
+  auto [r, w] = Pipe();
   ASSERT_GE(::fcntl(w.get(), F_SETPIPE_SZ, 1 << 20), static_cast<int>(payload.size()));
   ASSERT_TRUE(WriteFull(w.get(), payload).ok());
   std::string got;
@@ -92,9 +97,7 @@ TEST(PortRelayTest, WriterKeepsNoStagingPipeBetweenFrames) {
   // HostileE2E). No descriptor of the writer's may outlive the frame it writes.
   Session s = Start();
   auto writer = s.relay->Writer();
-  int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-  UniqueFd r(p[0]), w(p[1]);
+  auto [r, w] = Pipe();
   ASSERT_GE(::fcntl(w.get(), F_SETPIPE_SZ, 1 << 20), 70 * 1024);
   const std::set<std::string> before = OpenFds();
   for (const std::string& part : {std::string("first frame"), Pattern(70 * 1024)}) {
@@ -114,9 +117,7 @@ TEST(PortRelayTest, AFailedFrameEndsTheSession) {
   // with it) rather than go on writing after half a frame.
   Session s = Start();
   auto writer = s.relay->Writer();
-  int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-  UniqueFd r(p[0]), w(p[1]);
+  auto [r, w] = Pipe();
   ASSERT_TRUE(WriteFull(w.get(), "short").ok());
   w.Reset();
   // The pipe holds 5 bytes, not the 100 announced.
