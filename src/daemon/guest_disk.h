@@ -35,7 +35,7 @@ namespace trybox::daemon {
 
 // Content up to this many bytes goes through the channel even when the disk is there
 // (docs/performance.md: where the disk's fixed cost is won back).
-inline constexpr uint64_t kChannelMaxBytes = 1 << 20;
+inline constexpr uint64_t kChannelMaxBytes = 4 << 20;
 
 // What a get left on the transfer disk: its first bytes(), with the guest's events and END.
 // The disk stays locked while this lives; dropping it empties the disk.

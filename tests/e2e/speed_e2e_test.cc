@@ -186,7 +186,7 @@ std::string Sh(const std::string& script) {
 // Files, trees and a workspace, in and out of a restored clone: through the transfer disk
 // by default, through the channel when the daemon is told to; the same bytes either way.
 // Small files take the channel in both modes (the disk's two QMP round trips are not won
-// back below 1 MiB): the END's "via" says which path a transfer took.
+// back up to 4 MiB): the END's "via" says which path a transfer took.
 TEST(SpeedE2E, BulkDataTakesTheDiskByDefaultAndTheChannelWhenToldOrWhenSmall) {
   auto tmp = TempDir::Make("/tmp", "tbx-speed-e2e-");
   ASSERT_TRUE(tmp.ok());
