@@ -1,5 +1,6 @@
 #include "channel/mux.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -37,11 +38,83 @@ Json ResetBody(const Json& body) {
   return {{"reason", "the peer reset the stream (with a malformed reason)"}};
 }
 
+// Frames to the Mux's own fd (a socket on the host, a socketpair in tests).
+class FdWriter : public FrameWriter {
+ public:
+  explicit FdWriter(int fd) : fd_(fd) {}
+
+  Status Write(struct iovec* iov, int count) override {
+    for (;;) {
+      while (count > 0 && iov->iov_len == 0) {
+        ++iov;
+        --count;
+      }
+      if (count == 0) return Status::Ok();
+      ssize_t w = ::writev(fd_, iov, count);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError("write to channel");
+      }
+      AdvanceIov(&iov, &count, static_cast<size_t>(w));
+    }
+  }
+
+  Status Splice(int pipe, size_t len) override {
+    while (len > 0 && splice_works_) {
+      ssize_t w = ::splice(pipe, nullptr, fd_, nullptr, len, 0);
+      if (w > 0) {
+        len -= static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      // Not a socket, or the kernel refused these pages: the rest is copied (a connection
+      // that is gone fails that write too).
+      if (w < 0 && errno == EINVAL) splice_works_ = false;
+      break;
+    }
+    return CopyFromPipe(*this, pipe, len);
+  }
+
+ private:
+  const int fd_;
+  bool splice_works_ = true;
+};
+
 }  // namespace
+
+void AdvanceIov(struct iovec** iov, int* count, size_t done) {
+  while (*count > 0 && done >= (*iov)->iov_len) {
+    done -= (*iov)->iov_len;
+    ++*iov;
+    --*count;
+  }
+  if (*count > 0) {
+    (*iov)->iov_base = static_cast<char*>((*iov)->iov_base) + done;
+    (*iov)->iov_len -= done;
+  }
+}
+
+Status CopyFromPipe(FrameWriter& writer, int pipe, size_t len) {
+  char buf[64 * 1024];
+  while (len > 0) {
+    ssize_t got = ::read(pipe, buf, std::min(len, sizeof buf));
+    if (got < 0 && errno == EINTR) continue;
+    // The caller promised these bytes: the frame cannot be finished, the framing is lost.
+    if (got <= 0) return Internal("the pipe held less than the frame announced");
+    struct iovec part[1] = {{buf, static_cast<size_t>(got)}};
+    RETURN_IF_ERROR(writer.Write(part, 1));
+    len -= static_cast<size_t>(got);
+  }
+  return Status::Ok();
+}
 
 class MuxCore : public std::enable_shared_from_this<MuxCore> {
  public:
-  MuxCore(UniqueFd fd, Role role) : fd_(std::move(fd)), role_(role) {}
+  MuxCore(UniqueFd fd, Role role, std::unique_ptr<FrameWriter> writer)
+      : fd_(std::move(fd)), role_(role) {
+    MutexLock lock(write_mu_);
+    writer_ = writer ? std::move(writer) : std::make_unique<FdWriter>(fd_.get());
+  }
 
   Status SendFrame(uint32_t stream, FrameType type, uint8_t channel, std::string_view payload) {
     char hdr[kHeaderSize];
@@ -49,34 +122,25 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
     MutexLock lock(write_mu_);
     if (write_failed_) return Unavailable("channel lost: " + DeathReason());
     struct iovec iov[2] = {{hdr, kHeaderSize}, {const_cast<char*>(payload.data()), payload.size()}};
-    size_t total = kHeaderSize + payload.size();
-    size_t done = 0;
-    while (done < total) {
-      // Advance the iovec past what was written.
-      struct iovec cur[2];
-      int n = 0;
-      size_t skip = done;
-      for (auto& v : iov) {
-        if (skip >= v.iov_len) {
-          skip -= v.iov_len;
-          continue;
-        }
-        cur[n].iov_base = static_cast<char*>(v.iov_base) + skip;
-        cur[n].iov_len = v.iov_len - skip;
-        skip = 0;
-        ++n;
-      }
-      ssize_t w = ::writev(fd_.get(), cur, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        int err = errno;
-        write_failed_ = true;
-        Status st = ErrnoError("write to channel", err);
-        return Unavailable("channel lost: " + st.message());
-      }
-      done += static_cast<size_t>(w);
-    }
-    return Status::Ok();
+    return Failed(writer_->Write(iov, 2));
+  }
+
+  // A DATA frame of the next `len` bytes `pipe` holds, moved by the writer's Splice.
+  Status SendDataFromPipe(uint32_t stream, uint8_t channel, int pipe, size_t len) {
+    char hdr[kHeaderSize];
+    EncodeHeader(stream, FrameType::kData, channel, static_cast<uint32_t>(len), hdr);
+    MutexLock lock(write_mu_);
+    if (write_failed_) return Unavailable("channel lost: " + DeathReason());
+    struct iovec iov[1] = {{hdr, kHeaderSize}};
+    RETURN_IF_ERROR(Failed(writer_->Write(iov, 1)));
+    return Failed(writer_->Splice(pipe, len));
+  }
+
+  // A write that failed loses the connection: a frame may be cut.
+  Status Failed(Status st) REQUIRES(write_mu_) {
+    if (st.ok()) return st;
+    write_failed_ = true;
+    return Unavailable("channel lost: " + st.message());
   }
 
   std::string DeathReason() const {
@@ -337,6 +401,7 @@ class MuxCore : public std::enable_shared_from_this<MuxCore> {
   std::string control_error_;  // reader thread only: a bad stream-0 event ends the connection
   Mutex write_mu_;
   bool write_failed_ GUARDED_BY(write_mu_) = false;
+  std::unique_ptr<FrameWriter> writer_ GUARDED_BY(write_mu_);
   mutable Mutex state_mu_;
   std::map<uint32_t, std::weak_ptr<Stream>> streams_ GUARDED_BY(state_mu_);
   uint32_t next_id_ GUARDED_BY(state_mu_) = 1;
@@ -367,24 +432,33 @@ Stream::~Stream() {
   core_->Forget(id_);
 }
 
+Result<size_t> Stream::TakeCredit(size_t want) {
+  MutexLock lock(mu_);
+  while (send_credit_ == 0 && !local_done_ && !remote_done_ && conn_error_.empty()) {
+    cv_.Wait(mu_);
+  }
+  if (!conn_error_.empty()) return Unavailable("channel lost: " + conn_error_);
+  if (local_done_) return FailedPrecondition("write after the stream was finished");
+  if (remote_done_ && send_credit_ == 0) return Unavailable("peer finished the stream");
+  size_t n = std::min<uint64_t>({want, send_credit_, kMaxDataChunk});
+  send_credit_ -= n;
+  return n;
+}
+
 Status Stream::Write(uint8_t channel, std::string_view data) {
   while (!data.empty()) {
-    size_t n;
-    {
-      MutexLock lock(mu_);
-      while (send_credit_ == 0 && !local_done_ && !remote_done_ && conn_error_.empty()) {
-        cv_.Wait(mu_);
-      }
-      if (!conn_error_.empty()) return Unavailable("channel lost: " + conn_error_);
-      if (local_done_) return FailedPrecondition("write after the stream was finished");
-      if (remote_done_ && send_credit_ == 0) {
-        return Unavailable("peer finished the stream");
-      }
-      n = std::min<uint64_t>({data.size(), send_credit_, kMaxDataChunk});
-      send_credit_ -= n;
-    }
+    ASSIGN_OR_RETURN(size_t n, TakeCredit(data.size()));
     RETURN_IF_ERROR(core_->SendFrame(id_, FrameType::kData, channel, data.substr(0, n)));
     data.remove_prefix(n);
+  }
+  return Status::Ok();
+}
+
+Status Stream::WriteFromPipe(uint8_t channel, int pipe, size_t len) {
+  while (len > 0) {
+    ASSIGN_OR_RETURN(size_t n, TakeCredit(len));
+    RETURN_IF_ERROR(core_->SendDataFromPipe(id_, channel, pipe, n));
+    len -= n;
   }
   return Status::Ok();
 }
@@ -499,7 +573,8 @@ Result<Stream::Message> Stream::Next(Deadline deadline) {
 
 // ---- Mux ----
 
-Mux::Mux(UniqueFd fd, Role role) : core_(std::make_shared<MuxCore>(std::move(fd), role)) {
+Mux::Mux(UniqueFd fd, Role role, std::unique_ptr<FrameWriter> writer)
+    : core_(std::make_shared<MuxCore>(std::move(fd), role, std::move(writer))) {
   MutexLock lock(core_->state_mu_);
   core_->next_id_ = role == Role::kHost ? 1 : 2;
 }

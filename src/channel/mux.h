@@ -15,6 +15,8 @@
 //    reported as success after that.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -67,6 +69,11 @@ class Stream {
 
   // Sends bytes on `channel`, blocking while the peer's window is full.
   Status Write(uint8_t channel, std::string_view data);
+  // Write for `len` bytes that the pipe `pipe` already holds, moved to the connection with
+  // splice(2) instead of being copied through this process (under emulation each copy is a
+  // large part of what a byte costs). Only the caller may read `pipe`, and it must hold
+  // `len` bytes (FIONREAD): a pipe that holds fewer loses the connection.
+  Status WriteFromPipe(uint8_t channel, int pipe, size_t len);
   Status CloseWrite(uint8_t channel);
   Status SendEvent(const Json& body);
   // Sends the final result. After End the stream accepts no more writes.
@@ -95,6 +102,9 @@ class Stream {
  private:
   friend class MuxCore;
   Stream(std::shared_ptr<MuxCore> core, uint32_t id) : core_(std::move(core)), id_(id) {}
+  // Blocks until the peer's window has room; takes and returns up to `want` bytes of it
+  // (at most kMaxDataChunk).
+  Result<size_t> TakeCredit(size_t want) EXCLUDES(mu_);
 
   std::shared_ptr<MuxCore> core_;
   const uint32_t id_;
@@ -119,6 +129,25 @@ Result<std::string> EncodeJsonPayload(const Json& body);
 
 enum class Role { kHost, kGuest };  // host opens odd stream ids, guest even ones
 
+// Where a Mux's frames go. By default its own fd; the guest writes them to its virtio port
+// instead (guest/port.h), which needs writes that give up when the host leaves. Called
+// with the Mux's write lock held, one frame at a time; after an error the Mux calls it no
+// more.
+class FrameWriter {
+ public:
+  virtual ~FrameWriter() = default;
+  // Writes all of `iov` (it may change the entries).
+  virtual Status Write(struct iovec* iov, int count) = 0;
+  // Moves the next `len` bytes of the pipe `pipe`, which holds at least that many, without
+  // copying them through this process where it can (splice(2)).
+  virtual Status Splice(int pipe, size_t len) = 0;
+};
+
+// Moves `*iov` and `*count` past `done` bytes written (a FrameWriter's partial writes).
+void AdvanceIov(struct iovec** iov, int* count, size_t done);
+// A FrameWriter's Splice where splicing does not work: reads the `len` bytes and writes them.
+Status CopyFromPipe(FrameWriter& writer, int pipe, size_t len);
+
 class Mux {
  public:
   // Called on a fresh thread for each OPEN from the peer. The handler owns the stream and
@@ -131,7 +160,8 @@ class Mux {
   // Called once, on the reader thread, when the connection dies.
   using DeathHandler = std::function<void(const std::string& reason)>;
 
-  Mux(UniqueFd fd, Role role);
+  // Frames are read from `fd`, and written to it unless a `writer` is given.
+  Mux(UniqueFd fd, Role role, std::unique_ptr<FrameWriter> writer = nullptr);
   ~Mux();
   Mux(const Mux&) = delete;
   Mux& operator=(const Mux&) = delete;

@@ -98,6 +98,34 @@ TEST(MuxTest, LargeTransferIsByteExactThroughFlowControl) {
   EXPECT_TRUE(d.out == payload);
 }
 
+TEST(MuxTest, WriteFromPipeSendsWhatThePipeHoldsByteExact) {
+  // More than one frame's worth, and past the first window, from a real pipe.
+  const size_t size = kInitialWindow + 3 * kMaxDataChunk + 777;
+  std::string payload(size, '\0');
+  for (size_t i = 0; i < size; ++i) payload[i] = static_cast<char>((i * 2654435761u) >> 11);
+  auto p = MakePair([&](std::shared_ptr<Stream> s, Json) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    UniqueFd r(fds[0]), w(fds[1]);
+    size_t sent = 0;
+    while (sent < size) {
+      // At most the pipe's default capacity at a time, so the write never blocks.
+      size_t n = std::min<size_t>(64 * 1024, size - sent);
+      ASSERT_TRUE(WriteFull(w.get(), payload.data() + sent, n).ok());
+      ASSERT_TRUE(s->WriteFromPipe(kChanOut, r.get(), n).ok());
+      sent += n;
+    }
+    (void)s->CloseWrite(kChanOut);
+    (void)s->End({{"bytes", sent}});
+  });
+  auto s = p.host->Open({{"op", "pipe"}});
+  ASSERT_TRUE(s.ok());
+  auto d = Drain(**s);
+  ASSERT_TRUE(d.status.ok()) << d.status.ToString();
+  EXPECT_EQ(d.last.body["bytes"], size);
+  EXPECT_TRUE(d.out == payload);
+}
+
 TEST(MuxTest, SlowStreamDoesNotBlockOthers) {
   auto p = MakePair([&](std::shared_ptr<Stream> s, Json req) {
     if (req["op"] == "flood") {

@@ -161,7 +161,8 @@ Result<std::unique_ptr<DiskContent>> GetViaDisk(GuestChannel& guest, Json greq,
                                        std::move(end));
 }
 
-bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& client) {
+bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& client,
+                     const Spooled& head) {
   TransferDiskPort* port = guest.transfer_disk();
   if (!port) return false;
   std::unique_lock<std::timed_mutex> lock = port->TryLock();
@@ -171,14 +172,10 @@ bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& cli
   // not be written is kept, and the rest of the put takes the channel.
   Spooled spooled;
   spooled.fd = port->fd_for_io();
+  spooled.upload_ended = head.upload_ended;
   bool host_full = false;
-  while (!host_full && !spooled.upload_ended) {
-    auto m = client.Next();
-    if (!m.ok() || m->kind == Kind::kReset || m->kind == Kind::kEnd) return true;  // gone
-    if (m->kind == Kind::kEof) spooled.upload_ended = true;
-    if (m->kind != Kind::kData) continue;
-    std::string_view d = m->data;
-    while (!d.empty()) {
+  auto spool = [&](std::string_view d) {
+    while (!d.empty() && !host_full) {
       ssize_t n = ::pwrite(spooled.fd, d.data(), d.size(), static_cast<off_t>(spooled.bytes));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
@@ -189,6 +186,13 @@ bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& cli
       d.remove_prefix(static_cast<size_t>(n));
       spooled.bytes += static_cast<uint64_t>(n);
     }
+  };
+  spool(head.tail);
+  while (!host_full && !spooled.upload_ended) {
+    auto m = client.Next();
+    if (!m.ok() || m->kind == Kind::kReset || m->kind == Kind::kEnd) return true;  // gone
+    if (m->kind == Kind::kEof) spooled.upload_ended = true;
+    if (m->kind == Kind::kData) spool(m->data);
   }
   if (!host_full) {
     if (Status a = port->Announce(Sectors(spooled.bytes)); !a.ok()) {

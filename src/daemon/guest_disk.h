@@ -9,6 +9,12 @@
 // the transfer is over, so that between transfers a guest can neither read nor write it,
 // and the host's disk holds at most one transfer per VM.
 //
+// Small content stays on the channel: the disk costs two QMP block_resize round trips
+// (announce, then empty) that a small transfer does not win back. A put whose upload ends
+// within kChannelMaxBytes, and a get the guest finds no larger than that, take the channel
+// (a get asks for it with "channel_max_bytes" and is answered "too_large" otherwise, before
+// any content; then it takes the disk).
+//
 // An empty answer (nullopt, null) means the disk could not be used for this transfer and
 // nothing was done in the guest: the caller sends it through the channel instead.
 // Internal to the daemon's guest operations; thread-safe as GuestOps is.
@@ -26,6 +32,10 @@
 #include "util/fd.h"
 
 namespace trybox::daemon {
+
+// Content up to this many bytes goes through the channel even when the disk is there
+// (docs/performance.md: where the disk's fixed cost is won back).
+inline constexpr uint64_t kChannelMaxBytes = 4 << 20;
 
 // What a get left on the transfer disk: its first bytes(), with the guest's events and END.
 // The disk stays locked while this lives; dropping it empties the disk.
@@ -76,11 +86,14 @@ struct Spooled {
   bool upload_ended = false;
 };
 
-// The put verb through the disk: the client's upload is written to the disk's file as it
-// arrives, then the guest reads it. False when the disk cannot be used (nothing was taken
-// from the client, nothing sent to the guest); otherwise the client stream has been ended,
-// through the channel if the disk failed part-way.
-bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& client);
+// The put verb through the disk: `head` (what was taken from the client already: its
+// `tail`, in memory, and whether the upload ended) and then the rest of the client's upload
+// are written to the disk's file as they arrive, then the guest reads it. False when the disk
+// cannot be used (nothing more was taken from the client, nothing sent to the guest);
+// otherwise the client stream has been ended, through the channel if the disk failed
+// part-way.
+bool RelayPutViaDisk(GuestChannel& guest, const Json& greq, channel::Stream& client,
+                     const Spooled& head);
 // The put verb through the channel, after what `spooled` holds (may be null).
 void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& client,
                      const Spooled* spooled);

@@ -165,8 +165,11 @@ class GuestDiskTest : public ::testing::Test {
 
   Reply Get(const std::string& path) {
     ClientConn c = MakeClient({{"verb", "get"}});
-    RelayGet(*guest_, {{"op", "get"}, {"path", path}}, *c.server);
-    return ReadReply(*c.client);
+    // Read as it comes: content past the client's window waits for the reader.
+    std::thread relay([&] { RelayGet(*guest_, {{"op", "get"}, {"path", path}}, *c.server); });
+    Reply r = ReadReply(*c.client);
+    relay.join();
+    return r;
   }
 
   uint64_t DiskSize() {
@@ -194,7 +197,7 @@ std::string Data(size_t n) {
 
 TEST_F(GuestDiskTest, AFileGoesInAndOutThroughTheDiskWhichIsEmptiedAfter) {
   Start();
-  const std::string data = Data(3 << 20);
+  const std::string data = Data(kChannelMaxBytes + (3 << 20));
   Json end = Put(Path("in/f"), data);
   EXPECT_EQ(end, (Json{{"ok", true}, {"bytes", data.size()}, {"via", "disk"}}));
   EXPECT_EQ(ReadFileToString(Path("in/f")).value_or(""), data);
@@ -215,10 +218,35 @@ TEST_F(GuestDiskTest, AFileGoesInAndOutThroughTheDiskWhichIsEmptiedAfter) {
   EXPECT_EQ(disk_requests_, 2);
 }
 
+TEST_F(GuestDiskTest, SmallContentTakesTheChannelAndLargeContentTheDisk) {
+  // The disk costs two QMP round trips (announce, empty): small content never pays them.
+  Start();
+  for (size_t size : {size_t{0}, size_t{1000}, size_t{kChannelMaxBytes}}) {
+    SCOPED_TRACE(size);
+    const std::string data = Data(size);
+    EXPECT_EQ(Put(Path("small"), data)["via"], "channel");
+    Reply r = Get(Path("small"));
+    EXPECT_EQ(r.data, data);
+    EXPECT_EQ(r.meta["size"], size);
+    EXPECT_EQ(r.end, (Json{{"ok", true}, {"bytes", size}, {"via", "channel"}}));
+  }
+  EXPECT_TRUE(port_->announced.empty());
+  EXPECT_EQ(disk_requests_, 0);
+  // One byte more: both ways through the disk, the get after the guest said "too_large".
+  const std::string data = Data(kChannelMaxBytes + 1);
+  EXPECT_EQ(Put(Path("large"), data)["via"], "disk");
+  Reply r = Get(Path("large"));
+  EXPECT_EQ(r.data, data);
+  EXPECT_EQ(r.meta["size"], data.size());
+  EXPECT_EQ(r.end["via"], "disk");
+  EXPECT_EQ(disk_requests_, 2);
+  EXPECT_EQ(DiskSize(), 0u);
+}
+
 TEST_F(GuestDiskTest, ABusyDiskLeavesTheTransferToTheChannel) {
   Start();
   std::lock_guard<std::timed_mutex> busy(port_->mu());
-  const std::string data = Data(200000);
+  const std::string data = Data(kChannelMaxBytes + 200000);
   EXPECT_EQ(Put(Path("f"), data)["via"], "channel");
   EXPECT_EQ(Get(Path("f")).data, data);
   EXPECT_TRUE(port_->announced.empty());
@@ -227,7 +255,7 @@ TEST_F(GuestDiskTest, ABusyDiskLeavesTheTransferToTheChannel) {
 
 TEST_F(GuestDiskTest, AGuestWithoutTheDiskSaysSoAndTheChannelCarriesIt) {
   Start(/*guest_has_disk=*/false);
-  const std::string data = Data(500000);
+  const std::string data = Data(kChannelMaxBytes + 500000);
   // The upload was already on the host's file: it is replayed through the channel.
   EXPECT_EQ(Put(Path("f"), data)["via"], "channel");
   EXPECT_EQ(ReadFileToString(Path("f")).value_or(""), data);
@@ -239,7 +267,7 @@ TEST_F(GuestDiskTest, AGuestWithoutTheDiskSaysSoAndTheChannelCarriesIt) {
 
 TEST_F(GuestDiskTest, AHostDiskThatFillsUpMidPutHandsTheRestToTheChannel) {
   Start(true, "/dev/full");  // every write to the host's file fails with ENOSPC
-  const std::string data = Data(1 << 20);
+  const std::string data = Data(kChannelMaxBytes + (1 << 20));
   EXPECT_EQ(Put(Path("f"), data)["via"], "channel");
   EXPECT_EQ(ReadFileToString(Path("f")).value_or(""), data);
   EXPECT_EQ(disk_requests_, 0);

@@ -248,8 +248,19 @@ Result<Json> GuestMetaEvent(const Json& b) {
 }
 
 void RelayPut(GuestChannel& guest, const Json& greq, channel::Stream& client) {
-  if (RelayPutViaDisk(guest, greq, client)) return;
-  RelayPutChannel(guest, greq, client, nullptr);
+  if (!guest.transfer_disk()) return RelayPutChannel(guest, greq, client, nullptr);
+  // The upload's first kChannelMaxBytes are held here: one that ends within them is small,
+  // and takes the channel (guest_disk.h).
+  Spooled head;
+  while (!head.upload_ended && head.tail.size() <= kChannelMaxBytes) {
+    auto m = client.Next();
+    if (!m.ok() || m->kind == Kind::kReset || m->kind == Kind::kEnd) return;  // gone
+    if (m->kind == Kind::kEof) head.upload_ended = true;
+    if (m->kind == Kind::kData) head.tail += m->data;
+  }
+  const bool small = head.upload_ended && head.tail.size() <= kChannelMaxBytes;
+  if (!small && RelayPutViaDisk(guest, greq, client, head)) return;
+  RelayPutChannel(guest, greq, client, &head);
 }
 
 void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& client,
@@ -328,12 +339,18 @@ void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& cli
   FinishRelay(guest, client, end, failure);
 }
 
-void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client) {
-  if (RelayGetViaDisk(guest, greq, client)) return;
+namespace {
+
+// The get verb through the channel. With `cap`, content larger than it is left alone: the
+// guest answers "too_large" before sending any, and so does this (the client has been sent
+// nothing); otherwise the client stream has been ended and the answer is false.
+bool RelayGetChannel(GuestChannel& guest, Json greq, channel::Stream& client,
+                     std::optional<uint64_t> cap = std::nullopt) {
+  if (cap) greq["channel_max_bytes"] = *cap;
   auto s = guest.Open(greq);
   if (!s.ok()) {
     (void)client.End(ErrorReply(GuestGone(guest, s.status())));
-    return;
+    return false;
   }
   std::optional<Json> end;
   Status failure;
@@ -381,7 +398,20 @@ void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client) {
     }
     if (stop) break;
   }
+  if (cap && end && end->is_object() && end->value("error", Json()) == "too_large") return true;
   FinishRelay(guest, client, end, failure);
+  return false;
+}
+
+}  // namespace
+
+void RelayGet(GuestChannel& guest, const Json& greq, channel::Stream& client) {
+  // Small content stays on the channel (guest_disk.h); the guest says when it is not small.
+  if (guest.transfer_disk()) {
+    if (!RelayGetChannel(guest, greq, client, kChannelMaxBytes)) return;
+    if (RelayGetViaDisk(guest, greq, client)) return;
+  }
+  RelayGetChannel(guest, greq, client);
 }
 
 }  // namespace trybox::daemon

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -237,7 +238,7 @@ void ExecRun::Run() {
 }
 
 bool ExecRun::Pump() {
-  std::unique_ptr<char[]> buf(new char[kReadChunk]);
+  std::unique_ptr<char[]> buf(req_.tty ? new char[kReadChunk] : nullptr);
   bool exited = false;
   Clock::time_point drain_until;
   for (;;) {
@@ -274,6 +275,24 @@ bool ExecRun::Pump() {
       if (fds[i].revents == 0) continue;
       UniqueFd& fd = *pipes[i];
       const uint8_t chan = &fd == &out_ ? channel::kChanOut : channel::kChanErr;
+      if (!req_.tty) {
+        // Pipes: the output goes to the channel by splice(2), never through this process.
+        int queued = 0;
+        if (::ioctl(fd.get(), FIONREAD, &queued) != 0) {
+          LogError("exec", ErrnoError("FIONREAD on the output pipe").message());
+          return false;
+        }
+        if (queued > 0) {
+          size_t n = std::min(static_cast<size_t>(queued), kReadChunk);
+          if (!stream_.WriteFromPipe(chan, fd.get(), n).ok()) return false;
+          continue;
+        }
+        // Empty: poll woke us for the writers' end (POLLHUP), which is EOF.
+        if ((fds[i].revents & (POLLHUP | POLLERR)) == 0) continue;
+        fd.Reset();
+        if (!stream_.CloseWrite(chan).ok()) return false;
+        continue;
+      }
       ssize_t got = ::read(fd.get(), buf.get(), kReadChunk);
       if (got < 0) {
         if (errno == EINTR || errno == EAGAIN) continue;

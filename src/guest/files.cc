@@ -397,12 +397,22 @@ class GetSink {
   uint64_t written_ = 0;
 };
 
+// A get whose content is larger than the channel_max_bytes the host allowed (it then
+// takes the transfer disk); `size` when it is known.
+Json TooLarge(uint64_t max, std::optional<uint64_t> size = std::nullopt) {
+  Json out = Fail("too_large", "the content is larger than the " + std::to_string(max) +
+                                   " bytes allowed on the channel");
+  if (size) out["size"] = *size;
+  return out;
+}
+
 Json DiskFull(uint64_t max) {
   return Fail("disk_full", "the content is larger than the " + std::to_string(max) +
                                " bytes the transfer disk was given");
 }
 
-void GetFile(Stream& s, const std::string& path, TransferDisk* disk, std::optional<uint64_t> max) {
+void GetFile(Stream& s, const std::string& path, TransferDisk* disk, std::optional<uint64_t> max,
+             std::optional<uint64_t> channel_max) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   struct stat st;
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
@@ -419,6 +429,10 @@ void GetFile(Stream& s, const std::string& path, TransferDisk* disk, std::option
                {"mtime_ns", MtimeNs(st)},
                {"size", st.st_size}};
   GetSink sink(s, disk, max);
+  if (!sink.to_disk() && channel_max && static_cast<uint64_t>(st.st_size) > *channel_max) {
+    (void)s.End(TooLarge(*channel_max, static_cast<uint64_t>(st.st_size)));
+    return;
+  }
   if (sink.to_disk() && static_cast<uint64_t>(st.st_size) > *max) {
     (void)s.End(DiskFull(*max));
     return;
@@ -518,13 +532,12 @@ void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat&
     return;
   }
   ::fcntl(out->read.get(), F_SETPIPE_SZ, kPipeSize);
-  if (!s.SendEvent({{"type", "meta"},
-                    {"kind", "tar"},
-                    {"mode", st.st_mode & 07777},
-                    {"mtime_ns", MtimeNs(st)}})
-           .ok()) {
-    return;
-  }
+  const Json meta = {
+      {"type", "meta"}, {"kind", "tar"}, {"mode", st.st_mode & 07777}, {"mtime_ns", MtimeNs(st)}};
+  // With channel_max_bytes the archive is held here until it is known to fit, so that a
+  // tree too large for the channel has sent nothing when it says so.
+  const std::optional<uint64_t> cap = req.channel_max_bytes;
+  if (!cap && !s.SendEvent(meta).ok()) return;
   std::vector<std::string> argv = {kTar, "-c", "-f", "-"};
   for (const auto& x : req.exclude) argv.push_back("--exclude=" + x);
   for (const char* a : {"-C", path.c_str(), "."}) argv.push_back(a);
@@ -537,15 +550,26 @@ void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat&
   }
   OutputTail tail(std::move(err->read));
   std::unique_ptr<char[]> buf(new char[kChunk]);
+  std::string held;
   uint64_t bytes = 0;
   for (;;) {
     auto n = ReadSome(out->read.get(), buf.get(), kChunk);
     if (!n.ok() || *n == 0) break;
+    bytes += *n;
+    if (cap) {
+      if (bytes > *cap) {
+        ::kill(-tar.child->pid(), SIGKILL);
+        (void)tar.child->Wait();
+        (void)s.End(TooLarge(*cap));
+        return;
+      }
+      held.append(buf.get(), *n);
+      continue;
+    }
     if (!s.Write(channel::kChanOut, std::string_view(buf.get(), *n)).ok()) {
       ::kill(-tar.child->pid(), SIGKILL);
       return;
     }
-    bytes += *n;
   }
   int status = tar.child->Wait();
   std::string text = tail.Take();
@@ -553,6 +577,7 @@ void GetDir(Reaper& reaper, Stream& s, const GetRequest& req, const struct stat&
     (void)s.End(Fail("tar_failed", DescribeTarFailure(status, text)));
     return;
   }
+  if (cap && (!s.SendEvent(meta).ok() || !s.Write(channel::kChanOut, held).ok())) return;
   if (!s.CloseWrite(channel::kChanOut).ok()) return;
   Json ok = Ok(bytes);
   // What tar left out on its own (sockets) is only in its warnings.
@@ -615,7 +640,9 @@ void ServeGet(Reaper& reaper, Stream& stream, const Json& request, TransferDisk*
         Fail("unsupported", path + ": is a symbolic link to nowhere (" + ErrnoText(errno) + ")"));
     return;
   }
-  if (S_ISREG(st.st_mode)) return GetFile(stream, path, disk, req->disk_max_bytes);
+  if (S_ISREG(st.st_mode)) {
+    return GetFile(stream, path, disk, req->disk_max_bytes, req->channel_max_bytes);
+  }
   if (S_ISDIR(st.st_mode)) {
     if (disk) return GetDirToDisk(reaper, stream, *req, st, *disk);
     return GetDir(reaper, stream, *req, st);

@@ -6,11 +6,13 @@
 //
 // The port is one byte pipe that outlives host connections, and its kernel driver blocks a
 // writer while no host is connected, then lets the write continue into the *next*
-// connection. A Mux writing to the port directly could therefore leave a half-written
-// frame for the next host, and its Shutdown cannot interrupt a blocked read. So the Mux
-// runs on one end of a socketpair and a PortRelay copies between the other end and the
-// port with non-blocking I/O: when the host goes away the relay drops whatever it holds
-// and closes the socket, which the Mux sees as an ordinary connection loss.
+// connection. A Mux writing to the port with blocking writes could therefore leave a
+// half-written frame for the next host, and its Shutdown cannot interrupt a blocked read.
+// So the Mux reads one end of a socketpair, which a PortRelay fills from the port, and
+// writes to the port with non-blocking writes that give up when the host goes away; the
+// relay then closes the socket, which the Mux sees as an ordinary connection loss. (Its
+// writes go to the port directly, not through the socketpair, because under emulation
+// each copy of a byte costs about as much as the port itself: see docs/performance.md.)
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "channel/mux.h"
 #include "guest/wakeup.h"
 #include "util/fd.h"
 #include "util/status.h"
@@ -47,12 +50,16 @@ bool HostConnected(int port_fd);
 // with the tail of the last one's frames.
 void DiscardPending(int port_fd);
 
-// Copies port <-> socket on two threads until the host disconnects, the port fails, or the
-// socket's other end (the Mux) closes. Borrows the port (it outlives every relay); owns the
-// socket. Not copyable or movable.
+// One host session on the port. The host's bytes go port -> socket on the relay's thread,
+// for a Mux reading the socket's other end; the Mux writes its frames straight to the port
+// through Writer(), which never blocks on a missing host: a write that finds the host gone
+// (or the relay stopped) fails, and the Mux, its frame cut, writes nothing more. The relay
+// stops when the host disconnects, the port fails, or the socket's other end (the Mux)
+// closes. Borrows the port (it outlives every relay); owns the socket. Not copyable or
+// movable.
 class PortRelay {
  public:
-  // `port` must be open O_RDWR|O_NONBLOCK and outlive the relay. Starts both threads.
+  // `port` must be open O_RDWR|O_NONBLOCK and outlive the relay. Starts the thread.
   static Result<std::unique_ptr<PortRelay>> Start(int port, UniqueFd socket);
   ~PortRelay();
   PortRelay(const PortRelay&) = delete;
@@ -60,27 +67,31 @@ class PortRelay {
 
   // Blocks until the relay has stopped for any reason; returns why.
   std::string Wait();
-  // Stops both directions; pending bytes are dropped. Idempotent.
+  // Stops the relay; bytes not yet handed over are dropped. Idempotent.
   void Stop(const std::string& why);
-  // Waits (bounded) until every byte the Mux wrote has been handed to the port. For the
-  // reply to a shutdown, which must leave before the power goes.
-  void Flush(int timeout_ms);
+  // Writes frames to the port: whole iovecs in segments the driver takes (32 KiB), and pipe
+  // contents by splice(2), the driver taking the pipe's pages as they are. Borrows the
+  // relay: used only while it lives (the Mux stops writing once the session is shut down).
+  std::unique_ptr<channel::FrameWriter> Writer();
 
  private:
+  class PortWriter;
   PortRelay(int port, UniqueFd socket, Wakeup stop)
       : port_(port), socket_(std::move(socket)), stop_(std::move(stop)) {}
   void PortToSocket();
-  void SocketToPort();
+  // Waits until the port takes more; an error if the host left or the relay stopped.
+  Status AwaitPortWritable();
+  // kUnavailable once the relay has stopped.
+  Status Live() const;
 
   const int port_;
   UniqueFd socket_;
   Wakeup stop_;
   std::atomic<bool> stopped_{false};
-  std::atomic<uint64_t> pending_{0};  // read from the socket, not yet written to the port
   std::mutex mu_;
   std::condition_variable cv_;
   std::string why_ GUARDED_BY(mu_);
-  std::thread in_, out_;
+  std::thread in_;
 };
 
 }  // namespace trybox::guest

@@ -245,6 +245,14 @@ Result<GetRequest> ParseGetRequest(const Json& request) {
     }
   }
   ASSIGN_OR_RETURN(out.disk_max_bytes, DiskField(request, "max_bytes"));
+  if (auto cap = request.find("channel_max_bytes"); cap != request.end() && !cap->is_null()) {
+    if (out.disk_max_bytes) {
+      return InvalidArgument("\"channel_max_bytes\" and \"disk\" cannot go together");
+    }
+    ASSIGN_OR_RETURN(int64_t n, IntegerField(*cap, "channel_max_bytes", 0, int64_t{1} << 50,
+                                             "from 0 to 2^50 (bytes)"));
+    out.channel_max_bytes = static_cast<uint64_t>(n);
+  }
   return out;
 }
 

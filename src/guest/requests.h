@@ -75,6 +75,9 @@ struct GetRequest {
   // "disk": {"max_bytes": L}: the content goes to the transfer disk (at most L bytes), not
   // the channel; the END says how many bytes it holds.
   std::optional<uint64_t> disk_max_bytes;
+  // "channel_max_bytes": N (never with "disk"): content larger than N is not sent; the get
+  // ENDs with "too_large" before its meta EVENT, and the host takes the disk instead.
+  std::optional<uint64_t> channel_max_bytes;
 };
 
 // "identity": what a clone restored from a template must be told before it serves

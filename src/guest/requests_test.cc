@@ -193,6 +193,18 @@ TEST(TransferDiskFieldTest, PutBytesAndGetRoomAreCheckedIntegers) {
   EXPECT_FALSE(ParseGetRequest({{"path", "/a"}, {"disk", {{"bytes", 1}}}}).ok());
 }
 
+TEST(TransferDiskFieldTest, AGetsChannelCapIsACheckedIntegerAndNeverBesideTheDisk) {
+  auto get = ParseGetRequest({{"path", "/a"}, {"channel_max_bytes", 1 << 20}});
+  ASSERT_TRUE(get.ok()) << get.status().ToString();
+  EXPECT_EQ(get->channel_max_bytes, uint64_t{1} << 20);
+  EXPECT_FALSE(ParseGetRequest({{"path", "/a"}})->channel_max_bytes.has_value());
+  for (const char* bad :
+       {R"({"path":"/a","channel_max_bytes":-1})", R"({"path":"/a","channel_max_bytes":"1"})",
+        R"({"path":"/a","channel_max_bytes":1,"disk":{"max_bytes":1}})"}) {
+    EXPECT_FALSE(ParseGetRequest(Json::parse(bad)).ok()) << bad;
+  }
+}
+
 TEST(IdentityRequestTest, AllFieldsAreReadAndNormalised) {
   auto r = ParseIdentityRequest(GoodIdentity());
   ASSERT_TRUE(r.ok()) << r.status().ToString();

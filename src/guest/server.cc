@@ -29,7 +29,6 @@ using channel::Stream;
 constexpr auto kRetryPause = std::chrono::milliseconds(100);
 // Socket buffers between the Mux and the relay: big enough for a few full frames.
 constexpr int kSocketBuffer = 4 << 20;
-constexpr int kShutdownFlushMs = 1000;
 
 Json Fail(const char* error, const std::string& message) {
   return {{"ok", false}, {"error", error}, {"message", message}};
@@ -90,14 +89,11 @@ void Server::Run() {
       std::this_thread::sleep_for(kRetryPause);
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      relay_ = relay->get();
-    }
     std::string why;
     {
       // Shared with egress connections, which open their streams on it.
-      auto mux = std::make_shared<channel::Mux>(std::move(mux_end), channel::Role::kGuest);
+      auto mux = std::make_shared<channel::Mux>(std::move(mux_end), channel::Role::kGuest,
+                                                (*relay)->Writer());
       mux->OnOpen([this](std::shared_ptr<Stream> s, Json req) { Handle(s, req); });
       PortRelay* r = relay->get();
       mux->OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
@@ -121,7 +117,6 @@ void Server::Run() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      relay_ = nullptr;
       mux_ = nullptr;
     }
     relay->reset();
@@ -274,10 +269,7 @@ void Server::Shutdown(Stream& stream) {
   KillAllExecCgroups();
   // Everything but PID 1 itself.
   ::kill(-1, SIGKILL);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (relay_ != nullptr) relay_->Flush(kShutdownFlushMs);
-  }
+  // The END is in the port already: the Mux writes to it directly (guest/port.h).
   UnmountAll();
   PowerOff();
 }

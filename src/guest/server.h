@@ -50,7 +50,6 @@ class Server {
   std::atomic<bool> ready_;
   std::mutex mu_;
   std::string boot_id_ GUARDED_BY(mu_);                // "" until ready
-  PortRelay* relay_ GUARDED_BY(mu_) = nullptr;         // the current session's, for Shutdown
   std::shared_ptr<channel::Mux> mux_ GUARDED_BY(mu_);  // the current session's, for egress
 };
 
