@@ -129,10 +129,43 @@ struct AgentRunRecord {
 
 double NowSeconds();
 
+// What Store::Open found and did (docs/store.md, "The file and its guard").
+struct StoreInfo {
+  std::string path;
+  bool created = false;    // there was no file: a new, empty store was made
+  int found_version = 0;   // schema version found (0: a store from before versions)
+  int schema_version = 0;  // after migrations
+  // Not empty when the store holds fewer rows than its mark says the last daemon committed
+  // (its write-ahead log was lost, or an older copy was put back): what may be missing.
+  std::string warning;
+};
+
+// Free space the store needs on its filesystem to take new work: an exec's start and end,
+// a VM's record. Below it, CheckWritable refuses (store_unavailable).
+inline constexpr int64_t kStoreFloorBytes = int64_t{8} << 20;
+
+// The record's size on disk.
+struct StoreSize {
+  int64_t db_bytes = 0;
+  int64_t wal_bytes = 0;
+  int64_t free_bytes = -1;  // on the store's filesystem (-1: unknown)
+};
+
 class Store {
  public:
+  // Opens the store at `path` after checking it (schema.h): kFailedPrecondition, naming the
+  // file and what to do, for a file that is empty, damaged, foreign or too new. A missing
+  // file makes a new store.
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
   ~Store();
+
+  StoreInfo info() const EXCLUDES(mu_);
+  StoreSize Size() const;
+  // Whether new work can be recorded now: the filesystem has kStoreFloorBytes free and a
+  // write commits. Otherwise an error whose message starts "store_unavailable: "
+  // (kResourceExhausted when space is the cause). Nothing is cached: once space returns,
+  // the next call succeeds.
+  Status CheckWritable() EXCLUDES(mu_);
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
@@ -188,13 +221,20 @@ class Store {
   Result<std::optional<int>> LastExecId(const std::string& vm_id);
 
  private:
-  explicit Store(sqlite3* db) : db_(db) {}
+  Store(sqlite3* db, std::string path) : path_(std::move(path)), db_(db) {}
   Status Exec(const std::string& sql);
-  // Adds the columns later versions introduced to a database made by an earlier one.
-  Status Migrate();
   Status CheckpointLocked() REQUIRES(mu_);
-  Mutex mu_;
+  // The mark (`<path>.mark`): the highest ids committed to execs, egress and collects,
+  // rewritten after each insert. Open compares it with the database (StoreInfo::warning).
+  enum MarkKind { kMarkExecs, kMarkEgress, kMarkCollects, kMarkKinds };
+  void OpenMarkLocked() REQUIRES(mu_);
+  void NoteInsertLocked(MarkKind kind, int64_t id) REQUIRES(mu_);
+  const std::string path_;
+  mutable Mutex mu_;
   sqlite3* db_ GUARDED_BY(mu_);
+  StoreInfo info_ GUARDED_BY(mu_);
+  int mark_fd_ GUARDED_BY(mu_) = -1;
+  int64_t mark_[kMarkKinds] GUARDED_BY(mu_) = {};
 };
 
 }  // namespace trybox::store
