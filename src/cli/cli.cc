@@ -19,6 +19,7 @@
 #include "cli/client.h"
 #include "cli/mcp.h"
 #include "cli/reply.h"
+#include "cli/store_cmd.h"
 #include "cli/terminal.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
@@ -765,6 +766,11 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
     }
     out += "\n";
   }
+  ASSIGN_OR_RETURN(auto store, r.OptionalObject("store"));
+  if (store) {
+    ASSIGN_OR_RETURN(std::string lines, RenderStoreHealth(*store));
+    out += lines + "\n";
+  }
   ASSIGN_OR_RETURN(auto images, r.Objects("images"));
   out += "images (" + images_dir + "):\n";
   if (images.empty()) out += "  none; run: trybox image build\n";
@@ -1041,6 +1047,11 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
                   "Print no progress on stderr (it is printed only to a terminal anyway)");
   }
 
+  auto* prune = app.add_subcommand(
+      "prune", "Apply the retention now: remove what it lets go, print what was freed");
+  prune->add_flag("--dry-run", inv.dry_run, "Only say what would be removed");
+  prune->add_flag("--json", inv.json, "JSON output");
+
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
   audit
@@ -1127,6 +1138,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (ils->parsed()) inv.command = "image-ls";
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
+  if (prune->parsed()) inv.command = "prune";
   if (agent->parsed()) {
     inv.command = answer->parsed()       ? "agent-answer"
                   : resume->parsed()     ? "agent-resume"
@@ -1171,6 +1183,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "rm") return CmdRm(c, inv.ids, out, err);
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst, err);
   if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
+  if (inv.command == "prune") return CmdPrune(c, inv.dry_run, inv.json, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
   // The terminal's commands own the process's terminal and streams.
   if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);

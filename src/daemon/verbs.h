@@ -9,6 +9,7 @@
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
+#include "daemon/record_keeper.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_service.h"
 #include "daemon/workspace_service.h"
@@ -25,6 +26,7 @@ struct Services {
   WorkspaceService& workspaces;
   AgentRunner& agents;
   ExecLogs& logs;
+  RecordKeeper& records;
 };
 
 // create, destroy, list, exec, put, get, doctor, audit, ping.
@@ -33,6 +35,10 @@ void AddVmVerbs(VerbTable& table, Services& s);
 void AddWorkVerbs(VerbTable& table, Services& s);
 // logs, ps, kill, port (verbs_term.cc).
 void AddTerminalVerbs(VerbTable& table, Services& s);
+// prune (verbs_store.cc).
+void AddStoreVerbs(VerbTable& table, Services& s);
+// doctor's `store` object.
+Json StoreHealthJson(const StoreHealth& h);
 
 // At most this many changes in one collect or diff reply (a reply stays under the frame
 // limit); diff pages through the rest.

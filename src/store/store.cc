@@ -227,56 +227,6 @@ Result<std::map<std::string, ExecCount>> Store::CountExecs() {
   return out;
 }
 
-Result<std::vector<std::string>> Store::PruneVms(double ended_before) {
-  MutexLock lock(mu_);
-  std::vector<std::string> ids;
-  {
-    Stmt s(db_,
-           "SELECT id FROM vms WHERE state IN ('destroyed', 'reaped') AND ended_at > 0 "
-           "AND ended_at < ?");
-    RETURN_IF_ERROR(s.prepared());
-    s.Bind(1, ended_before);
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      ids.push_back(s.Text(0));
-    }
-  }
-  if (ids.empty()) return ids;
-  // Children first (foreign keys are on). The egress audit and agent runs are kept: they
-  // name the VM as text and never lose a row.
-  static const char* const kDeletes[] = {
-      "DELETE FROM file_changes WHERE collect_id IN (SELECT id FROM collects WHERE vm_id = ?)",
-      "DELETE FROM collects WHERE vm_id = ?",
-      "DELETE FROM workspaces WHERE vm_id = ?",
-      "DELETE FROM execs WHERE vm_id = ?",
-      "DELETE FROM vms WHERE id = ?",
-  };
-  char* err = nullptr;
-  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return Internal("sqlite: " + msg);
-  }
-  Status st;
-  for (const auto& id : ids) {
-    for (const char* sql : kDeletes) {
-      Stmt s(db_, sql);
-      st = s.prepared();
-      if (st.ok()) {
-        s.Bind(1, id);
-        auto done = s.Step();
-        if (!done.ok()) st = done.status();
-      }
-      if (!st.ok()) break;
-    }
-    if (!st.ok()) break;
-  }
-  (void)sqlite3_exec(db_, st.ok() ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
-  if (!st.ok()) return st;
-  return ids;
-}
-
 Result<int64_t> Store::InsertEgress(const EgressRecord& e) {
   MutexLock lock(mu_);
   Stmt s(db_,
@@ -345,37 +295,6 @@ Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, in
     out.push_back(std::move(e));
   }
   return out;
-}
-
-Result<int64_t> Store::PruneEgress(double max_age_seconds, int64_t max_rows, double now) {
-  MutexLock lock(mu_);
-  // A row that may describe a tunnel still open: never closed, its VM still running.
-  const std::string live =
-      "(ended_at = 0 AND vm_id IN (SELECT id FROM vms WHERE state = 'running'))";
-  int64_t removed = 0;
-  if (max_age_seconds > 0) {
-    Stmt s(db_, ("DELETE FROM egress WHERE NOT " + live +
-                 " AND (CASE WHEN ended_at > 0 THEN ended_at ELSE started_at END) < ?")
-                    .c_str());
-    RETURN_IF_ERROR(s.prepared());
-    s.Bind(1, now - max_age_seconds);
-    ASSIGN_OR_RETURN(int64_t n, s.Run());
-    removed += n;
-  }
-  if (max_rows > 0) {
-    Stmt s(db_, ("DELETE FROM egress WHERE id IN (SELECT id FROM egress WHERE NOT " + live +
-                 " ORDER BY id DESC LIMIT -1 OFFSET ?)")
-                    .c_str());
-    RETURN_IF_ERROR(s.prepared());
-    s.Bind(1, max_rows);
-    ASSIGN_OR_RETURN(int64_t n, s.Run());
-    removed += n;
-  }
-  if (removed > 0) {
-    Status st = CheckpointLocked();
-    if (!st.ok() && st.code() != Code::kUnavailable) return st;
-  }
-  return removed;
 }
 
 Status Store::Checkpoint() {

@@ -103,7 +103,7 @@ StoreSize Store::Size() const {
   return out;
 }
 
-Status Store::CheckWritable() {
+Status Store::CheckRoom() const {
   StoreSize size = Size();
   if (size.free_bytes >= 0 && size.free_bytes < kStoreFloorBytes) {
     return ResourceExhausted("store_unavailable: the filesystem of the store " + path_ + " has " +
@@ -111,6 +111,11 @@ Status Store::CheckWritable() {
                              " it needs to record new work, so nothing was started; free "
                              "space there and it works again at once");
   }
+  return Status::Ok();
+}
+
+Status Store::CheckWritable() {
+  RETURN_IF_ERROR(CheckRoom());
   MutexLock lock(mu_);
   Stmt s(db_, "INSERT OR REPLACE INTO meta (key, value) VALUES ('write_probe', ?)");
   Status st = s.prepared();

@@ -455,11 +455,14 @@ TEST_F(StoreTest, PruneDeletesOnlyVmsThatEndedBeforeTheCutoffWithTheirRows) {
   // Nothing ended before an hour ago.
   auto none = store_->PruneVms(NowSeconds() - 3600);
   ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->empty());
+  EXPECT_TRUE(none->ids.empty());
   auto pruned = store_->PruneVms(NowSeconds() + 1);
   ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
-  std::sort(pruned->begin(), pruned->end());
-  EXPECT_EQ(*pruned, (std::vector<std::string>{"gone", "old"}));
+  std::sort(pruned->ids.begin(), pruned->ids.end());
+  EXPECT_EQ(pruned->ids, (std::vector<std::string>{"gone", "old"}));
+  EXPECT_EQ(pruned->execs, 2);
+  EXPECT_EQ(pruned->collects, 1);
+  EXPECT_EQ(pruned->file_changes, 1);
   EXPECT_FALSE(store_->GetVm("old")->has_value());
   EXPECT_TRUE(store_->ListExecs("old")->empty());
   EXPECT_FALSE(store_->GetWorkspace("old")->has_value());
@@ -467,6 +470,85 @@ TEST_F(StoreTest, PruneDeletesOnlyVmsThatEndedBeforeTheCutoffWithTheirRows) {
   // A running VM is never pruned, however old.
   EXPECT_TRUE(store_->GetVm("live")->has_value());
   EXPECT_EQ(store_->ListExecs("live")->size(), 1u);
+}
+
+TEST_F(StoreTest, RetentionByCountDeletesExactlyTheOldestEndedVmsAndNeverALiveOne) {
+  // Ended in order e0 (oldest) .. e4; "live" is running and "dead" died but is not destroyed.
+  for (int i = 0; i < 5; ++i) {
+    std::string id = "e" + std::to_string(i);
+    ASSERT_TRUE(store_->InsertVm(Vm(id)).ok());
+    ASSERT_TRUE(store_->InsertExec(Exec(id)).ok());
+    ASSERT_TRUE(store_->UpdateVmState(id, "destroyed", "{}").ok());
+  }
+  for (const char* id : {"live", "dead"}) {
+    ASSERT_TRUE(store_->InsertVm(Vm(id)).ok());
+    ASSERT_TRUE(store_->InsertExec(Exec(id)).ok());
+  }
+  ASSERT_TRUE(store_->UpdateVmState("dead", "dead", "qemu exited").ok());
+  // A dry run counts exactly what the real one removes, and removes nothing.
+  auto dry = store_->PruneVms(0, 2, true);
+  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
+  std::sort(dry->ids.begin(), dry->ids.end());
+  EXPECT_EQ(dry->ids, (std::vector<std::string>{"e0", "e1", "e2"}));
+  EXPECT_EQ(dry->execs, 3);
+  EXPECT_TRUE(store_->GetVm("e0")->has_value());
+  EXPECT_EQ(store_->ListExecs("e0")->size(), 1u);
+  auto real = store_->PruneVms(0, 2, false);
+  ASSERT_TRUE(real.ok());
+  std::sort(real->ids.begin(), real->ids.end());
+  EXPECT_EQ(real->ids, dry->ids);
+  EXPECT_EQ(real->execs, 3);
+  for (const char* gone : {"e0", "e1", "e2"}) EXPECT_FALSE(store_->GetVm(gone)->has_value());
+  for (const char* kept : {"e3", "e4", "live", "dead"}) {
+    EXPECT_TRUE(store_->GetVm(kept)->has_value()) << kept;
+    EXPECT_EQ(store_->ListExecs(kept)->size(), 1u) << kept;
+  }
+  // Again: nothing more to do.
+  EXPECT_TRUE(store_->PruneVms(0, 2, false)->ids.empty());
+  // With a count of 0 (no limit) and no age limit, nothing at all.
+  EXPECT_TRUE(store_->PruneVms(0, 0, false)->ids.empty());
+}
+
+TEST_F(StoreTest, RetentionOfAgentRunsKeepsLiveRunsAndRunsWhoseVmRuns) {
+  ASSERT_TRUE(store_->InsertVm(Vm("runvm")).ok());
+  const double now = NowSeconds();
+  auto put = [&](const std::string& id, double updated, const std::string& vm) {
+    AgentRunRecord r;
+    r.id = id;
+    r.created_at = updated;
+    r.updated_at = updated;
+    r.outcome = "DONE";
+    r.vm_id = vm;
+    ASSERT_TRUE(store_->PutAgentRun(r).ok());
+  };
+  put("old", now - 7200, "gonevm");
+  put("old-live", now - 7200, "gonevm");
+  put("old-vm-runs", now - 7200, "runvm");
+  put("new", now, "gonevm");
+  auto dry = store_->PruneAgentRuns(now - 3600, 0, {"old-live"}, true);
+  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
+  EXPECT_EQ(*dry, (std::vector<std::string>{"old"}));
+  EXPECT_TRUE(store_->GetAgentRun("old")->has_value());
+  auto pruned = store_->PruneAgentRuns(now - 3600, 0, {"old-live"}, false);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(*pruned, (std::vector<std::string>{"old"}));
+  EXPECT_FALSE(store_->GetAgentRun("old")->has_value());
+  for (const char* kept : {"old-live", "old-vm-runs", "new"}) {
+    EXPECT_TRUE(store_->GetAgentRun(kept)->has_value()) << kept;
+  }
+  // By count: the newest one kept of those that may go.
+  EXPECT_EQ(store_->PruneAgentRuns(0, 1, {"old-live"}, false).value_or({}),
+            (std::vector<std::string>{}));
+}
+
+TEST_F(StoreTest, DryRunOfEgressRetentionCountsWithoutRemoving) {
+  const double now = NowSeconds();
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(store_->InsertEgress(Egress("v", now - 7200, now - 7200)).ok());
+  EXPECT_EQ(store_->PruneEgress(3600, 0, now, true).value_or(-1), 4);
+  EXPECT_EQ(store_->ListEgress("")->size(), 4u);
+  EXPECT_EQ(store_->PruneEgress(3600, 0, now, false).value_or(-1), 4);
+  EXPECT_TRUE(store_->ListEgress("")->empty());
 }
 
 // The guard (docs/store.md, "The file and its guard"). Each case failed before it: Open
