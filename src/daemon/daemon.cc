@@ -62,7 +62,7 @@ Status Daemon::Init() {
   records_ = std::make_unique<RecordKeeper>(*store_, *vms_, *registry_, *egress_, p.state,
                                             opts_.retention, opts_.disk_reserve_mib << 20,
                                             [this] { return agents_->LiveRunIds(); });
-  PruneAndLog();
+  if (opts_.retention.interval.count() > 0) PruneAndLog();
   services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_,
                                *agents_, *exec_logs_, *records_});
   AddVmVerbs(verbs_, *services_);
@@ -83,6 +83,7 @@ Status Daemon::Serve() { return server_->Serve(); }
 
 void Daemon::Housekeeping() {
   MutexLock lock(mu_);
+  auto last_prune = std::chrono::steady_clock::now();
   for (;;) {
     auto next = std::chrono::steady_clock::now() + kHousekeepingEvery;
     while (!stopping_ && housekeeping_cv_.WaitUntil(mu_, next)) {
@@ -91,7 +92,11 @@ void Daemon::Housekeeping() {
     mu_.Unlock();
     egress_->Housekeeping();
     vms_->EnforceDiskBudget();
-    PruneAndLog();
+    const auto every = opts_.retention.interval;
+    if (every.count() > 0 && std::chrono::steady_clock::now() - last_prune >= every) {
+      PruneAndLog();
+      last_prune = std::chrono::steady_clock::now();
+    }
     mu_.Lock();
   }
 }

@@ -32,6 +32,9 @@ struct RetentionPolicy {
   std::chrono::seconds max_age{14 * 24 * 3600};
   int64_t max_vms = 1000;  // records of ended VMs kept at most (the newest)
   int64_t max_runs = 200;  // finished agent runs kept at most (the newest)
+  // How often the daemon prunes by itself (at start, then from its housekeeping); 0: only
+  // by hand (`trybox prune`).
+  std::chrono::seconds interval{600};
 };
 
 // What a prune freed (or, with dry_run, would free).

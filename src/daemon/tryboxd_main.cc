@@ -83,6 +83,14 @@ int main(int argc, char** argv) {
                  "Finished agent runs kept at most (the newest), with their repositories; 0: "
                  "no count limit (env TRYBOX_RETENTION_RUNS)")
       ->check(CLI::NonNegativeNumber);
+  int64_t prune_every_s = opts.retention.interval.count();
+  if (const char* n = std::getenv("TRYBOX_PRUNE_INTERVAL_S"); n && *n) {
+    prune_every_s = std::atoll(n);
+  }
+  app.add_option("--prune-interval", prune_every_s,
+                 "Seconds between the daemon's own prunes (at start, then from its "
+                 "housekeeping); 0: only `trybox prune` (env TRYBOX_PRUNE_INTERVAL_S)")
+      ->check(CLI::NonNegativeNumber);
   if (const char* n = std::getenv("TRYBOX_DISK_BUDGET_MIB"); n && *n) {
     opts.disk_budget_mib = std::atoll(n);
   }
@@ -106,16 +114,18 @@ int main(int argc, char** argv) {
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
   // The environment's values bypass CLI11's checks.
   if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0 ||
-      opts.retention.max_vms < 0 || opts.retention.max_runs < 0 || opts.disk_budget_mib < 0 ||
-      opts.disk_budget_mib > (int64_t{1} << 30) || opts.disk_reserve_mib < 0 ||
-      opts.disk_reserve_mib > (int64_t{1} << 30)) {
-    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
-                 "(and TRYBOX_RETENTION_VMS, _RUNS) not negative, TRYBOX_DISK_BUDGET_MIB and "
-                 "TRYBOX_DISK_RESERVE_MIB from 0 to "
-                 "2^30\n";
+      opts.retention.max_vms < 0 || opts.retention.max_runs < 0 || prune_every_s < 0 ||
+      opts.disk_budget_mib < 0 || opts.disk_budget_mib > (int64_t{1} << 30) ||
+      opts.disk_reserve_mib < 0 || opts.disk_reserve_mib > (int64_t{1} << 30)) {
+    std::cerr
+        << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
+           "(and _VMS, _RUNS, TRYBOX_PRUNE_INTERVAL_S) not negative, TRYBOX_DISK_BUDGET_MIB and "
+           "TRYBOX_DISK_RESERVE_MIB from 0 to "
+           "2^30\n";
     return 2;
   }
   opts.retention.max_age = std::chrono::seconds(retention_s);
+  opts.retention.interval = std::chrono::seconds(prune_every_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   if (debug) trybox::SetLogLevel(trybox::LogLevel::kDebug);
   if (!log_file.empty()) {

@@ -40,7 +40,8 @@ Json PruneReportJson(const PruneReport& r, const RetentionPolicy& p, const egres
             {"max_vms", p.max_vms},
             {"max_runs", p.max_runs},
             {"egress_max_age_s", static_cast<int64_t>(egress.audit_max_age.count())},
-            {"egress_max_rows", egress.audit_max_rows}}}};
+            {"egress_max_rows", egress.audit_max_rows},
+            {"interval_s", static_cast<int64_t>(p.interval.count())}}}};
 }
 
 void AddStoreVerbs(VerbTable& t, Services& s) {
