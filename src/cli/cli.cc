@@ -18,6 +18,7 @@
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
 #include "cli/mcp.h"
+#include "cli/mcp_tools.h"
 #include "cli/reply.h"
 #include "cli/store_cmd.h"
 #include "cli/terminal.h"
@@ -1102,7 +1103,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   cancel->add_flag("--json", inv.json, "Print the report as JSON");
   show->add_flag("--json", inv.json, "Print the report as JSON");
   auto* mcp = app.add_subcommand(
-      "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
+      "mcp", "Serve trybox's tools to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
+  mcp->add_option("--tools", inv.mcp_tools,
+                  "Tools to offer, comma-separated (default all: vm_agent, vm_create, vm_exec, "
+                  "vm_read_file, vm_write_file, vm_list_dir, vm_destroy)");
   mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
   mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
   AddTerminalCommands(app, inv);
@@ -1175,6 +1179,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     return InvalidArgument("-d cannot be combined with -i or -t: a detached command has no input");
   }
   RETURN_IF_ERROR(ValidateTerminalCommand(inv));
+  if (inv.command == "mcp") {
+    ASSIGN_OR_RETURN(inv.tools, mcp::ChooseTools(inv.mcp_tools));
+  }
   return inv;
 }
 
@@ -1246,7 +1253,7 @@ int Run(const Invocation& inv) {
   }
   if (inv.command == "image-build") return CmdImageBuild(inv);
   if (inv.command == "image-ls") return CmdImageLs(inv.json);
-  if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
+  if (inv.command == "mcp") return RunMcpServer({.model = inv.model, .tools = inv.tools}, 0, 1);
   if (inv.exec.tty || inv.command == "shell") {
     // Before anything starts (a VM, the daemon): a terminal we do not have cannot be used.
     Status st = CheckTtyOnStdin();

@@ -98,8 +98,10 @@ struct Invocation {
   bool dry_run = false;                  // prune --dry-run
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
-  std::string help;  // command == "help" or "version": the text to print
-  ModelFlags model;  // agent, mcp: --provider, --model
+  std::string help;                // command == "help" or "version": the text to print
+  ModelFlags model;                // agent, mcp: --provider, --model
+  std::string mcp_tools;           // mcp --tools: comma-separated names, "" for all
+  std::vector<std::string> tools;  // mcp: the tools chosen, in listing order
   TerminalOptions term;
 };
 

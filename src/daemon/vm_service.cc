@@ -134,7 +134,10 @@ ExecSpec VmService::SpecFor(const VmEntry& vm, const ExecRequest& req) const {
   ExecSpec spec;
   spec.argv = req.argv;
   spec.env = req.env;
-  spec.cwd = req.cwd.value_or(vm.has_workspace() ? "/workspace" : "/root");
+  // Without a workspace, a command runs in its account's home (/root for root, /home/user
+  // for `user`), which the guest knows from its /etc/passwd.
+  bool root = req.user.empty() || req.user == "root";
+  spec.cwd = req.cwd.value_or(vm.has_workspace() ? "/workspace" : root ? "/root" : "");
   spec.timeout_ms = req.timeout_ms;
   spec.stdin = req.stdin;
   spec.user = req.user;
@@ -147,7 +150,7 @@ Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec)
   Recorded r;
   r.rec.vm_id = vm.id();
   r.rec.argv = spec.argv;
-  r.rec.cwd = spec.cwd;
+  r.rec.cwd = spec.cwd.empty() ? "~" + spec.user : spec.cwd;  // "~user": that account's home
   r.rec.started_at = store::NowSeconds();
   r.rec.outcome = "running";
   // Nothing runs unrecorded: its start is committed before the guest hears of it, and
