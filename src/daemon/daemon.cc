@@ -93,9 +93,10 @@ void Daemon::Housekeeping() {
     egress_->Housekeeping();
     vms_->EnforceDiskBudget();
     const auto every = opts_.retention.interval;
+    // Measured from before the previous prune, so that a prune every tick stays every tick.
     if (every.count() > 0 && std::chrono::steady_clock::now() - last_prune >= every) {
-      PruneAndLog();
       last_prune = std::chrono::steady_clock::now();
+      PruneAndLog();
     }
     mu_.Lock();
   }

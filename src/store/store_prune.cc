@@ -29,6 +29,8 @@ Result<int64_t> DeleteWhere(sqlite3* db, const std::string& sql, const std::stri
 
 Result<PrunedVms> Store::PruneVms(double ended_before, int64_t keep_ended, bool dry_run) {
   MutexLock lock(mu_);
+  // For the transaction's body, which runs under this lock (clang's analysis cannot see that).
+  sqlite3* const db = db_;
   PrunedVms out;
   {
     // Ended VMs, newest first: those past the count, or ended before the cutoff. A VM still
@@ -49,19 +51,19 @@ Result<PrunedVms> Store::PruneVms(double ended_before, int64_t keep_ended, bool 
     }
   }
   if (out.ids.empty()) return out;
-  Status st = InTransaction(db_, dry_run, [&]() REQUIRES(mu_) -> Status {
+  Status st = InTransaction(db, dry_run, [&]() -> Status {
     // Children first (foreign keys are on). The egress audit and agent runs have their own
     // limits: they name the VM as text.
     for (const auto& id : out.ids) {
       ASSIGN_OR_RETURN(int64_t fc,
-                       DeleteWhere(db_,
+                       DeleteWhere(db,
                                    "DELETE FROM file_changes WHERE collect_id IN (SELECT id FROM "
                                    "collects WHERE vm_id = ?)",
                                    id));
-      ASSIGN_OR_RETURN(int64_t co, DeleteWhere(db_, "DELETE FROM collects WHERE vm_id = ?", id));
-      ASSIGN_OR_RETURN(int64_t ws, DeleteWhere(db_, "DELETE FROM workspaces WHERE vm_id = ?", id));
-      ASSIGN_OR_RETURN(int64_t ex, DeleteWhere(db_, "DELETE FROM execs WHERE vm_id = ?", id));
-      ASSIGN_OR_RETURN(int64_t vm, DeleteWhere(db_, "DELETE FROM vms WHERE id = ?", id));
+      ASSIGN_OR_RETURN(int64_t co, DeleteWhere(db, "DELETE FROM collects WHERE vm_id = ?", id));
+      ASSIGN_OR_RETURN(int64_t ws, DeleteWhere(db, "DELETE FROM workspaces WHERE vm_id = ?", id));
+      ASSIGN_OR_RETURN(int64_t ex, DeleteWhere(db, "DELETE FROM execs WHERE vm_id = ?", id));
+      ASSIGN_OR_RETURN(int64_t vm, DeleteWhere(db, "DELETE FROM vms WHERE id = ?", id));
       out.file_changes += fc;
       out.collects += co;
       out.workspaces += ws;
@@ -78,6 +80,8 @@ Result<std::vector<std::string>> Store::PruneAgentRuns(double updated_before, in
                                                        const std::set<std::string>& live,
                                                        bool dry_run) {
   MutexLock lock(mu_);
+  // For the transaction's body, which runs under this lock (clang's analysis cannot see that).
+  sqlite3* const db = db_;
   std::vector<std::string> ids;
   {
     // A run whose VM still runs is live whatever its row says.
@@ -97,9 +101,9 @@ Result<std::vector<std::string>> Store::PruneAgentRuns(double updated_before, in
     }
   }
   if (ids.empty()) return ids;
-  Status st = InTransaction(db_, dry_run, [&]() REQUIRES(mu_) -> Status {
+  Status st = InTransaction(db, dry_run, [&]() -> Status {
     for (const auto& id : ids) {
-      ASSIGN_OR_RETURN(int64_t n, DeleteWhere(db_, "DELETE FROM agent_runs WHERE id = ?", id));
+      ASSIGN_OR_RETURN(int64_t n, DeleteWhere(db, "DELETE FROM agent_runs WHERE id = ?", id));
       (void)n;
     }
     return Status::Ok();
@@ -111,24 +115,26 @@ Result<std::vector<std::string>> Store::PruneAgentRuns(double updated_before, in
 Result<int64_t> Store::PruneEgress(double max_age_seconds, int64_t max_rows, double now,
                                    bool dry_run) {
   MutexLock lock(mu_);
+  // For the transaction's body, which runs under this lock (clang's analysis cannot see that).
+  sqlite3* const db = db_;
   // A row that may describe a tunnel still open: never closed, its VM still running.
   const std::string live =
       "(ended_at = 0 AND vm_id IN (SELECT id FROM vms WHERE state = 'running'))";
   int64_t removed = 0;
-  Status st = InTransaction(db_, dry_run, [&]() REQUIRES(mu_) -> Status {
+  Status st = InTransaction(db, dry_run, [&]() -> Status {
     if (max_age_seconds > 0) {
-      Stmt s(db_, ("DELETE FROM egress WHERE NOT " + live +
-                   " AND (CASE WHEN ended_at > 0 THEN ended_at ELSE started_at END) < ?")
-                      .c_str());
+      Stmt s(db, ("DELETE FROM egress WHERE NOT " + live +
+                  " AND (CASE WHEN ended_at > 0 THEN ended_at ELSE started_at END) < ?")
+                     .c_str());
       RETURN_IF_ERROR(s.prepared());
       s.Bind(1, now - max_age_seconds);
       ASSIGN_OR_RETURN(int64_t n, s.Run());
       removed += n;
     }
     if (max_rows > 0) {
-      Stmt s(db_, ("DELETE FROM egress WHERE id IN (SELECT id FROM egress WHERE NOT " + live +
-                   " ORDER BY id DESC LIMIT -1 OFFSET ?)")
-                      .c_str());
+      Stmt s(db, ("DELETE FROM egress WHERE id IN (SELECT id FROM egress WHERE NOT " + live +
+                  " ORDER BY id DESC LIMIT -1 OFFSET ?)")
+                     .c_str());
       RETURN_IF_ERROR(s.prepared());
       s.Bind(1, max_rows);
       ASSIGN_OR_RETURN(int64_t n, s.Run());
