@@ -44,6 +44,12 @@ TEST(StoreE2E, ADaemonOnAnEmptyOrDamagedStoreRefusesToStartNamingTheFile) {
   EXPECT_NE(r.err.find(db + " is empty (0 bytes)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("move it aside"), std::string::npos) << r.err;
   EXPECT_EQ(fs::file_size(db), 0u) << "the refused file was written to";
+  // The CLI that starts the daemon says why it did not answer.
+  CliResult cli = RunProgram({BinDir() + "/trybox", "ls"},
+                             {"TRYBOX_HOME=" + home, "PATH=" + std::string(std::getenv("PATH"))});
+  EXPECT_EQ(cli.code, 125);
+  EXPECT_NE(cli.err.find(db + " is empty (0 bytes)"), std::string::npos) << cli.err;
+  EXPECT_EQ(fs::file_size(db), 0u);
 
   // A real store with a damaged page: on main it was opened and written to.
   ASSERT_TRUE(RemoveTree(db).ok());
