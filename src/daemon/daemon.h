@@ -9,6 +9,8 @@
 //                        \                   /
 //                            AgentRunner
 //                                 |
+//                    RecordKeeper (retention)
+//                                 |
 //                 VerbTable (verbs.h) -> ControlServer (the socket)
 //
 // Each service owns its state and its lock (see its header). Thread-safe: Stop() may be
