@@ -9,6 +9,7 @@
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
+#include "daemon/image_service.h"
 #include "daemon/record_keeper.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_service.h"
@@ -39,6 +40,12 @@ void AddTerminalVerbs(VerbTable& table, Services& s);
 void AddStoreVerbs(VerbTable& table, Services& s);
 // doctor's `store` object.
 Json StoreHealthJson(const StoreHealth& h);
+
+// image_ls's `images` array: each image with its template's state as judged with the
+// accelerator kept in state_dir/accel.json ("unknown" before any choice).
+Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir);
+// commit, image_ls, image_rm, image_prune (verbs_image.cc).
+void AddImageVerbs(VerbTable& table, ImageService& images, Services& s);
 
 // At most this many changes in one collect or diff reply (a reply stays under the frame
 // limit); diff pages through the rest.
