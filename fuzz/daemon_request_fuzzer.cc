@@ -27,6 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)d::ParseAgentContinue(j, false);
   (void)d::ParseRunRequest(j);
   (void)d::ParseListLimit(j);
+  (void)d::ParsePrune(j);
   auto exec = d::ParseExec(j);
   if (exec.ok() && exec->argv.empty()) std::abort();  // a parsed exec always has a command
   auto create = d::ParseCreate(j);

@@ -21,6 +21,7 @@
 #include "cli/mcp.h"
 #include "cli/mcp_tools.h"
 #include "cli/reply.h"
+#include "cli/store_cmd.h"
 #include "cli/terminal.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
@@ -731,6 +732,11 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
     }
     out += "\n";
   }
+  ASSIGN_OR_RETURN(auto store, r.OptionalObject("store"));
+  if (store) {
+    ASSIGN_OR_RETURN(std::string lines, RenderStoreHealth(*store));
+    out += lines + "\n";
+  }
   ASSIGN_OR_RETURN(auto images, r.Objects("images"));
   out += "images (" + images_dir + "):\n";
   if (images.empty()) out += "  none; run: trybox image build\n";
@@ -1015,6 +1021,11 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
                   "Print no progress on stderr (it is printed only to a terminal anyway)");
   }
 
+  auto* record_prune = app.add_subcommand(
+      "prune", "Apply the retention now: remove what it lets go, print what was freed");
+  record_prune->add_flag("--dry-run", inv.dry_run, "Only say what would be removed");
+  record_prune->add_flag("--json", inv.json, "JSON output");
+
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
   audit
@@ -1107,6 +1118,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (commit->parsed()) inv.command = "commit";
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
+  if (record_prune->parsed()) inv.command = "prune";
   if (agent->parsed()) {
     inv.command = answer->parsed()       ? "agent-answer"
                   : resume->parsed()     ? "agent-resume"
@@ -1157,6 +1169,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "rm") return CmdRm(c, inv.ids, out, err);
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst, err);
   if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
+  if (inv.command == "prune") return CmdPrune(c, inv.dry_run, inv.json, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);

@@ -95,6 +95,7 @@ struct Invocation {
   bool json = false;
   bool quiet = false;                    // run, create, image build: no progress on stderr
   bool probe = false;                    // doctor --probe
+  bool dry_run = false;                  // prune --dry-run
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
   std::string help;                // command == "help" or "version": the text to print

@@ -111,8 +111,17 @@ Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autosta
     }
     if (child.running()) child.Release();  // the daemon lives on, detached
     if (!fd.ok()) {
+      // A daemon that refused to start (a damaged store, say) said why as its last line.
+      std::string why;
+      if (auto text = ReadFileToString(log_path); text.ok()) {
+        size_t at = text->rfind("tryboxd: ");
+        while (at != std::string::npos && at > 0 && (*text)[at - 1] != '\n') {
+          at = text->rfind("tryboxd: ", at - 1);
+        }
+        if (at != std::string::npos) why = ": " + text->substr(at, text->find('\n', at) - at);
+      }
       return DaemonUnreachable(paths.socket(),
-                               "started it, but it did not answer (see " + log_path + ")");
+                               "started it, but it did not answer (see " + log_path + ")" + why);
     }
   }
   if (!fd.ok()) return DaemonUnreachable(paths.socket(), fd.status().message());

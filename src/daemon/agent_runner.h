@@ -13,6 +13,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -54,6 +55,8 @@ class AgentRunner {
   // destroyed, the run recorded CANCELLED. A cancelled run can be shown, not continued.
   Json Cancel(const std::string& run_id) EXCLUDES(mu_);
   Json List(int64_t limit);
+  // The runs in flight or waiting for an answer or a resume (retention never prunes them).
+  std::set<std::string> LiveRunIds() EXCLUDES(mu_);
   // The transcript as JSON on channel 1, then {ok, entries}.
   void Transcript(const std::string& run_id, channel::Stream& client);
 

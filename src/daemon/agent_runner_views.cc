@@ -114,6 +114,13 @@ Json AgentRunner::Show(const std::string& run_id, bool follow, channel::Stream* 
   return {{"ok", true}, {"report", report}, {"text", agent::RenderReportText(report)}};
 }
 
+std::set<std::string> AgentRunner::LiveRunIds() {
+  MutexLock lock(mu_);
+  std::set<std::string> out;
+  for (const auto& [id, slot] : runs_) out.insert(id);
+  return out;
+}
+
 Json AgentRunner::List(int64_t limit) {
   auto runs = store_.ListAgentRuns(limit);
   if (!runs.ok()) return ErrorReply(runs.status());

@@ -25,6 +25,7 @@ Status Daemon::Init() {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
   }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
+  if (std::string w = store_->info().warning; !w.empty()) LogError("store", w);
   ASSIGN_OR_RETURN(egress_, EgressGateway::Make(p.config + "/egress.json", *store_));
   const egress::Config& eg = egress_->config();
   uids_ = std::make_unique<UidPool>(::geteuid() == 0 && eg.qemu_drop_uid, eg.qemu_uid_base);
@@ -48,11 +49,9 @@ Status Daemon::Init() {
   ASSIGN_OR_RETURN(int64_t budget, DiskBudgetBytes(opts_.disk_budget_mib, p.state));
   disks_ = std::make_unique<DiskBudget>(budget, opts_.disk_reserve_mib << 20, p.state);
   LogInfo("daemon", "host-wide disk budget for VMs: " + FormatMiB(budget));
-  vms_ =
-      std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images, *exec_logs_,
-                                  *running_, *disks_, opts_.retention, opts_.disk_transfers);
+  vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
+                                     *exec_logs_, *running_, *disks_, opts_.disk_transfers);
   vms_->ReapLeftovers(p.vms(), p.templates());
-  vms_->Prune();
   heartbeat_ = std::make_unique<Heartbeat>(
       *registry_,
       [this](VmEntry& vm, VmEntry::Condition c, const std::string& note) {
@@ -67,11 +66,16 @@ Status Daemon::Init() {
   ao.idle = opts_.agent_idle;
   ao.agent_binary = opts_.agent_binary.empty() ? DefaultAgentBinary() : opts_.agent_binary;
   agents_ = std::make_unique<AgentRunner>(*store_, *vms_, *workspaces_, *supervisor_, *uids_, ao);
+  records_ = std::make_unique<RecordKeeper>(*store_, *vms_, *registry_, *egress_, p.state,
+                                            opts_.retention, opts_.disk_reserve_mib << 20,
+                                            [this] { return agents_->LiveRunIds(); });
+  if (opts_.retention.interval.count() > 0) PruneAndLog();
   services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_,
-                               *agents_, *exec_logs_});
+                               *agents_, *exec_logs_, *records_});
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
   AddTerminalVerbs(verbs_, *services_);
+  AddStoreVerbs(verbs_, *services_);
   images_ = std::make_unique<ImageService>(p, *registry_, *templates_);
   AddImageVerbs(verbs_, *images_, *services_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
@@ -88,6 +92,7 @@ Status Daemon::Serve() { return server_->Serve(); }
 
 void Daemon::Housekeeping() {
   MutexLock lock(mu_);
+  auto last_prune = std::chrono::steady_clock::now();
   for (;;) {
     auto next = std::chrono::steady_clock::now() + kHousekeepingEvery;
     while (!stopping_ && housekeeping_cv_.WaitUntil(mu_, next)) {
@@ -96,7 +101,29 @@ void Daemon::Housekeeping() {
     mu_.Unlock();
     egress_->Housekeeping();
     vms_->EnforceDiskBudget();
+    const auto every = opts_.retention.interval;
+    // Measured from before the previous prune, so that a prune every tick stays every tick.
+    if (every.count() > 0 && std::chrono::steady_clock::now() - last_prune >= every) {
+      last_prune = std::chrono::steady_clock::now();
+      PruneAndLog();
+    }
     mu_.Lock();
+  }
+}
+
+void Daemon::PruneAndLog() {
+  auto r = records_->Prune(false);
+  if (!r.ok()) {
+    LogError("store", "retention: " + r.status().message());
+    return;
+  }
+  for (const auto& e : r->errors) LogError("store", "retention: " + e);
+  if (r->vms + r->agent_runs + r->egress + r->exec_logs + r->run_dirs + r->collect_leftovers > 0) {
+    LogInfo("store", "retention pruned " + std::to_string(r->vms) + " VM records (" +
+                         std::to_string(r->execs) + " execs), " + std::to_string(r->agent_runs) +
+                         " agent runs, " + std::to_string(r->egress) + " egress rows, " +
+                         std::to_string(r->exec_logs + r->run_dirs + r->collect_leftovers) +
+                         " directories (" + FormatMiB(r->bytes) + ")");
   }
 }
 

@@ -9,6 +9,8 @@
 //                        \                   /
 //                            AgentRunner
 //                                 |
+//                    RecordKeeper (retention)
+//                                 |
 //                 VerbTable (verbs.h) -> ControlServer (the socket)
 //
 // Each service owns its state and its lock (see its header). Thread-safe: Stop() may be
@@ -28,6 +30,7 @@
 #include "daemon/exec_logs.h"
 #include "daemon/heartbeat.h"
 #include "daemon/image_service.h"
+#include "daemon/record_keeper.h"
 #include "daemon/running_execs.h"
 #include "daemon/supervisor.h"
 #include "daemon/uid_pool.h"
@@ -63,8 +66,8 @@ struct Options {
   // Bytes of each exec's stdout and of its stderr kept (the first half and the last half;
   // docs/store.md, "Exec logs"); 0 keeps none.
   int64_t exec_log_cap = kDefaultExecLogCap;
-  // How long the record of a VM that ended is kept, with its exec logs; 0: for ever.
-  std::chrono::seconds retention{14 * 24 * 3600};
+  // What the record keeps of what ended (record_keeper.h; docs/store.md, "Retention").
+  RetentionPolicy retention;
   // The host-wide cap on the running VMs' disks (disk_budget.h); 0: half the free space of
   // the state filesystem when the daemon starts.
   int64_t disk_budget_mib = 0;
@@ -104,12 +107,14 @@ class Daemon {
   std::unique_ptr<WorkspaceService> workspaces_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<AgentRunner> agents_;
+  std::unique_ptr<RecordKeeper> records_;
   std::unique_ptr<ImageService> images_;
   std::unique_ptr<Services> services_;
   VerbTable verbs_;
   std::unique_ptr<ControlServer> server_;
   // Now and then: audit summaries and retention.
   void Housekeeping() EXCLUDES(mu_);
+  void PruneAndLog();
   Mutex mu_;
   CondVar housekeeping_cv_;
   bool stopping_ GUARDED_BY(mu_) = false;

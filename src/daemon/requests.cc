@@ -82,6 +82,14 @@ Result<DoctorRequest> ParseDoctor(const Json& j) {
   return r;
 }
 
+Result<PruneRequest> ParsePrune(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  PruneRequest r;
+  ASSIGN_OR_RETURN(r.dry_run, f.Bool("dry_run", false));
+  return r;
+}
+
 Result<ExecRequest> ParseExec(const Json& j) {
   Fields f(j);
   RETURN_IF_ERROR(f.CheckObject());

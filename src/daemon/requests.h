@@ -54,6 +54,10 @@ struct DoctorRequest {
   bool probe = false;  // probe the acceleration again instead of using the kept answer
 };
 
+struct PruneRequest {
+  bool dry_run = false;  // count what the retention would free, free nothing
+};
+
 struct ExecRequest {
   std::string vm;
   std::vector<std::string> argv;
@@ -178,6 +182,7 @@ struct RunRequest {  // agent_show, agent_cancel, agent_transcript
 Result<CreateRequest> ParseCreate(const Json& j);
 Result<VmRequest> ParseVmRequest(const Json& j);
 Result<DoctorRequest> ParseDoctor(const Json& j);
+Result<PruneRequest> ParsePrune(const Json& j);
 Result<ExecRequest> ParseExec(const Json& j);
 Result<PutRequest> ParsePut(const Json& j);
 Result<GetRequest> ParseGet(const Json& j);

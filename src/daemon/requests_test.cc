@@ -145,6 +145,17 @@ TEST(DaemonRequestsTest, DoctorProbeIsABoolean) {
   ExpectInvalid(ParseDoctor(J(R"({"probe":1})")).status(), "'probe'");
 }
 
+TEST(DaemonRequestsTest, PruneDryRunIsABooleanThatDefaultsToFalse) {
+  auto r = ParsePrune(J(R"({"verb":"prune"})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->dry_run);
+  r = ParsePrune(J(R"({"dry_run":true})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->dry_run);
+  ExpectInvalid(ParsePrune(J(R"({"dry_run":"yes"})")).status(), "'dry_run'");
+  ExpectInvalid(ParsePrune(J(R"([])")).status(), "");
+}
+
 TEST(DaemonRequestsTest, CollectHasNoBranchOnTheWire) {
   // branch_id was reachable from the socket: a client could name another run's branch.
   auto r = ParseCollect(J(R"({"vm":"a","branch_id":"other-run","into":"/tmp/x"})"));

@@ -10,6 +10,7 @@
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
 #include "daemon/image_service.h"
+#include "daemon/record_keeper.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_service.h"
 #include "daemon/workspace_service.h"
@@ -26,6 +27,7 @@ struct Services {
   WorkspaceService& workspaces;
   AgentRunner& agents;
   ExecLogs& logs;
+  RecordKeeper& records;
 };
 
 // create, destroy, list, exec, put, get, doctor, audit, ping.
@@ -34,6 +36,10 @@ void AddVmVerbs(VerbTable& table, Services& s);
 void AddWorkVerbs(VerbTable& table, Services& s);
 // logs, ps, kill, port (verbs_term.cc).
 void AddTerminalVerbs(VerbTable& table, Services& s);
+// prune (verbs_store.cc).
+void AddStoreVerbs(VerbTable& table, Services& s);
+// doctor's `store` object.
+Json StoreHealthJson(const StoreHealth& h);
 
 // image_ls's `images` array: each image with its template's state as judged with the
 // accelerator kept in state_dir/accel.json ("unknown" before any choice).

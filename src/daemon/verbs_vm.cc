@@ -90,7 +90,8 @@ Json Doctor(Services& s, bool probe) {
             {"state", s.paths.state},
             {"images", s.paths.images},
             {"runtime", s.paths.runtime}}},
-          {"daemon_pid", ::getpid()}};
+          {"daemon_pid", ::getpid()},
+          {"store", StoreHealthJson(s.records.Health())}};
 }
 
 }  // namespace

@@ -27,6 +27,8 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   ASSIGN_OR_RETURN(image::Manifest manifest, image::ReadManifest(dir));
   ASSIGN_OR_RETURN(egress::AllowList allow, egress_.AllowList(req.allow, req.profiles));
   RETURN_IF_ERROR(disks_.Admit(DiskUses()));
+  // A VM the store could not record would run unrecorded: refused before it boots.
+  RETURN_IF_ERROR(store_.CheckWritable());
 
   LaunchSpec spec{req.image, dir, manifest_sha, req.memory_mib, req.cpus, req.cold, progress};
   auto launched = launcher_.Launch(spec);
@@ -56,7 +58,10 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   Status st = store_.InsertVm(rec);
   if (!st.ok()) {
     out.entry->Destroy();
-    return st.Annotate("record the VM");
+    return Status(st.code(),
+                  "store_unavailable: the VM could not be recorded, so it was "
+                  "destroyed: " +
+                      st.message());
   }
   registry_.Add(out.entry);
   return out;
@@ -99,7 +104,6 @@ Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   vmm::DestroyReport report = e->Destroy();
   egress_.VmGone(id);
   (void)store_.UpdateVmState(id, "destroyed", report.ToJson().dump());
-  Prune();
   return report;
 }
 
@@ -169,11 +173,14 @@ Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec)
   r.rec.cwd = spec.cwd.empty() ? "~" + spec.user : spec.cwd;  // "~user": that account's home
   r.rec.started_at = store::NowSeconds();
   r.rec.outcome = "running";
+  // Nothing runs unrecorded: its start is committed before the guest hears of it, and
+  // without room for its end it does not start.
+  RETURN_IF_ERROR(store_.CheckRoom());
   auto id = store_.InsertExec(r.rec);
   if (!id.ok()) {
-    // Nothing runs unrecorded.
     return Status(id.status().code(),
-                  "the exec could not be recorded, so it was not run: " + id.status().message());
+                  "store_unavailable: the exec could not be recorded, so it was not run: " +
+                      id.status().message());
   }
   r.rec.id = *id;
   r.log = logs_.Start(vm.id(), r.rec.id);
@@ -299,21 +306,15 @@ std::map<std::string, store::ExecCount> VmService::ExecCounts() {
   return counts.ok() ? *counts : std::map<std::string, store::ExecCount>{};
 }
 
-void VmService::Prune() {
-  if (retention_.count() <= 0) return;
-  auto pruned = store_.PruneVms(store::NowSeconds() - static_cast<double>(retention_.count()));
-  if (!pruned.ok()) {
-    LogError("daemon", "prune old VM records: " + pruned.status().message());
-    return;
-  }
-  for (const auto& id : *pruned) {
+Result<store::PrunedVms> VmService::PruneRecords(double ended_before, int64_t keep_ended,
+                                                 bool dry_run) {
+  ASSIGN_OR_RETURN(store::PrunedVms pruned, store_.PruneVms(ended_before, keep_ended, dry_run));
+  if (dry_run) return pruned;
+  for (const auto& id : pruned.ids) {
     Status st = logs_.RemoveVm(id);
     if (!st.ok()) LogError("daemon", "remove the exec logs of VM " + id + ": " + st.message());
   }
-  if (!pruned->empty()) {
-    LogInfo("daemon", "pruned " + std::to_string(pruned->size()) + " VM record(s) older than " +
-                          std::to_string(retention_.count()) + " s, with their exec logs");
-  }
+  return pruned;
 }
 
 void VmService::ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir) {

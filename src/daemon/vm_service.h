@@ -2,8 +2,8 @@
 // record must see (exec, put, get). It is the only writer of the store's vms and execs
 // tables: every exec is recorded before it starts and finished when it ends, and a VM's
 // death is recorded once, when first observed. Every exec's output is fed to ExecLogs as it
-// arrives; every running exec is listed in RunningExecs (for `kill`); records of VMs that
-// ended longer ago than the retention are pruned, with their logs.
+// arrives; every running exec is listed in RunningExecs (for `kill`); the records of VMs
+// that ended are pruned with their logs when the retention says so (RecordKeeper).
 //
 // Thread-safe; it holds no lock of its own (the registry, the launcher and the store have
 // theirs), so a long exec never blocks a create or a list.
@@ -44,13 +44,12 @@ struct DetachedExec {
 
 class VmService {
  public:
-  // `retention`: how long the record (and the exec logs) of a VM that ended is kept; 0
-  // keeps them for ever. `disk_transfers`: bulk data may use VMs' transfer disks (else
+  // `disk_transfers`: bulk data may use VMs' transfer disks (else
   // always the channel).
   // `disks`: the host-wide disk budget, checked at create and enforced after each exec.
   VmService(store::Store& store, VmRegistry& registry, VmLauncher& launcher, EgressGateway& egress,
             std::string images_dir, ExecLogs& logs, RunningExecs& running, const DiskBudget& disks,
-            std::chrono::seconds retention, bool disk_transfers = true)
+            bool disk_transfers = true)
       : store_(store),
         registry_(registry),
         launcher_(launcher),
@@ -59,7 +58,6 @@ class VmService {
         logs_(logs),
         running_(running),
         disks_(disks),
-        retention_(retention),
         disk_transfers_(disk_transfers) {}
 
   // Everything Create checks before it boots: the image (built, verified), the egress
@@ -97,8 +95,9 @@ class VmService {
   // Per running VM: execs so far and running now.
   std::map<std::string, store::ExecCount> ExecCounts();
 
-  // Deletes the records and exec logs of VMs that ended more than the retention ago.
-  void Prune();
+  // Deletes the records of VMs that ended before `ended_before` or beyond the newest
+  // `keep_ended` (Store::PruneVms), then their exec logs. `dry_run`: counts only.
+  Result<store::PrunedVms> PruneRecords(double ended_before, int64_t keep_ended, bool dry_run);
   // Each running VM's disk use on the host (DiskBudget::VmBytes).
   std::vector<DiskUse> DiskUses() const;
   // While the running VMs use more than the disk budget, destroys the one using the most,
@@ -127,7 +126,6 @@ class VmService {
   ExecLogs& logs_;
   RunningExecs& running_;
   const DiskBudget& disks_;
-  const std::chrono::seconds retention_;
   const bool disk_transfers_;
 
   struct Recorded {

@@ -1,207 +1,16 @@
 #include "store/store.h"
 
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <memory>
 
+#include "store/schema.h"
+#include "store/stmt.h"
 #include "util/utf8.h"
 
 namespace trybox::store {
 namespace {
-
-// RAII for a prepared statement, with typed binders.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &st_, nullptr);
-  }
-  ~Stmt() { sqlite3_finalize(st_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-
-  Status prepared() const {
-    if (rc_ == SQLITE_OK) return Status::Ok();
-    return Internal(std::string("sqlite prepare: ") + sqlite3_errmsg(db_));
-  }
-  Stmt& Bind(int i, const std::string& s) {
-    sqlite3_bind_text(st_, i, s.c_str(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& Bind(int i, int64_t v) {
-    sqlite3_bind_int64(st_, i, v);
-    return *this;
-  }
-  Stmt& Bind(int i, double v) {
-    sqlite3_bind_double(st_, i, v);
-    return *this;
-  }
-  Stmt& Bind(int i, const Json& j, const char* field) {
-    if (j.contains(field)) {
-      sqlite3_bind_int64(st_, i, j[field].get<int64_t>());
-    } else {
-      sqlite3_bind_null(st_, i);
-    }
-    return *this;
-  }
-  Stmt& Bind(int i, std::optional<int> v) {
-    if (v) {
-      sqlite3_bind_int64(st_, i, *v);
-    } else {
-      sqlite3_bind_null(st_, i);
-    }
-    return *this;
-  }
-  // SQLITE_ROW -> true, SQLITE_DONE -> false.
-  Result<bool> Step() {
-    int rc = sqlite3_step(st_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    return Status(rc == SQLITE_FULL ? Code::kResourceExhausted : Code::kInternal,
-                  std::string("sqlite: ") + sqlite3_errmsg(db_));
-  }
-  std::string Text(int col) {
-    const unsigned char* t = sqlite3_column_text(st_, col);
-    return t ? reinterpret_cast<const char*>(t) : "";
-  }
-  int64_t Int(int col) { return sqlite3_column_int64(st_, col); }
-  double Double(int col) { return sqlite3_column_double(st_, col); }
-  Json JsonCol(int col) { return Json::parse(Text(col), nullptr, false); }
-  // Steps a DELETE or UPDATE to its end; the rows it changed.
-  Result<int64_t> Run() {
-    ASSIGN_OR_RETURN(bool row, Step());
-    (void)row;
-    return static_cast<int64_t>(sqlite3_changes(db_));
-  }
-  void OptIntInto(int col, Json& j, const char* field) {
-    if (sqlite3_column_type(st_, col) != SQLITE_NULL) j[field] = sqlite3_column_int64(st_, col);
-  }
-  std::optional<int> OptInt(int col) {
-    if (sqlite3_column_type(st_, col) == SQLITE_NULL) return std::nullopt;
-    return static_cast<int>(sqlite3_column_int64(st_, col));
-  }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* st_ = nullptr;
-  int rc_;
-};
-
-constexpr const char* kSchema = R"sql(
-CREATE TABLE IF NOT EXISTS vms (
-  id TEXT PRIMARY KEY,
-  image TEXT NOT NULL,
-  image_sha256 TEXT NOT NULL,
-  state TEXT NOT NULL,
-  pid INTEGER NOT NULL,
-  accel TEXT NOT NULL,
-  memory_mib INTEGER NOT NULL,
-  cpus INTEGER NOT NULL,
-  dir TEXT NOT NULL,
-  created_at REAL NOT NULL,
-  ended_at REAL NOT NULL DEFAULT 0,
-  note TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS execs (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  vm_id TEXT NOT NULL REFERENCES vms(id),
-  argv TEXT NOT NULL,
-  cwd TEXT NOT NULL,
-  started_at REAL NOT NULL,
-  ended_at REAL NOT NULL DEFAULT 0,
-  outcome TEXT NOT NULL,
-  exit_code INTEGER,
-  signal INTEGER,
-  error TEXT NOT NULL DEFAULT '',
-  stdout_bytes INTEGER NOT NULL DEFAULT 0,
-  stderr_bytes INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS execs_vm ON execs(vm_id);
-CREATE TABLE IF NOT EXISTS egress (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  vm_id TEXT NOT NULL,
-  started_at REAL NOT NULL,
-  ended_at REAL NOT NULL DEFAULT 0,
-  method TEXT NOT NULL,
-  host TEXT NOT NULL,
-  port INTEGER NOT NULL,
-  address TEXT NOT NULL,
-  verdict TEXT NOT NULL,
-  reason TEXT NOT NULL,
-  override INTEGER NOT NULL,
-  status INTEGER NOT NULL,
-  bytes_up INTEGER NOT NULL DEFAULT 0,
-  bytes_down INTEGER NOT NULL DEFAULT 0,
-  duration_ms REAL NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS egress_vm ON egress(vm_id);
-CREATE TABLE IF NOT EXISTS workspaces (
-  vm_id TEXT PRIMARY KEY REFERENCES vms(id),
-  dir TEXT NOT NULL,
-  base TEXT NOT NULL,
-  excludes TEXT NOT NULL,
-  manifest TEXT NOT NULL,
-  quota_bytes INTEGER NOT NULL,
-  files INTEGER NOT NULL,
-  bytes INTEGER NOT NULL,
-  skipped TEXT NOT NULL,
-  injected_at REAL NOT NULL,
-  setup_exec_id INTEGER REFERENCES execs(id),
-  setup_output TEXT NOT NULL DEFAULT '',
-  quota_entries INTEGER NOT NULL DEFAULT 100000
-);
-CREATE TABLE IF NOT EXISTS collects (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  vm_id TEXT NOT NULL REFERENCES vms(id),
-  exec_id INTEGER REFERENCES execs(id),
-  collected_at REAL NOT NULL,
-  outcome TEXT NOT NULL,
-  error TEXT NOT NULL DEFAULT '',
-  files INTEGER NOT NULL DEFAULT 0,
-  bytes INTEGER NOT NULL DEFAULT 0,
-  skipped TEXT NOT NULL DEFAULT '[]',
-  commit_id TEXT NOT NULL DEFAULT '',
-  branch TEXT NOT NULL DEFAULT '',
-  note TEXT NOT NULL DEFAULT '',
-  skipped_unlisted INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS collects_vm ON collects(vm_id);
-CREATE TABLE IF NOT EXISTS file_changes (
-  collect_id INTEGER NOT NULL REFERENCES collects(id),
-  change TEXT NOT NULL,
-  path TEXT NOT NULL,
-  old_path TEXT NOT NULL DEFAULT '',
-  old_size INTEGER,
-  new_size INTEGER,
-  old_mode INTEGER,
-  new_mode INTEGER,
-  path_b64 TEXT NOT NULL DEFAULT '',
-  old_path_b64 TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS file_changes_collect ON file_changes(collect_id);
-CREATE TABLE IF NOT EXISTS agent_runs (
-  id TEXT PRIMARY KEY,
-  created_at REAL NOT NULL,
-  updated_at REAL NOT NULL,
-  outcome TEXT NOT NULL,
-  vm_id TEXT NOT NULL DEFAULT '',
-  state TEXT NOT NULL,
-  transcript TEXT NOT NULL
-);
-)sql";
-
-// Columns added since the tables were first created: a database made by an earlier
-// version gets them when it is opened.
-struct AddedColumn {
-  const char* table;
-  const char* column;
-  const char* declaration;
-};
-constexpr AddedColumn kAddedColumns[] = {
-    {"file_changes", "path_b64", "TEXT NOT NULL DEFAULT ''"},
-    {"file_changes", "old_path_b64", "TEXT NOT NULL DEFAULT ''"},
-    {"workspaces", "quota_entries", "INTEGER NOT NULL DEFAULT 100000"},
-    {"collects", "skipped_unlisted", "INTEGER NOT NULL DEFAULT 0"},
-};
 
 // JSON columns are written with a dump that cannot throw: a byte that is not UTF-8 and
 // slipped past the encoders (util/utf8.h) costs a U+FFFD, never the record.
@@ -243,56 +52,30 @@ double NowSeconds() {
 }
 
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
-  sqlite3* db = nullptr;
-  int rc =
-      sqlite3_open_v2(path.c_str(), &db,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
-  if (rc != SQLITE_OK) {
-    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
-    sqlite3_close(db);
-    return Internal("open store " + path + ": " + msg);
-  }
-  std::unique_ptr<Store> store(new Store(db));
-  sqlite3_busy_timeout(db, 5000);
+  ASSIGN_OR_RETURN(OpenedDb opened, OpenChecked(path));
+  std::unique_ptr<Store> store(new Store(opened.db, path));
   // WAL with synchronous=NORMAL: a commit is in the WAL file before it returns, so it
   // survives a daemon crash; only a power loss may drop the last commits. FULL fsyncs every
   // commit, and the two commits of each exec cost 11 ms of its round trip on this host.
   RETURN_IF_ERROR(
       store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"));
-  RETURN_IF_ERROR(store->Exec(kSchema));
-  RETURN_IF_ERROR(store->Migrate());
+  MutexLock lock(store->mu_);
+  store->info_.created = opened.created;
+  store->info_.found_version = opened.found_version;
+  store->info_.schema_version = opened.migrated_to;
+  store->OpenMarkLocked();
   return store;
 }
 
-Status Store::Migrate() {
-  for (const auto& c : kAddedColumns) {
-    bool present;
-    {
-      MutexLock lock(mu_);
-      Stmt s(db_, "SELECT 1 FROM pragma_table_info(?) WHERE name = ?");
-      RETURN_IF_ERROR(s.prepared());
-      s.Bind(1, std::string(c.table)).Bind(2, std::string(c.column));
-      ASSIGN_OR_RETURN(present, s.Step());
-    }
-    if (!present) {
-      RETURN_IF_ERROR(Exec(std::string("ALTER TABLE ") + c.table + " ADD COLUMN " + c.column + " " +
-                           c.declaration));
-    }
-  }
-  return Status::Ok();
+Store::~Store() {
+  MutexLock lock(mu_);
+  sqlite3_close(db_);
+  if (mark_fd_ >= 0) ::close(mark_fd_);
 }
-
-Store::~Store() { sqlite3_close(db_); }
 
 Status Store::Exec(const std::string& sql) {
   MutexLock lock(mu_);
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return Internal("sqlite: " + msg);
-  }
-  return Status::Ok();
+  return ExecSql(db_, sql);
 }
 
 Status Store::InsertVm(const VmRecord& v) {
@@ -360,7 +143,9 @@ Result<int64_t> Store::InsertExec(const ExecRecord& e) {
   s.Bind(5, e.outcome);
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
-  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+  int64_t id = sqlite3_last_insert_rowid(db_);
+  NoteInsertLocked(kMarkExecs, id);
+  return id;
 }
 
 Status Store::FinishExec(const ExecRecord& e) {
@@ -442,56 +227,6 @@ Result<std::map<std::string, ExecCount>> Store::CountExecs() {
   return out;
 }
 
-Result<std::vector<std::string>> Store::PruneVms(double ended_before) {
-  MutexLock lock(mu_);
-  std::vector<std::string> ids;
-  {
-    Stmt s(db_,
-           "SELECT id FROM vms WHERE state IN ('destroyed', 'reaped') AND ended_at > 0 "
-           "AND ended_at < ?");
-    RETURN_IF_ERROR(s.prepared());
-    s.Bind(1, ended_before);
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      ids.push_back(s.Text(0));
-    }
-  }
-  if (ids.empty()) return ids;
-  // Children first (foreign keys are on). The egress audit and agent runs are kept: they
-  // name the VM as text and never lose a row.
-  static const char* const kDeletes[] = {
-      "DELETE FROM file_changes WHERE collect_id IN (SELECT id FROM collects WHERE vm_id = ?)",
-      "DELETE FROM collects WHERE vm_id = ?",
-      "DELETE FROM workspaces WHERE vm_id = ?",
-      "DELETE FROM execs WHERE vm_id = ?",
-      "DELETE FROM vms WHERE id = ?",
-  };
-  char* err = nullptr;
-  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return Internal("sqlite: " + msg);
-  }
-  Status st;
-  for (const auto& id : ids) {
-    for (const char* sql : kDeletes) {
-      Stmt s(db_, sql);
-      st = s.prepared();
-      if (st.ok()) {
-        s.Bind(1, id);
-        auto done = s.Step();
-        if (!done.ok()) st = done.status();
-      }
-      if (!st.ok()) break;
-    }
-    if (!st.ok()) break;
-  }
-  (void)sqlite3_exec(db_, st.ok() ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
-  if (!st.ok()) return st;
-  return ids;
-}
-
 Result<int64_t> Store::InsertEgress(const EgressRecord& e) {
   MutexLock lock(mu_);
   Stmt s(db_,
@@ -503,7 +238,9 @@ Result<int64_t> Store::InsertEgress(const EgressRecord& e) {
   s.Bind(9, int64_t{e.override_used}).Bind(10, int64_t{e.status});
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
-  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+  int64_t id = sqlite3_last_insert_rowid(db_);
+  NoteInsertLocked(kMarkEgress, id);
+  return id;
 }
 
 Status Store::FinishEgress(const EgressRecord& e) {
@@ -558,37 +295,6 @@ Result<std::vector<EgressRecord>> Store::ListEgress(const std::string& vm_id, in
     out.push_back(std::move(e));
   }
   return out;
-}
-
-Result<int64_t> Store::PruneEgress(double max_age_seconds, int64_t max_rows, double now) {
-  MutexLock lock(mu_);
-  // A row that may describe a tunnel still open: never closed, its VM still running.
-  const std::string live =
-      "(ended_at = 0 AND vm_id IN (SELECT id FROM vms WHERE state = 'running'))";
-  int64_t removed = 0;
-  if (max_age_seconds > 0) {
-    Stmt s(db_, ("DELETE FROM egress WHERE NOT " + live +
-                 " AND (CASE WHEN ended_at > 0 THEN ended_at ELSE started_at END) < ?")
-                    .c_str());
-    RETURN_IF_ERROR(s.prepared());
-    s.Bind(1, now - max_age_seconds);
-    ASSIGN_OR_RETURN(int64_t n, s.Run());
-    removed += n;
-  }
-  if (max_rows > 0) {
-    Stmt s(db_, ("DELETE FROM egress WHERE id IN (SELECT id FROM egress WHERE NOT " + live +
-                 " ORDER BY id DESC LIMIT -1 OFFSET ?)")
-                    .c_str());
-    RETURN_IF_ERROR(s.prepared());
-    s.Bind(1, max_rows);
-    ASSIGN_OR_RETURN(int64_t n, s.Run());
-    removed += n;
-  }
-  if (removed > 0) {
-    Status st = CheckpointLocked();
-    if (!st.ok() && st.code() != Code::kUnavailable) return st;
-  }
-  return removed;
 }
 
 Status Store::Checkpoint() {
@@ -749,7 +455,16 @@ Result<int64_t> Store::InsertCollect(const CollectRecord& c) {
     return id;
   };
   auto id = insert();
-  (void)sqlite3_exec(db_, id.ok() ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  if (id.ok()) {
+    Status commit = ExecSql(db_, "COMMIT");
+    if (!commit.ok()) {
+      (void)sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return commit;
+    }
+    NoteInsertLocked(kMarkCollects, *id);
+    return id;
+  }
+  (void)sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
   return id;
 }
 

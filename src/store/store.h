@@ -11,6 +11,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -129,10 +130,55 @@ struct AgentRunRecord {
 
 double NowSeconds();
 
+// What PruneVms removed (or would remove).
+struct PrunedVms {
+  std::vector<std::string> ids;
+  int64_t execs = 0;
+  int64_t workspaces = 0;
+  int64_t collects = 0;
+  int64_t file_changes = 0;
+};
+
+// What Store::Open found and did (docs/store.md, "The file and its guard").
+struct StoreInfo {
+  std::string path;
+  bool created = false;    // there was no file: a new, empty store was made
+  int found_version = 0;   // schema version found (0: a store from before versions)
+  int schema_version = 0;  // after migrations
+  // Not empty when the store holds fewer rows than its mark says the last daemon committed
+  // (its write-ahead log was lost, or an older copy was put back): what may be missing.
+  std::string warning;
+};
+
+// Free space the store needs on its filesystem to take new work: an exec's start and end,
+// a VM's record. Below it, CheckWritable refuses (store_unavailable).
+inline constexpr int64_t kStoreFloorBytes = int64_t{8} << 20;
+
+// The record's size on disk.
+struct StoreSize {
+  int64_t db_bytes = 0;
+  int64_t wal_bytes = 0;
+  int64_t free_bytes = -1;  // on the store's filesystem (-1: unknown)
+};
+
 class Store {
  public:
+  // Opens the store at `path` after checking it (schema.h): kFailedPrecondition, naming the
+  // file and what to do, for a file that is empty, damaged, foreign or too new. A missing
+  // file makes a new store.
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
   ~Store();
+
+  StoreInfo info() const EXCLUDES(mu_);
+  StoreSize Size() const;
+  // Whether new work can be recorded now: the filesystem has kStoreFloorBytes free and a
+  // write commits. Otherwise an error whose message starts "store_unavailable: "
+  // (kResourceExhausted when space is the cause). Nothing is cached: once space returns,
+  // the next call succeeds.
+  Status CheckWritable() EXCLUDES(mu_);
+  // Only the free-space half of CheckWritable (one statvfs): for each exec, whose own insert
+  // is the write.
+  Status CheckRoom() const;
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
@@ -148,10 +194,18 @@ class Store {
   Result<std::optional<ExecRecord>> GetExec(int64_t id);
   // Per running VM.
   Result<std::map<std::string, ExecCount>> CountExecs();
-  // Deletes the records of VMs that ended (destroyed or reaped) before `ended_before`,
-  // with their execs, workspaces and collects, in one transaction; returns their ids. The
-  // egress audit and agent runs are kept.
-  Result<std::vector<std::string>> PruneVms(double ended_before);
+  // Retention (store_prune.cc). Deletes the records of VMs that ended (destroyed or
+  // reaped) before `ended_before` (0: no age limit) or beyond the newest `keep_ended` of
+  // them (0: no count limit), with their execs, workspaces, collects and file changes, in
+  // one transaction. A VM running or dead (not yet destroyed) is never pruned. `dry_run`:
+  // the same deletes, rolled back, so the counts are exact.
+  Result<PrunedVms> PruneVms(double ended_before, int64_t keep_ended = 0, bool dry_run = false);
+  // Deletes agent_runs rows updated before `updated_before` (0: no age limit) or beyond the
+  // newest `keep` (0: no count limit), never a run in `live` nor one whose VM is running or
+  // dead; returns their ids.
+  Result<std::vector<std::string>> PruneAgentRuns(double updated_before, int64_t keep,
+                                                  const std::set<std::string>& live,
+                                                  bool dry_run = false);
 
   Result<int64_t> InsertEgress(const EgressRecord& e);
   // Records the end of a connection: byte counts, duration, and the final verdict/reason.
@@ -165,7 +219,9 @@ class Store {
   // is still running: that tunnel may be open), then the oldest rows beyond the newest
   // `max_rows` (again never an open row of a running VM). 0 disables either limit. Returns
   // how many rows were removed; when any were, the WAL is checkpointed (Checkpoint).
-  Result<int64_t> PruneEgress(double max_age_seconds, int64_t max_rows, double now = NowSeconds());
+  // `dry_run`: counted, not removed.
+  Result<int64_t> PruneEgress(double max_age_seconds, int64_t max_rows, double now = NowSeconds(),
+                              bool dry_run = false);
   // Copies the WAL into the database and truncates it to zero bytes, so that what was
   // deleted also leaves the disk. kUnavailable while a reader holds an old snapshot (the WAL
   // is then checkpointed later, as usual).
@@ -188,13 +244,20 @@ class Store {
   Result<std::optional<int>> LastExecId(const std::string& vm_id);
 
  private:
-  explicit Store(sqlite3* db) : db_(db) {}
+  Store(sqlite3* db, std::string path) : path_(std::move(path)), db_(db) {}
   Status Exec(const std::string& sql);
-  // Adds the columns later versions introduced to a database made by an earlier one.
-  Status Migrate();
   Status CheckpointLocked() REQUIRES(mu_);
-  Mutex mu_;
+  // The mark (`<path>.mark`): the highest ids committed to execs, egress and collects,
+  // rewritten after each insert. Open compares it with the database (StoreInfo::warning).
+  enum MarkKind { kMarkExecs, kMarkEgress, kMarkCollects, kMarkKinds };
+  void OpenMarkLocked() REQUIRES(mu_);
+  void NoteInsertLocked(MarkKind kind, int64_t id) REQUIRES(mu_);
+  const std::string path_;
+  mutable Mutex mu_;
   sqlite3* db_ GUARDED_BY(mu_);
+  StoreInfo info_ GUARDED_BY(mu_);
+  int mark_fd_ GUARDED_BY(mu_) = -1;
+  int64_t mark_[kMarkKinds] GUARDED_BY(mu_) = {};
 };
 
 }  // namespace trybox::store

@@ -1,5 +1,6 @@
 #include "store/store.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -7,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
+#include "store/schema.h"
 #include "util/fd.h"
 
 namespace trybox::store {
@@ -117,6 +120,8 @@ TEST_F(StoreTest, CommitsSurviveADaemonKilledWithoutClosing) {
   auto execs = (*s)->ListExecs("crashed");
   ASSERT_TRUE(execs.ok());
   EXPECT_EQ(execs->size(), 1u);
+  // The WAL kept what was committed: nothing is behind the mark.
+  EXPECT_TRUE((*s)->info().warning.empty()) << (*s)->info().warning;
 }
 
 TEST_F(StoreTest, EgressDecisionIsRecordedThenFinished) {
@@ -450,11 +455,14 @@ TEST_F(StoreTest, PruneDeletesOnlyVmsThatEndedBeforeTheCutoffWithTheirRows) {
   // Nothing ended before an hour ago.
   auto none = store_->PruneVms(NowSeconds() - 3600);
   ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->empty());
+  EXPECT_TRUE(none->ids.empty());
   auto pruned = store_->PruneVms(NowSeconds() + 1);
   ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
-  std::sort(pruned->begin(), pruned->end());
-  EXPECT_EQ(*pruned, (std::vector<std::string>{"gone", "old"}));
+  std::sort(pruned->ids.begin(), pruned->ids.end());
+  EXPECT_EQ(pruned->ids, (std::vector<std::string>{"gone", "old"}));
+  EXPECT_EQ(pruned->execs, 2);
+  EXPECT_EQ(pruned->collects, 1);
+  EXPECT_EQ(pruned->file_changes, 1);
   EXPECT_FALSE(store_->GetVm("old")->has_value());
   EXPECT_TRUE(store_->ListExecs("old")->empty());
   EXPECT_FALSE(store_->GetWorkspace("old")->has_value());
@@ -462,6 +470,251 @@ TEST_F(StoreTest, PruneDeletesOnlyVmsThatEndedBeforeTheCutoffWithTheirRows) {
   // A running VM is never pruned, however old.
   EXPECT_TRUE(store_->GetVm("live")->has_value());
   EXPECT_EQ(store_->ListExecs("live")->size(), 1u);
+}
+
+TEST_F(StoreTest, RetentionByCountDeletesExactlyTheOldestEndedVmsAndNeverALiveOne) {
+  // Ended in order e0 (oldest) .. e4; "live" is running and "dead" died but is not destroyed.
+  for (int i = 0; i < 5; ++i) {
+    std::string id = "e" + std::to_string(i);
+    ASSERT_TRUE(store_->InsertVm(Vm(id)).ok());
+    ASSERT_TRUE(store_->InsertExec(Exec(id)).ok());
+    ASSERT_TRUE(store_->UpdateVmState(id, "destroyed", "{}").ok());
+  }
+  for (const char* id : {"live", "dead"}) {
+    ASSERT_TRUE(store_->InsertVm(Vm(id)).ok());
+    ASSERT_TRUE(store_->InsertExec(Exec(id)).ok());
+  }
+  ASSERT_TRUE(store_->UpdateVmState("dead", "dead", "qemu exited").ok());
+  // A dry run counts exactly what the real one removes, and removes nothing.
+  auto dry = store_->PruneVms(0, 2, true);
+  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
+  std::sort(dry->ids.begin(), dry->ids.end());
+  EXPECT_EQ(dry->ids, (std::vector<std::string>{"e0", "e1", "e2"}));
+  EXPECT_EQ(dry->execs, 3);
+  EXPECT_TRUE(store_->GetVm("e0")->has_value());
+  EXPECT_EQ(store_->ListExecs("e0")->size(), 1u);
+  auto real = store_->PruneVms(0, 2, false);
+  ASSERT_TRUE(real.ok());
+  std::sort(real->ids.begin(), real->ids.end());
+  EXPECT_EQ(real->ids, dry->ids);
+  EXPECT_EQ(real->execs, 3);
+  for (const char* gone : {"e0", "e1", "e2"}) EXPECT_FALSE(store_->GetVm(gone)->has_value());
+  for (const char* kept : {"e3", "e4", "live", "dead"}) {
+    EXPECT_TRUE(store_->GetVm(kept)->has_value()) << kept;
+    EXPECT_EQ(store_->ListExecs(kept)->size(), 1u) << kept;
+  }
+  // Again: nothing more to do.
+  EXPECT_TRUE(store_->PruneVms(0, 2, false)->ids.empty());
+  // With a count of 0 (no limit) and no age limit, nothing at all.
+  EXPECT_TRUE(store_->PruneVms(0, 0, false)->ids.empty());
+}
+
+TEST_F(StoreTest, RetentionOfAgentRunsKeepsLiveRunsAndRunsWhoseVmRuns) {
+  ASSERT_TRUE(store_->InsertVm(Vm("runvm")).ok());
+  const double now = NowSeconds();
+  auto put = [&](const std::string& id, double updated, const std::string& vm) {
+    AgentRunRecord r;
+    r.id = id;
+    r.created_at = updated;
+    r.updated_at = updated;
+    r.outcome = "DONE";
+    r.vm_id = vm;
+    ASSERT_TRUE(store_->PutAgentRun(r).ok());
+  };
+  put("old", now - 7200, "gonevm");
+  put("old-live", now - 7200, "gonevm");
+  put("old-vm-runs", now - 7200, "runvm");
+  put("new", now, "gonevm");
+  auto dry = store_->PruneAgentRuns(now - 3600, 0, {"old-live"}, true);
+  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
+  EXPECT_EQ(*dry, (std::vector<std::string>{"old"}));
+  EXPECT_TRUE(store_->GetAgentRun("old")->has_value());
+  auto pruned = store_->PruneAgentRuns(now - 3600, 0, {"old-live"}, false);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(*pruned, (std::vector<std::string>{"old"}));
+  EXPECT_FALSE(store_->GetAgentRun("old")->has_value());
+  for (const char* kept : {"old-live", "old-vm-runs", "new"}) {
+    EXPECT_TRUE(store_->GetAgentRun(kept)->has_value()) << kept;
+  }
+  // By count: the newest one kept of those that may go.
+  EXPECT_EQ(store_->PruneAgentRuns(0, 1, {"old-live"}, false).value_or({}),
+            (std::vector<std::string>{}));
+}
+
+TEST_F(StoreTest, DryRunOfEgressRetentionCountsWithoutRemoving) {
+  const double now = NowSeconds();
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(store_->InsertEgress(Egress("v", now - 7200, now - 7200)).ok());
+  EXPECT_EQ(store_->PruneEgress(3600, 0, now, true).value_or(-1), 4);
+  EXPECT_EQ(store_->ListEgress("")->size(), 4u);
+  EXPECT_EQ(store_->PruneEgress(3600, 0, now, false).value_or(-1), 4);
+  EXPECT_TRUE(store_->ListEgress("")->empty());
+}
+
+// The guard (docs/store.md, "The file and its guard"). Each case failed before it: Open
+// took an empty file as a new store, opened a damaged or foreign one, and had no mark.
+class StoreGuardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = TempDir::Make("/tmp", "store-guard-");
+    ASSERT_TRUE(d.ok());
+    dir_.emplace(std::move(*d));
+    path_ = dir_->path() + "/trybox.db";
+  }
+  // A store with rows, closed (so all of it is in the main file).
+  void MakeStore(int vms) {
+    auto s = Store::Open(path_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    for (int i = 0; i < vms; ++i) {
+      VmRecord v = Vm("vm" + std::to_string(i));
+      v.note = std::string(300, 'n');
+      ASSERT_TRUE((*s)->InsertVm(v).ok());
+    }
+  }
+  void ExpectRefused(const std::string& why) {
+    auto s = Store::Open(path_);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), Code::kFailedPrecondition);
+    EXPECT_NE(s.status().message().find(path_), std::string::npos) << s.status().message();
+    EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status().message();
+    EXPECT_NE(s.status().message().find("move it aside"), std::string::npos);
+  }
+  std::optional<TempDir> dir_;
+  std::string path_;
+};
+
+TEST_F(StoreGuardTest, MissingFileMakesANewVersionedStore) {
+  auto s = Store::Open(path_);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  StoreInfo info = (*s)->info();
+  EXPECT_TRUE(info.created);
+  EXPECT_EQ(info.schema_version, LatestSchemaVersion());
+  EXPECT_TRUE(info.warning.empty());
+  EXPECT_FALSE(std::filesystem::exists(path_ + ".new"));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  EXPECT_EQ(PragmaInt(db, "application_id").value_or(0), kApplicationId);
+  EXPECT_EQ(PragmaInt(db, "user_version").value_or(0), LatestSchemaVersion());
+  sqlite3_close(db);
+}
+
+TEST_F(StoreGuardTest, EmptyFileIsRefusedNotTakenAsANewStore) {
+  MakeStore(3);
+  ASSERT_EQ(::truncate(path_.c_str(), 0), 0);
+  ExpectRefused("is empty (0 bytes)");
+  // Still 0 bytes: nothing was written over it.
+  EXPECT_EQ(std::filesystem::file_size(path_), 0u);
+}
+
+TEST_F(StoreGuardTest, DamagedPageIsRefused) {
+  MakeStore(200);
+  auto fd = OpenFile(path_, O_RDWR);
+  ASSERT_TRUE(fd.ok());
+  // Page 2 is the root of the vms table: garbage over it, as a torn write would leave.
+  std::string garbage(4096, '\xab');
+  ASSERT_EQ(::pwrite(fd->get(), garbage.data(), garbage.size(), 4096), 4096);
+  ExpectRefused("is damaged");
+}
+
+TEST_F(StoreGuardTest, FileThatIsNotSqliteIsRefused) {
+  ASSERT_TRUE(WriteFileAtomic(path_, std::string(8192, 'x'), 0600).ok());
+  ExpectRefused("not a SQLite database");
+}
+
+TEST_F(StoreGuardTest, AnotherProgramsDatabaseIsRefused) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT)", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  ExpectRefused("not a trybox store");
+  // Nor when it claims another application id, whatever its tables.
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE vms (id TEXT); PRAGMA application_id = 7", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  ExpectRefused("not a trybox store");
+}
+
+TEST_F(StoreGuardTest, StoreOfANewerSchemaIsRefused) {
+  MakeStore(1);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 999", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto s = Store::Open(path_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("newer trybox"), std::string::npos);
+}
+
+TEST_F(StoreGuardTest, StoreFromBeforeVersionsIsMigratedAndMigrationsAreIdempotent) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  // What main's store made: no application_id, no user_version, no meta table.
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE vms (id TEXT PRIMARY KEY, image TEXT NOT NULL, "
+                         "image_sha256 TEXT NOT NULL, state TEXT NOT NULL, pid INTEGER NOT NULL, "
+                         "accel TEXT NOT NULL, memory_mib INTEGER NOT NULL, cpus INTEGER NOT "
+                         "NULL, dir TEXT NOT NULL, created_at REAL NOT NULL, ended_at REAL NOT "
+                         "NULL DEFAULT 0, note TEXT NOT NULL DEFAULT ''); INSERT INTO vms VALUES "
+                         "('kept', 'debian-12', 'ab', 'destroyed', 1, 'tcg', 512, 1, '/x', 1, 2, "
+                         "'')",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  {
+    auto s = Store::Open(path_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)->info().found_version, 0);
+    EXPECT_FALSE((*s)->info().created);
+    EXPECT_EQ((*s)->info().schema_version, LatestSchemaVersion());
+    EXPECT_TRUE((*s)->GetVm("kept")->has_value());
+    EXPECT_TRUE((*s)->CheckWritable().ok());
+  }
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  EXPECT_EQ(PragmaInt(db, "application_id").value_or(0), kApplicationId);
+  // Running every step again over a migrated store changes nothing and fails nothing.
+  EXPECT_TRUE(Migrate(db, 0).ok());
+  EXPECT_TRUE(Migrate(db, LatestSchemaVersion()).ok());
+  EXPECT_EQ(PragmaInt(db, "user_version").value_or(0), LatestSchemaVersion());
+  sqlite3_close(db);
+  auto again = Store::Open(path_);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->info().found_version, LatestSchemaVersion());
+  EXPECT_TRUE((*again)->GetVm("kept")->has_value());
+}
+
+TEST_F(StoreGuardTest, LostWriteAheadLogIsReportedAsRowsBehindTheMark) {
+  MakeStore(1);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto s = Store::Open(path_);
+    ExecRecord e;
+    e.vm_id = "vm0";
+    e.argv = {"true"};
+    e.outcome = "running";
+    if (!s.ok() || !(*s)->InsertExec(e).ok()) ::_exit(1);
+    ::kill(::getpid(), SIGKILL);  // the exec is in the WAL only
+    ::_exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_TRUE(std::filesystem::remove(path_ + "-wal"));
+  (void)std::filesystem::remove(path_ + "-shm");
+  auto s = Store::Open(path_);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::string warning = (*s)->info().warning;
+  EXPECT_NE(warning.find("behind its mark"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("execs up to id 1"), std::string::npos) << warning;
+  // Said once: the mark now follows what the store holds.
+  s->reset();
+  auto clean = Store::Open(path_);
+  ASSERT_TRUE(clean.ok());
+  EXPECT_TRUE((*clean)->info().warning.empty()) << (*clean)->info().warning;
 }
 
 }  // namespace
