@@ -26,7 +26,8 @@ Status Daemon::Init() {
   }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
   ASSIGN_OR_RETURN(egress_, EgressGateway::Make(p.config + "/egress.json", *store_));
-  const egress::Config& eg = egress_->config();
+  auto egress_at_start = egress_->settings();
+  const egress::Config& eg = egress_at_start->config;
   uids_ = std::make_unique<UidPool>(::geteuid() == 0 && eg.qemu_drop_uid, eg.qemu_uid_base);
   templates_ = std::make_unique<vmm::TemplateStore>(p.templates(), p.vms(), opts_.boot_timeout);
   background_ = std::make_unique<BackgroundQueue>();
@@ -51,6 +52,9 @@ Status Daemon::Init() {
   vms_ =
       std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images, *exec_logs_,
                                   *running_, *disks_, opts_.retention, opts_.disk_transfers);
+  admission_ =
+      std::make_unique<Admission>(AdmissionLimits{opts_.memory_reserve_mib, opts_.max_vms});
+  vms_->SetAdmission(admission_.get());
   vms_->ReapLeftovers(p.vms(), p.templates());
   vms_->Prune();
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
@@ -65,6 +69,13 @@ Status Daemon::Init() {
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
   AddTerminalVerbs(verbs_, *services_);
+  control_.started_at = static_cast<int64_t>(store::NowSeconds());
+  control_.limits = {{"memory_reserve_mib", opts_.memory_reserve_mib},
+                     {"max_vms", opts_.max_vms},
+                     {"disk_budget_mib", budget >> 20},
+                     {"disk_reserve_mib", opts_.disk_reserve_mib}};
+  control_.stop = [this] { Stop(); };
+  AddDaemonVerbs(verbs_, *services_, control_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
     if (vms_->Destroy(id).ok())
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");

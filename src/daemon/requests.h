@@ -54,6 +54,14 @@ struct DoctorRequest {
   bool probe = false;  // probe the acceleration again instead of using the kept answer
 };
 
+// daemon_status, daemon_reload: no fields. daemon_stop: `restart` says the client starts a
+// daemon again at once (logged; the daemon stops the same way).
+struct DaemonStatusRequest {};
+struct DaemonReloadRequest {};
+struct DaemonStopRequest {
+  bool restart = false;
+};
+
 struct ExecRequest {
   std::string vm;
   std::vector<std::string> argv;
@@ -164,6 +172,9 @@ Result<CreateRequest> ParseCreate(const Json& j);
 Result<VmRequest> ParseVmRequest(const Json& j);
 Result<DoctorRequest> ParseDoctor(const Json& j);
 Result<ExecRequest> ParseExec(const Json& j);
+Result<DaemonStatusRequest> ParseDaemonStatus(const Json& j);
+Result<DaemonStopRequest> ParseDaemonStop(const Json& j);
+Result<DaemonReloadRequest> ParseDaemonReload(const Json& j);
 Result<PutRequest> ParsePut(const Json& j);
 Result<GetRequest> ParseGet(const Json& j);
 Result<AuditRequest> ParseAudit(const Json& j);

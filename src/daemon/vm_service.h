@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/admission.h"
 #include "daemon/disk_budget.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
@@ -107,6 +108,11 @@ class VmService {
   // The exec spec of an exec request on `vm` (its default cwd, its privileges).
   ExecSpec SpecFor(const VmEntry& vm, const ExecRequest& req) const;
 
+  // Memory and VM-count admission for creates (admission.h); none when never set. Set
+  // before serving.
+  void SetAdmission(Admission* admission) { admission_ = admission; }
+  size_t LiveVms() const { return registry_.size(); }
+
   // Marks the VM dead in the store once, if it has died.
   void NoteDeath(VmEntry& vm);
 
@@ -126,6 +132,7 @@ class VmService {
   const DiskBudget& disks_;
   const std::chrono::seconds retention_;
   const bool disk_transfers_;
+  Admission* admission_ = nullptr;
 
   struct Recorded {
     store::ExecRecord rec;
