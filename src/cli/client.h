@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "channel/mux.h"
 #include "util/paths.h"
@@ -35,6 +36,12 @@ class Client {
   explicit Client(std::unique_ptr<channel::Mux> mux) : mux_(std::move(mux)) {}
   std::unique_ptr<channel::Mux> mux_;
 };
+
+// The environment an auto-started tryboxd gets, from the CLI's own (`environ`): PATH, HOME,
+// USER, LOGNAME, SHELL, TMPDIR, LANG, LC_*, TZ, every TRYBOX_* and XDG_* variable; nothing
+// else. The CLI's environment may hold API keys and other secrets the daemon must never
+// inherit: it is told what it needs by requests (a vm_agent call carries its model's key).
+std::vector<std::string> DaemonEnvironment(const char* const* environ);
 
 // OK if the process at the other end of the connected unix socket `fd` runs as our
 // effective uid or as root; otherwise kPermissionDenied naming its uid and `socket`.
