@@ -53,7 +53,7 @@ Status PrepareRuntimeDir(const Paths& paths, bool autostart) {
 }  // namespace
 
 std::vector<std::string> DaemonEnvironment(const char* const* env) {
-  static const char* const kNames[] = {"PATH", "HOME",   "USER", "LOGNAME",
+  static const char* const kNames[] = {"PATH",  "HOME",   "USER", "LOGNAME",
                                        "SHELL", "TMPDIR", "LANG", "TZ"};
   static const char* const kPrefixes[] = {"TRYBOX_", "XDG_", "LC_"};
   std::vector<std::string> out;

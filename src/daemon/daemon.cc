@@ -6,6 +6,7 @@
 
 #include "util/log.h"
 #include "util/private_dir.h"
+#include "vmm/accel.h"
 
 namespace trybox::daemon {
 namespace {
@@ -23,6 +24,11 @@ Status Daemon::Init() {
   ASSIGN_OR_RETURN(lock_fd_, OpenFile(p.runtime + "/tryboxd.lock", O_RDWR | O_CREAT, 0600));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
+  }
+  // A probe QEMU of a daemon killed during the acceleration probe (vmm::ReapProbe).
+  if (pid_t probe = vmm::ReapProbe(p.runtime)) {
+    LogInfo("daemon", "killed the acceleration probe's QEMU (pid " + std::to_string(probe) +
+                          ") left by a previous daemon");
   }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
   ASSIGN_OR_RETURN(egress_, EgressGateway::Make(p.config + "/egress.json", *store_));
