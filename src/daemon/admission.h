@@ -1,5 +1,4 @@
-// Admission: whether one more VM may start now (issue 19, "Admission"; docs/security.md,
-// "Memory and the VM cap").
+// Admission: whether one more VM may start now (docs/protocol/daemon.md, "Admission").
 //
 // Two limits, checked before a create boots anything, so that a refusal is immediate and
 // never leaves a half-booted VM:

@@ -63,6 +63,13 @@ Status Daemon::Init() {
   vms_->SetAdmission(admission_.get());
   vms_->ReapLeftovers(p.vms(), p.templates());
   vms_->Prune();
+  // Staging trees of collects a dead daemon left (WorkspaceService::Collect makes them
+  // there); none can be in use before this daemon serves.
+  if (::access((p.state + "/collect").c_str(), F_OK) == 0) {
+    Status st = RemoveTree(p.state + "/collect");
+    LogInfo("daemon", st.ok() ? "removed collect staging trees left by a previous daemon"
+                              : "could not remove old collect staging: " + st.message());
+  }
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
   AgentRunnerOptions ao;

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "cli/client.h"
@@ -34,6 +36,7 @@ Result<std::unique_ptr<Harness>> Harness::Start(std::vector<std::string> extra_e
   if (!::mkdtemp(tmpl)) return ErrnoError("mkdtemp");
   h->home_ = tmpl;
   h->images_ = Paths::FromEnvironment().images;
+  Register(h.get());
   RETURN_IF_ERROR(h->SpawnDaemon());
   return h;
 }
@@ -86,10 +89,43 @@ Status Harness::StopDaemon() {
   return r.ok() ? Status::Ok() : r.status();
 }
 
-Harness::~Harness() {
+namespace {
+
+// Harnesses alive now: a bench that fails with std::exit (bench::Die) never runs their
+// destructors, so an atexit handler stops their daemons instead of leaving them running.
+std::mutex g_live_mu;
+std::set<Harness*> g_live;
+
+void CleanUpLiveHarnesses() {
+  std::set<Harness*> live;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    live.swap(g_live);
+  }
+  for (Harness* h : live) h->CleanUp();
+}
+
+void Register(Harness* h) {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(CleanUpLiveHarnesses); });
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  g_live.insert(h);
+}
+
+}  // namespace
+
+void Harness::CleanUp() {
   (void)StopDaemon();
   for (pid_t p : QemuPids()) ::kill(p, SIGKILL);
   (void)RemoveTree(home_);
+}
+
+Harness::~Harness() {
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    g_live.erase(this);
+  }
+  CleanUp();
 }
 
 CliResult RunProgram(const std::vector<std::string>& argv, const std::vector<std::string>& env,
