@@ -58,6 +58,8 @@ EnvLookup ProcessEnv() {
   };
 }
 
+Status CheckAgentConfig(const Paths& paths) { return ReadConfig(paths).status(); }
+
 Result<Json> ResolveModel(const Paths& paths, const ModelFlags& flags, const EnvLookup& env) {
   ASSIGN_OR_RETURN(Json config, ReadConfig(paths));
   std::string provider = flags.provider;

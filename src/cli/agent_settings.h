@@ -30,6 +30,9 @@ EnvLookup ProcessEnv();
 //             provider's section of agent.json; base_url defaults to the provider's own.
 // NOT_FOUND naming what to set when no provider or no model can be found; INVALID_ARGUMENT
 // for an unknown provider or a malformed agent.json (whose message never quotes a key).
+// Whether $config/agent.json (if present) is well-formed; the message never quotes a key.
+Status CheckAgentConfig(const Paths& paths);
+
 Result<nlohmann::json> ResolveModel(const Paths& paths, const ModelFlags& flags,
                                     const EnvLookup& env);
 

@@ -17,6 +17,7 @@
 
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
+#include "cli/daemon_cmd.h"
 #include "cli/image_cmd.h"
 #include "cli/mcp.h"
 #include "cli/mcp_tools.h"
@@ -31,12 +32,9 @@
 #include "util/numbers.h"
 #include "util/paths.h"
 #include "util/process.h"
+#include "util/version.h"
 #include "vmm/template.h"
 #include "workspace/workspace.h"
-
-#ifndef TRYBOX_VERSION
-#define TRYBOX_VERSION "0"
-#endif
 
 namespace trybox::cli {
 namespace {
@@ -691,7 +689,10 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
   ASSIGN_OR_RETURN(std::string images_dir, paths.String("images"));
   std::string out = "acceleration: " + accel.value_or("unknown") + "\n  why: " + why + "\n";
   out += "qemu: " + qemu + "\n";
-  out += "daemon: pid " + std::to_string(pid) + ", socket " + socket + "\n";
+  ASSIGN_OR_RETURN(std::string daemon_version, r.StringOr("version", "unknown"));
+  out += "daemon: pid " + std::to_string(pid) + ", version " + daemon_version + ", socket " +
+         socket + "\n";
+  out += std::string("client: version ") + Version() + "\n";
   if (r.Has("unwell_vms")) {
     ASSIGN_OR_RETURN(const Json* unwell, r.Array("unwell_vms"));
     for (size_t i = 0; i < unwell->size(); ++i) {
@@ -954,7 +955,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   CLI::App app{"trybox: throwaway Linux microVMs for trying things"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
-  app.set_version_flag("--version", std::string("trybox ") + TRYBOX_VERSION,
+  app.set_version_flag("--version", std::string("trybox ") + Version(),
                        "Print the version and exit");
 
   auto* run = app.add_subcommand("run", "Create a VM, run a command in it, destroy it");
@@ -1083,6 +1084,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
   mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
   AddTerminalCommands(app, inv);
+  AddDaemonCommands(app, inv);
 
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
@@ -1236,6 +1238,9 @@ int Run(const Invocation& inv) {
   if (inv.command == "image-build") return CmdImageBuild(inv);
   if (inv.command == "image-ls") return CmdImageLs(inv.json, std::cout, std::cerr);
   if (inv.command == "mcp") return RunMcpServer({.model = inv.model, .tools = inv.tools}, 0, 1);
+  if (IsDaemonCommand(inv.command)) {
+    return RunDaemonCommand(Paths::FromEnvironment(), inv, std::cout, std::cerr);
+  }
   if (inv.exec.tty || inv.command == "shell") {
     // Before anything starts (a VM, the daemon): a terminal we do not have cannot be used.
     Status st = CheckTtyOnStdin();

@@ -4,6 +4,8 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "cli/reply.h"
@@ -48,6 +50,24 @@ Status PrepareRuntimeDir(const Paths& paths, bool autostart) {
 
 }  // namespace
 
+std::vector<std::string> DaemonEnvironment(const char* const* env) {
+  static const char* const kNames[] = {"PATH",  "HOME",   "USER", "LOGNAME",
+                                       "SHELL", "TMPDIR", "LANG", "TZ"};
+  static const char* const kPrefixes[] = {"TRYBOX_", "XDG_", "LC_"};
+  std::vector<std::string> out;
+  for (; env && *env; ++env) {
+    std::string_view kv(*env);
+    size_t eq = kv.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    std::string_view name = kv.substr(0, eq);
+    bool keep = false;
+    for (const char* n : kNames) keep |= name == n;
+    for (const char* p : kPrefixes) keep |= name.substr(0, std::strlen(p)) == p;
+    if (keep) out.emplace_back(kv);
+  }
+  return out;
+}
+
 Status CheckDaemonPeer(int fd, const std::string& socket) {
   ASSIGN_OR_RETURN(PeerCred cred, GetPeerCred(fd));
   uid_t me = ::geteuid();
@@ -82,17 +102,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autosta
     // The daemon owns its log from here (rotated at a size cap); what it prints before
     // that still lands in the same file.
     opts.argv = {DaemonBinary(), "--log-file", log_path};
-    // A scrubbed environment: the CLI's may hold API keys and other secrets, which the daemon
-    // must never inherit (it is told what it needs by requests).
-    std::vector<std::string> env;
-    for (const char* name :
-         {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TRYBOX_HOME", "TRYBOX_IMAGES",
-          "TRYBOX_CACHE", "TRYBOX_QEMU", "TRYBOX_BOOT_TIMEOUT", "TRYBOX_SPARES",
-          "TRYBOX_AGENT_IDLE_S", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME",
-          "XDG_CACHE_HOME", "XDG_CONFIG_HOME"}) {
-      if (const char* v = std::getenv(name)) env.push_back(std::string(name) + "=" + v);
-    }
-    opts.env = env;
+    opts.env = DaemonEnvironment(environ);
     opts.stdout_fd = log.get();
     opts.stderr_fd = log.get();
     opts.new_session = true;

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "channel/mux.h"
 #include "util/paths.h"
@@ -44,6 +45,11 @@ class Client {
 // found out (before connecting, at the start, or mid-request): kUnavailable
 // "cannot reach tryboxd at SOCKET: DETAIL".
 Status DaemonUnreachable(const std::string& socket, const std::string& detail);
+// The environment an auto-started tryboxd gets, from the CLI's own (`environ`): PATH, HOME,
+// USER, LOGNAME, SHELL, TMPDIR, LANG, LC_*, TZ, every TRYBOX_* and XDG_* variable; nothing
+// else. The CLI's environment may hold API keys and other secrets the daemon must never
+// inherit: it is told what it needs by requests (a vm_agent call carries its model's key).
+std::vector<std::string> DaemonEnvironment(const char* const* environ);
 
 // OK if the process at the other end of the connected unix socket `fd` runs as our
 // effective uid or as root; otherwise kPermissionDenied naming its uid and `socket`.

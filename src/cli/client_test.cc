@@ -125,5 +125,26 @@ TEST(ClientTest, DaemonRunningAsAnotherUserIsRefusedAndHearsNothing) {
   EXPECT_EQ(*heard, 0) << "the impostor received bytes";
 }
 
+TEST(DaemonEnvironmentTest, KeepsPathsAndTryboxSettingsAndDropsSecrets) {
+  const char* env[] = {"PATH=/usr/bin",
+                       "HOME=/home/u",
+                       "TRYBOX_MAX_VMS=4",
+                       "TRYBOX_MEMORY_RESERVE_MIB=64",
+                       "XDG_RUNTIME_DIR=/run/user/1",
+                       "LC_ALL=C.UTF-8",
+                       "ANTHROPIC_API_KEY=sk-ant-secret",
+                       "OPENAI_API_KEY=sk-secret",
+                       "GITHUB_TOKEN=ghp_secret",
+                       "AWS_SECRET_ACCESS_KEY=x",
+                       "PATHOLOGICAL=1",
+                       "=odd",
+                       "noequals",
+                       nullptr};
+  auto kept = DaemonEnvironment(env);
+  EXPECT_EQ(kept, (std::vector<std::string>{"PATH=/usr/bin", "HOME=/home/u", "TRYBOX_MAX_VMS=4",
+                                            "TRYBOX_MEMORY_RESERVE_MIB=64",
+                                            "XDG_RUNTIME_DIR=/run/user/1", "LC_ALL=C.UTF-8"}));
+}
+
 }  // namespace
 }  // namespace trybox::cli

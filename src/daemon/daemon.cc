@@ -6,6 +6,7 @@
 
 #include "util/log.h"
 #include "util/private_dir.h"
+#include "vmm/accel.h"
 
 namespace trybox::daemon {
 namespace {
@@ -24,10 +25,16 @@ Status Daemon::Init() {
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return Status(Code::kAlreadyExists, "another tryboxd is running for " + p.runtime);
   }
+  // A probe QEMU of a daemon killed during the acceleration probe (vmm::ReapProbe).
+  if (pid_t probe = vmm::ReapProbe(p.runtime)) {
+    LogInfo("daemon", "killed the acceleration probe's QEMU (pid " + std::to_string(probe) +
+                          ") left by a previous daemon");
+  }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
   if (std::string w = store_->info().warning; !w.empty()) LogError("store", w);
   ASSIGN_OR_RETURN(egress_, EgressGateway::Make(p.config + "/egress.json", *store_));
-  const egress::Config& eg = egress_->config();
+  auto egress_at_start = egress_->settings();
+  const egress::Config& eg = egress_at_start->config;
   uids_ = std::make_unique<UidPool>(::geteuid() == 0 && eg.qemu_drop_uid, eg.qemu_uid_base);
   templates_ = std::make_unique<vmm::TemplateStore>(p.templates(), p.vms(), opts_.boot_timeout);
   background_ = std::make_unique<BackgroundQueue>();
@@ -51,6 +58,9 @@ Status Daemon::Init() {
   LogInfo("daemon", "host-wide disk budget for VMs: " + FormatMiB(budget));
   vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
                                      *exec_logs_, *running_, *disks_, opts_.disk_transfers);
+  admission_ =
+      std::make_unique<Admission>(AdmissionLimits{opts_.memory_reserve_mib, opts_.max_vms});
+  vms_->SetAdmission(admission_.get());
   vms_->ReapLeftovers(p.vms(), p.templates());
   heartbeat_ = std::make_unique<Heartbeat>(
       *registry_,
@@ -59,6 +69,13 @@ Status Daemon::Init() {
       },
       Heartbeat::Options{});
   heartbeat_->Start();
+  // Staging trees of collects a dead daemon left (WorkspaceService::Collect makes them
+  // there); none can be in use before this daemon serves.
+  if (::access((p.state + "/collect").c_str(), F_OK) == 0) {
+    Status st = RemoveTree(p.state + "/collect");
+    LogInfo("daemon", st.ok() ? "removed collect staging trees left by a previous daemon"
+                              : "could not remove old collect staging: " + st.message());
+  }
   workspaces_ = std::make_unique<WorkspaceService>(*store_, *vms_, p.state);
   supervisor_ = std::make_unique<Supervisor>(*vms_, *workspaces_, p.state);
   AgentRunnerOptions ao;
@@ -78,6 +95,13 @@ Status Daemon::Init() {
   AddStoreVerbs(verbs_, *services_);
   images_ = std::make_unique<ImageService>(p, *registry_, *templates_);
   AddImageVerbs(verbs_, *images_, *services_);
+  control_.started_at = static_cast<int64_t>(store::NowSeconds());
+  control_.limits = {{"memory_reserve_mib", opts_.memory_reserve_mib},
+                     {"max_vms", opts_.max_vms},
+                     {"disk_budget_mib", budget >> 20},
+                     {"disk_reserve_mib", opts_.disk_reserve_mib}};
+  control_.stop = [this] { Stop(); };
+  AddDaemonVerbs(verbs_, *services_, control_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
     if (vms_->Destroy(id).ok())
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");

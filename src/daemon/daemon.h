@@ -22,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "daemon/admission.h"
 #include "daemon/agent_process.h"
 #include "daemon/agent_runner.h"
 #include "daemon/background.h"
@@ -73,6 +74,10 @@ struct Options {
   int64_t disk_budget_mib = 0;
   // Free space a create needs under the state directory.
   int64_t disk_reserve_mib = 512;
+  // Admission (admission.h): MemAvailable a create leaves the host, and the cap on live
+  // VMs (0: none).
+  int64_t memory_reserve_mib = 256;
+  int64_t max_vms = 0;
 };
 
 class Daemon {
@@ -99,6 +104,7 @@ class Daemon {
   std::unique_ptr<BackgroundQueue> background_;
   std::unique_ptr<ExecLogs> exec_logs_;
   std::unique_ptr<DiskBudget> disks_;
+  std::unique_ptr<Admission> admission_;
   std::unique_ptr<RunningExecs> running_;
   std::unique_ptr<VmLauncher> launcher_;
   std::unique_ptr<VmRegistry> registry_;
@@ -110,6 +116,7 @@ class Daemon {
   std::unique_ptr<RecordKeeper> records_;
   std::unique_ptr<ImageService> images_;
   std::unique_ptr<Services> services_;
+  DaemonControl control_;
   VerbTable verbs_;
   std::unique_ptr<ControlServer> server_;
   // Now and then: audit summaries and retention.

@@ -74,29 +74,64 @@ Json EgressJson(const store::EgressRecord& e) {
           {"duration_ms", e.duration_ms}};
 }
 
-Result<std::unique_ptr<EgressGateway>> EgressGateway::Make(const std::string& config_path,
-                                                           store::Store& store) {
-  ASSIGN_OR_RETURN(egress::Config config, egress::LoadConfig(config_path));
-  std::unique_ptr<EgressGateway> g(new EgressGateway(std::move(config), store));
-  if (g->config_.resolve.is_null()) {
-    g->resolver_ = std::make_unique<egress::SystemResolver>();
+namespace {
+
+Result<std::shared_ptr<const EgressSettings>> ReadSettings(const std::string& path) {
+  auto s = std::make_shared<EgressSettings>();
+  ASSIGN_OR_RETURN(s->json, egress::LoadConfigJson(path));
+  auto config = egress::ParseConfig(s->json);
+  if (!config.ok()) return config.status().Annotate(path);
+  s->config = std::move(*config);
+  if (s->config.resolve.is_null()) {
+    s->resolver = std::make_shared<egress::SystemResolver>();
   } else {
-    ASSIGN_OR_RETURN(g->resolver_, egress::MapResolver::FromJson(g->config_.resolve));
+    ASSIGN_OR_RETURN(s->resolver, egress::MapResolver::FromJson(s->config.resolve));
     LogInfo("daemon", "egress resolves names through the configured map, never DNS");
   }
-  for (const auto& o : g->config_.internal_allow) {
+  for (const auto& o : s->config.internal_allow) {
     LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
+  }
+  return std::shared_ptr<const EgressSettings>(std::move(s));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EgressGateway>> EgressGateway::Make(const std::string& config_path,
+                                                           store::Store& store) {
+  ASSIGN_OR_RETURN(auto settings, ReadSettings(config_path));
+  std::unique_ptr<EgressGateway> g(new EgressGateway(config_path, store));
+  {
+    MutexLock lock(g->mu_);
+    g->settings_ = std::move(settings);
   }
   g->audit_ = std::make_unique<egress::RateLimitedAudit>(std::make_unique<StoreAudit>(store),
                                                          egress::RateLimitedAudit::Options{});
   return g;
 }
 
+std::shared_ptr<const EgressSettings> EgressGateway::settings() const {
+  MutexLock lock(mu_);
+  return settings_;
+}
+
+Result<EgressReload> EgressGateway::Reload() {
+  ASSIGN_OR_RETURN(auto next, ReadSettings(path_));
+  MutexLock lock(mu_);
+  EgressReload r;
+  r.changed = egress::ConfigChanges(settings_->json, next->json);
+  for (const auto& key : r.changed) {
+    if (egress::NeedsRestart(key)) r.restart_required.push_back(key);
+  }
+  settings_ = std::move(next);
+  return r;
+}
+
 void EgressGateway::VmGone(const std::string& vm_id) { audit_->FlushVm(vm_id); }
 
 void EgressGateway::Housekeeping() {
   audit_->FlushExpired();
-  auto pruned = store_.PruneEgress(config_.audit_max_age.count(), config_.audit_max_rows);
+  auto now = settings();
+  auto pruned = store_.PruneEgress(now->config.audit_max_age.count(), now->config.audit_max_rows);
   if (!pruned.ok()) {
     LogWarn("egress", "audit retention: " + pruned.status().message());
   } else if (*pruned > 0) {
@@ -107,8 +142,8 @@ void EgressGateway::Housekeeping() {
 EgressGateway::~EgressGateway() {
   // Handlers use the store and the resolver; their streams died with the VMs, so they end
   // promptly (an upstream dial is bounded by connect_timeout).
-  auto give_up =
-      std::chrono::steady_clock::now() + config_.connect_timeout + std::chrono::seconds(5);
+  auto give_up = std::chrono::steady_clock::now() + settings()->config.connect_timeout +
+                 std::chrono::seconds(5);
   while (in_flight_ > 0 && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -118,9 +153,10 @@ EgressGateway::~EgressGateway() {
 Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string>& allow,
                                                    const std::vector<std::string>& profiles) const {
   std::vector<std::string> entries = allow;
+  auto now = settings();
   for (const auto& name : profiles) {
-    auto p = config_.profiles.find(name);
-    if (p == config_.profiles.end()) {
+    auto p = now->config.profiles.find(name);
+    if (p == now->config.profiles.end()) {
       return NotFound("no egress profile " + QuoteForMessage(name) +
                       " in the config file (egress.json)");
     }
@@ -130,11 +166,13 @@ Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string
 }
 
 std::shared_ptr<EgressVm> EgressGateway::NewVm(egress::AllowList allow) const {
-  auto vm = std::make_shared<EgressVm>(config_.max_tunnels_per_vm);
+  auto now = settings();
+  auto vm = std::make_shared<EgressVm>(now->config.max_tunnels_per_vm);
+  vm->settings = now;
   vm->policy.allow = std::move(allow);
-  vm->policy.overrides = config_.internal_allow;
-  vm->policy.head_timeout = config_.head_timeout;
-  vm->policy.connect_timeout = config_.connect_timeout;
+  vm->policy.overrides = now->config.internal_allow;
+  vm->policy.head_timeout = now->config.head_timeout;
+  vm->policy.connect_timeout = now->config.connect_timeout;
   return vm;
 }
 
@@ -185,7 +223,7 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
   }
   egress::StreamClient client(s);
   egress::Decision d = egress::ServeConnection(
-      client, {&eg.policy, resolver_.get(), &eg.slots, audit_.get(), vm_id});
+      client, {&eg.policy, eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id});
   (void)s.End({{"ok", true},
                {"verdict", d.verdict},
                {"status", d.status},

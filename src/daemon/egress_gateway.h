@@ -3,8 +3,12 @@
 // each VM's policy and tunnel count; it serves the streams guests open, deciding each
 // connection with egress::ServeConnection, and answers the `audit` verb.
 //
+// Reload() reads egress.json again: VMs created afterwards get the new settings; each
+// running VM keeps the settings it was created with (its EgressVm holds them), so a reload
+// never changes what a running VM may reach.
+//
 // Thread-safe: guest streams are served on their own threads, concurrently; per-VM state is
-// an EgressVm shared with that VM's open handler.
+// an EgressVm shared with that VM's open handler; the current settings are swapped under mu_.
 #pragma once
 
 #include <atomic>
@@ -19,13 +23,30 @@
 #include "egress/config.h"
 #include "egress/proxy.h"
 #include "store/store.h"
+#include "util/mutex.h"
 
 namespace trybox::daemon {
 
 using Json = nlohmann::json;
 
+// One reading of egress.json: the parsed config, the object as written (to tell what a
+// reload changed), and the resolver it configures. Immutable once made.
+struct EgressSettings {
+  egress::Config config;
+  Json json;
+  std::shared_ptr<egress::Resolver> resolver;
+};
+
+// What a reload changed (egress::ConfigChanges) and which of those only apply after a
+// daemon restart.
+struct EgressReload {
+  std::vector<std::string> changed;
+  std::vector<std::string> restart_required;
+};
+
 // One VM's egress policy and counts; shared with its guest-open handler.
 struct EgressVm {
+  std::shared_ptr<const EgressSettings> settings;  // as of the VM's create
   egress::Policy policy;
   egress::TunnelSlots slots;
   // Streams the guest has open, decided or not: bounds the threads a guest can hold.
@@ -46,7 +67,11 @@ class EgressGateway {
   // Waits (bounded by the connect timeout) for guest handlers still running.
   ~EgressGateway();
 
-  const egress::Config& config() const { return config_; }
+  // The current settings (those a new VM gets).
+  std::shared_ptr<const EgressSettings> settings() const EXCLUDES(mu_);
+  // Reads egress.json again. On an error (naming the file and the key) the settings in
+  // force stay.
+  Result<EgressReload> Reload() EXCLUDES(mu_);
   // The allow-list of `allow` entries plus the named profiles'; errors name the entry.
   Result<egress::AllowList> AllowList(const std::vector<std::string>& allow,
                                       const std::vector<std::string>& profiles) const;
@@ -65,13 +90,13 @@ class EgressGateway {
                           std::optional<int64_t> before_id) const;
 
  private:
-  EgressGateway(egress::Config config, store::Store& store)
-      : config_(std::move(config)), store_(store) {}
+  EgressGateway(std::string path, store::Store& store) : path_(std::move(path)), store_(store) {}
   void Serve(const std::string& vm_id, EgressVm& eg, channel::Stream& s, const Json& req);
 
-  const egress::Config config_;
+  const std::string path_;
   store::Store& store_;
-  std::unique_ptr<egress::Resolver> resolver_;
+  mutable Mutex mu_;
+  std::shared_ptr<const EgressSettings> settings_ GUARDED_BY(mu_);
   // The store's egress table behind a rate limit on refusals (egress/audit_limit.h).
   std::unique_ptr<egress::RateLimitedAudit> audit_;
   std::atomic<int> in_flight_{0};

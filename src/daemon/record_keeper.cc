@@ -133,7 +133,8 @@ Result<PruneReport> RecordKeeper::Prune(bool dry_run) {
     RemoveDir(collect_dir + "/" + name, dry_run, r.collect_leftovers, r);
   }
 
-  const egress::Config& eg = egress_.config();
+  const auto settings = egress_.settings();  // the current egress.json (a reload may swap it)
+  const egress::Config& eg = settings->config;
   ASSIGN_OR_RETURN(r.egress, store_.PruneEgress(static_cast<double>(eg.audit_max_age.count()),
                                                 eg.audit_max_rows, now, dry_run));
   if (!dry_run && r.vms + r.agent_runs + r.egress > 0) {

@@ -90,6 +90,24 @@ Result<PruneRequest> ParsePrune(const Json& j) {
   return r;
 }
 
+Result<DaemonStatusRequest> ParseDaemonStatus(const Json& j) {
+  RETURN_IF_ERROR(Fields(j).CheckObject());
+  return DaemonStatusRequest{};
+}
+
+Result<DaemonStopRequest> ParseDaemonStop(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  DaemonStopRequest r;
+  ASSIGN_OR_RETURN(r.restart, f.Bool("restart", false));
+  return r;
+}
+
+Result<DaemonReloadRequest> ParseDaemonReload(const Json& j) {
+  RETURN_IF_ERROR(Fields(j).CheckObject());
+  return DaemonReloadRequest{};
+}
+
 Result<ExecRequest> ParseExec(const Json& j) {
   Fields f(j);
   RETURN_IF_ERROR(f.CheckObject());

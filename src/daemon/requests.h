@@ -58,6 +58,14 @@ struct PruneRequest {
   bool dry_run = false;  // count what the retention would free, free nothing
 };
 
+// daemon_status, daemon_reload: no fields. daemon_stop: `restart` says the client starts a
+// daemon again at once (logged; the daemon stops the same way).
+struct DaemonStatusRequest {};
+struct DaemonReloadRequest {};
+struct DaemonStopRequest {
+  bool restart = false;
+};
+
 struct ExecRequest {
   std::string vm;
   std::vector<std::string> argv;
@@ -184,6 +192,9 @@ Result<VmRequest> ParseVmRequest(const Json& j);
 Result<DoctorRequest> ParseDoctor(const Json& j);
 Result<PruneRequest> ParsePrune(const Json& j);
 Result<ExecRequest> ParseExec(const Json& j);
+Result<DaemonStatusRequest> ParseDaemonStatus(const Json& j);
+Result<DaemonStopRequest> ParseDaemonStop(const Json& j);
+Result<DaemonReloadRequest> ParseDaemonReload(const Json& j);
 Result<PutRequest> ParsePut(const Json& j);
 Result<GetRequest> ParseGet(const Json& j);
 Result<AuditRequest> ParseAudit(const Json& j);

@@ -156,6 +156,20 @@ TEST(DaemonRequestsTest, PruneDryRunIsABooleanThatDefaultsToFalse) {
   ExpectInvalid(ParsePrune(J(R"([])")).status(), "");
 }
 
+TEST(DaemonRequestsTest, DaemonVerbsTakeAnObjectAndStopARestartFlag) {
+  EXPECT_TRUE(ParseDaemonStatus(J(R"({"verb":"daemon_status"})")).ok());
+  EXPECT_TRUE(ParseDaemonReload(J(R"({"verb":"daemon_reload"})")).ok());
+  ExpectInvalid(ParseDaemonStatus(J(R"([1])")).status(), "object");
+  ExpectInvalid(ParseDaemonReload(J(R"("reload")")).status(), "object");
+  auto stop = ParseDaemonStop(J(R"({"verb":"daemon_stop"})"));
+  ASSERT_TRUE(stop.ok());
+  EXPECT_FALSE(stop->restart);
+  stop = ParseDaemonStop(J(R"({"restart":true})"));
+  ASSERT_TRUE(stop.ok());
+  EXPECT_TRUE(stop->restart);
+  ExpectInvalid(ParseDaemonStop(J(R"({"restart":"yes"})")).status(), "'restart'");
+}
+
 TEST(DaemonRequestsTest, CollectHasNoBranchOnTheWire) {
   // branch_id was reachable from the socket: a client could name another run's branch.
   auto r = ParseCollect(J(R"({"vm":"a","branch_id":"other-run","into":"/tmp/x"})"));

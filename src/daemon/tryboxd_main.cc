@@ -9,6 +9,7 @@
 
 #include "daemon/daemon.h"
 #include "util/log.h"
+#include "util/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tryboxd: owns trybox VMs, images and records; serves the trybox socket"};
@@ -107,6 +108,18 @@ int main(int argc, char** argv) {
                  "MiB of free space under the state directory a create needs (env "
                  "TRYBOX_DISK_RESERVE_MIB)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  if (const char* n = std::getenv("TRYBOX_MEMORY_RESERVE_MIB"); n && *n) {
+    opts.memory_reserve_mib = std::atoll(n);
+  }
+  app.add_option("--memory-reserve", opts.memory_reserve_mib,
+                 "MiB of available memory (MemAvailable) a create must leave the host beside "
+                 "the VM's own memory (env TRYBOX_MEMORY_RESERVE_MIB)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  if (const char* n = std::getenv("TRYBOX_MAX_VMS"); n && *n) opts.max_vms = std::atoll(n);
+  app.add_option("--max-vms", opts.max_vms,
+                 "Live VMs at most (spare clones not counted); 0: no cap (env TRYBOX_MAX_VMS)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.set_version_flag("--version", std::string("tryboxd ") + trybox::Version());
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");
   CLI11_PARSE(app, argc, argv);
@@ -117,12 +130,13 @@ int main(int argc, char** argv) {
   if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0 ||
       opts.retention.max_vms < 0 || opts.retention.max_runs < 0 || prune_every_s < 0 ||
       opts.disk_budget_mib < 0 || opts.disk_budget_mib > (int64_t{1} << 30) ||
-      opts.disk_reserve_mib < 0 || opts.disk_reserve_mib > (int64_t{1} << 30)) {
-    std::cerr
-        << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
-           "(and _VMS, _RUNS, TRYBOX_PRUNE_INTERVAL_S) not negative, TRYBOX_DISK_BUDGET_MIB and "
-           "TRYBOX_DISK_RESERVE_MIB from 0 to "
-           "2^30\n";
+      opts.disk_reserve_mib < 0 || opts.disk_reserve_mib > (int64_t{1} << 30) ||
+      opts.memory_reserve_mib < 0 || opts.memory_reserve_mib > (int64_t{1} << 30) ||
+      opts.max_vms < 0 || opts.max_vms > (int64_t{1} << 20)) {
+    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
+                 "(and _VMS, _RUNS, TRYBOX_PRUNE_INTERVAL_S) not negative, TRYBOX_DISK_BUDGET_MIB "
+                 "and TRYBOX_DISK_RESERVE_MIB and "
+                 "TRYBOX_MEMORY_RESERVE_MIB from 0 to 2^30, TRYBOX_MAX_VMS from 0 to 2^20\n";
     return 2;
   }
   opts.retention.max_age = std::chrono::seconds(retention_s);

@@ -3,6 +3,8 @@
 // the socket's JSON.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 
 #include "daemon/agent_runner.h"
@@ -46,6 +48,17 @@ Json StoreHealthJson(const StoreHealth& h);
 Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir);
 // commit, image_ls, image_rm, image_prune (verbs_image.cc).
 void AddImageVerbs(VerbTable& table, ImageService& images, Services& s);
+
+// What the daemon_* verbs need of the daemon itself (verbs_daemon.cc).
+struct DaemonControl {
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  int64_t started_at = 0;  // seconds since the epoch
+  Json limits;             // the admission and disk settings in force, for status
+  // Stops serving; the daemon then ends its VMs and exits. Called after the reply is sent.
+  std::function<void()> stop;
+};
+// daemon_status, daemon_stop, daemon_reload.
+void AddDaemonVerbs(VerbTable& table, Services& s, const DaemonControl& control);
 
 // At most this many changes in one collect or diff reply (a reply stays under the frame
 // limit); diff pages through the rest.

@@ -51,7 +51,7 @@ void AddStoreVerbs(VerbTable& t, Services& s) {
     auto report = s.records.Prune(req->dry_run);
     if (!report.ok()) return ErrorReply(report.status());
     return {{"ok", true},
-            {"pruned", PruneReportJson(*report, s.records.policy(), s.egress.config())}};
+            {"pruned", PruneReportJson(*report, s.records.policy(), s.egress.settings()->config)}};
   });
 }
 

@@ -2,11 +2,12 @@
 
 #include "daemon/verbs.h"
 #include "image/image.h"
+#include "util/version.h"
 
 namespace trybox::daemon {
 namespace {
 
-Json CreatedJson(const CreatedVm& c, const EgressGateway& egress) {
+Json CreatedJson(const CreatedVm& c) {
   VmEntry& e = *c.entry;
   const vmm::VmConfig& cfg = e.vm().config();
   store::VmRecord rec = e.record();
@@ -24,7 +25,7 @@ Json CreatedJson(const CreatedVm& c, const EgressGateway& egress) {
             {"privileged", e.privileged()},
             {"egress",
              {{"allow", c.allow},
-              {"max_tunnels", egress.config().max_tunnels_per_vm},
+              {"max_tunnels", e.egress()->slots.max()},
               {"qemu_netns", cfg.netns},
               {"qemu_uid", cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr)}}}}}};
 }
@@ -91,7 +92,8 @@ Json Doctor(Services& s, bool probe) {
             {"images", s.paths.images},
             {"runtime", s.paths.runtime}}},
           {"daemon_pid", ::getpid()},
-          {"store", StoreHealthJson(s.records.Health())}};
+          {"store", StoreHealthJson(s.records.Health())},
+          {"version", Version()}};
 }
 
 }  // namespace
@@ -107,13 +109,13 @@ void AddVmVerbs(VerbTable& t, Services& s) {
         (void)client.SendEvent({{"progress", {{"stage", stage}, {"message", message}}}});
       };
       auto c = s.vms.Create(*req, progress);
-      if (!c.ok()) return ErrorReply(c.status());
+      if (!c.ok()) return ErrorReply(c.status(), AdmissionErrorKind(c.status()));
       if (req->ephemeral && !conn.AddEphemeral(c->entry->id())) {
         // The client left while the VM booted: nobody will ever use it.
         (void)s.vms.Destroy(c->entry->id());
         return ErrorReply(Unavailable("the client left while the VM booted; it was destroyed"));
       }
-      return CreatedJson(*c, s.egress);
+      return CreatedJson(*c);
     }();
     (void)client.End(reply);
   });

@@ -167,6 +167,16 @@ Result<LaunchedVm> VmLauncher::Launch(const LaunchSpec& spec) {
     return out;
   }
   std::string why = FirstLine(vm.status().message());
+  // A full disk is not the template's fault: it stays, and the create fails naming the
+  // cause (a cold boot would need the same space).
+  auto free = vmm::FreeBytes(opts_.vms_dir);
+  if (vm.status().code() == Code::kResourceExhausted ||
+      (free.ok() && *free < vmm::kTemplateSlackBytes)) {
+    return ResourceExhausted("no_space: a clone could not be restored with " +
+                             (free.ok() ? std::to_string(*free >> 20) : std::string("?")) +
+                             " MiB free under " + opts_.vms_dir + " (" + why +
+                             "); the template was kept");
+  }
   templates_.Discard(shape, "restore failed: " + why);
   RebuildLater(shape);
   std::string note = "the template failed to restore (" + why +

@@ -29,6 +29,12 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   RETURN_IF_ERROR(disks_.Admit(DiskUses()));
   // A VM the store could not record would run unrecorded: refused before it boots.
   RETURN_IF_ERROR(store_.CheckWritable());
+  // Held until the VM is registered or gone: creates still booting count against the limits.
+  std::optional<Admission::Ticket> admitted;
+  if (admission_) {
+    ASSIGN_OR_RETURN(auto ticket, admission_->Admit(req.memory_mib, registry_.size()));
+    admitted.emplace(std::move(ticket));
+  }
 
   LaunchSpec spec{req.image, dir, manifest_sha, req.memory_mib, req.cpus, req.cold, progress};
   auto launched = launcher_.Launch(spec);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/admission.h"
 #include "daemon/disk_budget.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
@@ -106,6 +107,11 @@ class VmService {
   // The exec spec of an exec request on `vm` (its default cwd, its privileges).
   ExecSpec SpecFor(const VmEntry& vm, const ExecRequest& req) const;
 
+  // Memory and VM-count admission for creates (admission.h); none when never set. Set
+  // before serving.
+  void SetAdmission(Admission* admission) { admission_ = admission; }
+  size_t LiveVms() const { return registry_.size(); }
+
   // Marks the VM dead in the store once, if it has died.
   void NoteDeath(VmEntry& vm);
   // The heartbeat's verdict on a VM (heartbeat.h): shown in its record and logged. Execs
@@ -127,6 +133,7 @@ class VmService {
   RunningExecs& running_;
   const DiskBudget& disks_;
   const bool disk_transfers_;
+  Admission* admission_ = nullptr;
 
   struct Recorded {
     store::ExecRecord rec;

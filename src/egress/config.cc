@@ -65,17 +65,58 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
   return c;
 }
 
-Result<Config> LoadConfig(const std::string& path) {
+Result<nlohmann::json> LoadConfigJson(const std::string& path) {
   auto text = ReadFileToString(path);
   if (!text.ok()) {
-    if (text.status().code() == Code::kNotFound) return Config{};
+    if (text.status().code() == Code::kNotFound) return nlohmann::json::object();
     return text.status();
   }
   auto j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded()) return InvalidArgument(path + ": not valid JSON");
+  return j;
+}
+
+Result<Config> LoadConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(nlohmann::json j, LoadConfigJson(path));
   auto c = ParseConfig(j);
   if (!c.ok()) return c.status().Annotate(path);
   return c;
+}
+
+std::vector<std::string> ConfigChanges(const nlohmann::json& before, const nlohmann::json& after) {
+  static const nlohmann::json kNull;
+  auto member = [](const nlohmann::json& j, const std::string& key) -> const nlohmann::json& {
+    return j.is_object() && j.contains(key) ? j[key] : kNull;
+  };
+  std::set<std::string> keys;
+  for (const auto* j : {&before, &after}) {
+    if (!j->is_object()) continue;
+    for (auto it = j->begin(); it != j->end(); ++it) keys.insert(it.key());
+  }
+  std::set<std::string> out;
+  for (const auto& key : keys) {
+    const auto& a = member(before, key);
+    const auto& b = member(after, key);
+    if (a == b) continue;
+    if (key != "profiles" || !(a.is_object() || a.is_null()) || !(b.is_object() || b.is_null())) {
+      out.insert(key);
+      continue;
+    }
+    std::set<std::string> names;
+    for (const auto* p : {&a, &b}) {
+      if (!p->is_object()) continue;
+      for (auto it = p->begin(); it != p->end(); ++it) names.insert(it.key());
+    }
+    for (const auto& name : names) {
+      if (member(a, name) != member(b, name)) out.insert("profiles." + name);
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
+bool NeedsRestart(const std::string& changed_key) {
+  return changed_key == "qemu_netns" || changed_key == "qemu_drop_uid" ||
+         changed_key == "qemu_uid_base";
 }
 
 }  // namespace trybox::egress

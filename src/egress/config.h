@@ -1,5 +1,6 @@
 // The operator's egress settings: $TRYBOX_CONFIG/egress.json (docs/protocol/egress.md).
-// Read once by tryboxd at start-up; the CLI and guests cannot change them.
+// Read by tryboxd at start-up and again by `trybox daemon reload` (new VMs get the new
+// settings, running ones keep theirs); the CLI and guests cannot change them.
 #pragma once
 
 #include <chrono>
@@ -37,6 +38,13 @@ struct Config {
 // A missing file gives the defaults. Unknown keys, wrong types and invalid entries fail,
 // naming the key.
 Result<Config> LoadConfig(const std::string& path);
+// The file's JSON object as it is ({} when the file is missing), unchecked.
+Result<nlohmann::json> LoadConfigJson(const std::string& path);
+// What differs between two config objects: each top-level key whose value changed, added
+// or removed, and for "profiles" each profile by name ("profiles.NAME"). Sorted.
+std::vector<std::string> ConfigChanges(const nlohmann::json& before, const nlohmann::json& after);
+// Keys only a daemon restart applies (QEMU's netns and uid are set up at start).
+bool NeedsRestart(const std::string& changed_key);
 Result<Config> ParseConfig(const nlohmann::json& j);
 
 }  // namespace trybox::egress

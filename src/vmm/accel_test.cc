@@ -1,12 +1,14 @@
 #include "vmm/accel.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <optional>
 
 #include "util/fd.h"
+#include "util/process.h"
 
 namespace trybox::vmm {
 namespace {
@@ -80,6 +82,52 @@ TEST_F(AccelCacheTest, AProbeThatHangsGivesUpAtItsTimeout) {
       ProbeAccel(dir_->path(), dir_->path(), Path("hang-qemu"), std::chrono::milliseconds(300));
   EXPECT_EQ(c.accel, "tcg");
   EXPECT_NE(c.reason.find("timed out"), std::string::npos) << c.reason;
+}
+
+// Stands in for a probe QEMU: a process group leader whose command line names the token.
+Result<ChildProcess> FakeProbe(const std::string& token) {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "sleep 600; true", "sh", "-name", "trybox-probe-" + token};
+  return ChildProcess::Spawn(o);
+}
+
+TEST_F(AccelCacheTest, AProbeLeftByADeadDaemonIsKilledByItsRecordedPid) {
+  auto probe = FakeProbe("0123abcd");
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  ASSERT_TRUE(
+      WriteFileAtomic(Path(kProbePidFile), std::to_string(probe->pid()) + " 0123abcd\n").ok());
+  EXPECT_EQ(ReapProbe(dir_->path()), probe->pid());
+  auto exit = probe->Wait();
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->signal, SIGKILL);
+  EXPECT_NE(::access(Path(kProbePidFile).c_str(), F_OK), 0);
+}
+
+TEST_F(AccelCacheTest, AProbeKilledBeforeItsPidWasRecordedIsFoundByItsToken) {
+  auto probe = FakeProbe("feedface");
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  ASSERT_TRUE(WriteFileAtomic(Path(kProbePidFile), "0 feedface\n").ok());
+  // The shell may not have exec'd yet: its command line names the token once it has.
+  for (int i = 0; i < 500 && ProcessCmdline(probe->pid()).find("feedface") == std::string::npos;
+       ++i) {
+    ::usleep(10000);
+  }
+  EXPECT_EQ(ReapProbe(dir_->path()), probe->pid());
+  auto exit = probe->Wait();
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->signal, SIGKILL);
+}
+
+TEST_F(AccelCacheTest, ARecordedPidThatIsNoLongerTheProbeIsLeftAlone) {
+  auto other = FakeProbe("11111111");
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(Path(kProbePidFile), std::to_string(other->pid()) + " 22222222\n").ok());
+  EXPECT_EQ(ReapProbe(dir_->path()), 0);
+  EXPECT_TRUE(ProcessExists(other->pid()));
+  EXPECT_NE(::access(Path(kProbePidFile).c_str(), F_OK), 0);
+  (void)other->Signal(SIGKILL);
+  (void)other->Wait();
 }
 
 }  // namespace

@@ -265,58 +265,6 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
   return a;
 }
 
-AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir,
-                       const std::string& qemu, std::chrono::milliseconds timeout) {
-  if (::access("/dev/kvm", F_OK) != 0) return {"tcg", "/dev/kvm does not exist"};
-  int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    return {"tcg", "cannot open /dev/kvm: " + ErrnoError("open").message() +
-                       " (add yourself to the kvm group for hardware acceleration)"};
-  }
-  ::close(fd);
-  std::string log = work_dir + "/kvm-probe-console.log";
-  ::unlink(log.c_str());
-  auto start = Clock::now();
-  auto r = RunCommand({qemu,
-                       "-machine",
-                       "microvm,accel=kvm",
-                       "-cpu",
-                       "host",
-                       "-m",
-                       "128",
-                       "-nodefaults",
-                       "-no-user-config",
-                       "-display",
-                       "none",
-                       "-no-reboot",
-                       "-serial",
-                       "file:" + log,
-                       "-kernel",
-                       image_dir + "/vmlinux",
-                       "-initrd",
-                       image_dir + "/initrd.cpio",
-                       "-append",
-                       "console=ttyS0 quiet panic=-1 trybox.probe=1"},
-                      timeout);
-  double ms = MsSince(start);
-  std::string console = Tail(log, 4096);
-  ::unlink(log.c_str());
-  if (r.ok() && console.find("TRYBOX-PROBE-OK") != std::string::npos) {
-    return {"kvm",
-            "a probe guest booted under KVM in " + std::to_string(static_cast<int>(ms)) + " ms"};
-  }
-  std::string why;
-  if (!r.ok()) {
-    why = r.status().message();
-  } else {
-    std::string out = r->output;
-    size_t nl = out.find('\n');
-    why = "QEMU " + r->exit.Describe() + (out.empty() ? "" : ": " + out.substr(0, nl));
-  }
-  return {"tcg", "/dev/kvm exists but a standard guest does not run under it (" + why +
-                     "); using TCG software emulation"};
-}
-
 Json DestroyReport::ToJson() const {
   return {{"process_gone", process_gone},
           {"qemu_exit", qemu_exit},

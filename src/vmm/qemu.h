@@ -97,15 +97,7 @@ struct AccelChoice {
   std::string accel;   // "kvm" or "tcg"
   std::string reason;  // why, in words a person can act on
 };
-// Boots the image's kernel under KVM with trybox.probe=1 and looks for the guest's marker on
-// the console. KVM is chosen only if a standard guest actually runs; /dev/kvm existing is
-// not enough (nested hosts can fail the first MSR write). A probe guest that has not ended
-// within `timeout` is killed and counts as a failure (under working KVM it ends in well
-// under a second).
-inline constexpr std::chrono::milliseconds kProbeTimeout{5000};
-AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir,
-                       const std::string& qemu = "qemu-system-x86_64",
-                       std::chrono::milliseconds timeout = kProbeTimeout);
+// ProbeAccel and the probe's reaping: accel.h.
 
 // What Destroy observed, not what it sent.
 struct DestroyReport {

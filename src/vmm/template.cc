@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <ctime>
@@ -150,6 +151,12 @@ std::string TemplateStore::Check(const std::string& dir, const TemplateKey& key,
   return "";
 }
 
+Result<int64_t> FreeBytes(const std::string& path) {
+  struct statvfs fs;
+  if (::statvfs(path.c_str(), &fs) != 0) return ErrnoError("statvfs " + path);
+  return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+}
+
 Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
                             const TemplateKey& key, const std::string& dir, double* build_ms) {
   auto start = Clock::now();
@@ -175,6 +182,15 @@ Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
   c.template_dir = building;
   c.netns = sandbox.netns;
   c.qemu_uid = sandbox.uid;
+  // QEMU maps the template's memory file sparse: on a full disk, a page the guest touches
+  // cannot be allocated and QEMU dies of SIGBUS. Refuse first, naming the cause.
+  const int64_t need = (static_cast<int64_t>(shape.memory_mib) << 20) + kTemplateSlackBytes;
+  if (auto free = FreeBytes(root_); free.ok() && *free < need) {
+    return cleanup(ResourceExhausted("no_space: a " + std::to_string(shape.memory_mib) +
+                                     " MiB template needs about " + std::to_string(need >> 20) +
+                                     " MiB free under " + root_ + "; " +
+                                     std::to_string(*free >> 20) + " MiB are"));
+  }
   auto vm = Vm::Boot(c, boot_timeout_);
   if (!vm.ok()) return cleanup(vm.status().Annotate("boot the template VM"));
   double boot_ms = (*vm)->boot_ms();

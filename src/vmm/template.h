@@ -30,6 +30,13 @@
 
 namespace trybox::vmm {
 
+// Free space a template build needs beyond its memory file: its disk layer, state and
+// overlay (a few MiB for a fresh guest), with room to spare.
+inline constexpr int64_t kTemplateSlackBytes = int64_t{128} << 20;
+// Bytes an unprivileged writer may still allocate on the filesystem holding `path`
+// (statvfs f_bavail * f_frsize).
+Result<int64_t> FreeBytes(const std::string& path);
+
 struct TemplateShape {
   std::string image_name;
   std::string image_dir;        // verified

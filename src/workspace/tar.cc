@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
 #include <memory>
 #include <set>
@@ -63,6 +64,18 @@ std::string WithoutDest(std::string msg, const std::string& dest) {
       msg.erase(at, d.size());
   }
   return JsonSafe(msg);
+}
+
+// A failed write into the host's tree; a full disk is named as such, `no_space`, not as
+// libarchive's "Write failed".
+Status DiskWriteError(archive* disk, const std::string& what, const std::string& dest) {
+  std::string msg = WithoutDest(ErrorText(disk), dest);
+  int err = archive_errno(disk);
+  if (err == ENOSPC || err == EDQUOT) {
+    return ResourceExhausted("no_space: " + what + ": no space left on the host's disk (" + msg +
+                             ")");
+  }
+  return Internal(what + ": " + msg);
 }
 
 }  // namespace
@@ -208,7 +221,7 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     return Status::Ok();
   };
   auto write_fail = [&](const std::string& name) {
-    return Internal("write " + JsonSafe(name) + ": " + WithoutDest(ErrorText(disk.get()), dest));
+    return DiskWriteError(disk.get(), "write " + JsonSafe(name), dest);
   };
   std::set<std::string> refused_places;  // paths a commit cannot hold, named once each
   for (;;) {
@@ -301,7 +314,7 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) return write_fail(name);
   }
   if (archive_write_close(disk.get()) != ARCHIVE_OK) {
-    return Internal("untar: " + WithoutDest(ErrorText(disk.get()), dest));
+    return DiskWriteError(disk.get(), "untar", dest);
   }
   return Status::Ok();
 }

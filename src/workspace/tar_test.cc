@@ -4,6 +4,7 @@
 #include <archive_entry.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -184,6 +185,29 @@ TEST_F(TarTest, QuotaStopsExtraction) {
   Status st = ExtractTar(Chunks(tar), dest_, o, &r);
   EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
   EXPECT_NE(st.message().find("1000"), std::string::npos);
+}
+
+// A full host disk was reported as libarchive's "Write failed".
+TEST_F(TarTest, AFullDiskIsNamedNoSpace) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  std::string mnt = tmp_->path() + "/small";
+  ASSERT_TRUE(MakeDirs(mnt, 0700).ok());
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << ErrnoError("mount").message();
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  std::string tar = TarBuilder()
+                        .Add("a", AE_IFREG, std::string(200 << 10, 'a'))
+                        .Add("b", AE_IFREG, std::string(200 << 10, 'b'))
+                        .Finish();
+  ExtractReport r;
+  Status st = ExtractTar(Chunks(tar), mnt + "/dest", {}, &r);
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_EQ(st.message().rfind("no_space: ", 0), 0u) << st.message();
+  EXPECT_EQ(st.message().find(mnt), std::string::npos) << st.message();
 }
 
 TEST_F(TarTest, ManifestRoundTripsThroughTar) {

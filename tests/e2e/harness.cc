@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "cli/client.h"
@@ -26,6 +28,11 @@ std::string Sha256OfFile(const std::string& path) {
   return h.ok() ? *h : "error: " + h.status().message();
 }
 
+namespace {
+// Remembers a live harness for the atexit clean-up (below).
+void Register(Harness* h);
+}  // namespace
+
 Result<std::unique_ptr<Harness>> Harness::Start(std::vector<std::string> extra_env) {
   std::unique_ptr<Harness> h(new Harness());
   h->extra_env_ = std::move(extra_env);
@@ -34,6 +41,7 @@ Result<std::unique_ptr<Harness>> Harness::Start(std::vector<std::string> extra_e
   if (!::mkdtemp(tmpl)) return ErrnoError("mkdtemp");
   h->home_ = tmpl;
   h->images_ = Paths::FromEnvironment().images;
+  Register(h.get());
   RETURN_IF_ERROR(h->SpawnDaemon());
   return h;
 }
@@ -86,10 +94,43 @@ Status Harness::StopDaemon() {
   return r.ok() ? Status::Ok() : r.status();
 }
 
-Harness::~Harness() {
+namespace {
+
+// Harnesses alive now: a bench that fails with std::exit (bench::Die) never runs their
+// destructors, so an atexit handler stops their daemons instead of leaving them running.
+std::mutex g_live_mu;
+std::set<Harness*> g_live;
+
+void CleanUpLiveHarnesses() {
+  std::set<Harness*> live;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    live.swap(g_live);
+  }
+  for (Harness* h : live) h->CleanUp();
+}
+
+void Register(Harness* h) {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(CleanUpLiveHarnesses); });
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  g_live.insert(h);
+}
+
+}  // namespace
+
+void Harness::CleanUp() {
   (void)StopDaemon();
   for (pid_t p : QemuPids()) ::kill(p, SIGKILL);
   (void)RemoveTree(home_);
+}
+
+Harness::~Harness() {
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    g_live.erase(this);
+  }
+  CleanUp();
 }
 
 CliResult RunProgram(const std::vector<std::string>& argv, const std::vector<std::string>& env,

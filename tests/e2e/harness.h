@@ -47,6 +47,10 @@ class Harness {
   // SIGTERM and wait: the daemon destroys its VMs on the way out.
   Status StopDaemon();
 
+  // Stops the daemon, kills this home's QEMUs and removes the home: the destructor, and at
+  // exit for a harness never destroyed (a bench that failed with std::exit).
+  void CleanUp();
+
   // PIDs of QEMU processes whose command line mentions this harness's home.
   std::vector<pid_t> QemuPids() const;
 

@@ -1,0 +1,83 @@
+#include "daemon/admission.h"
+
+#include <charconv>
+
+#include "util/fd.h"
+
+namespace trybox::daemon {
+
+Status AdmitVm(const AdmissionLimits& limits, const AdmissionLoad& load, int64_t vm_memory_mib) {
+  if (limits.max_vms > 0 && load.live_vms >= limits.max_vms) {
+    return ResourceExhausted("too_many_vms: " + std::to_string(load.live_vms) +
+                             " VMs are live (booting ones included) and the cap is " +
+                             std::to_string(limits.max_vms) +
+                             "; destroy one (trybox rm) or raise the cap (tryboxd --max-vms, "
+                             "TRYBOX_MAX_VMS)");
+  }
+  int64_t free_mib = load.mem_available_mib - load.booting_memory_mib;
+  int64_t need_mib = vm_memory_mib + limits.memory_reserve_mib;
+  if (free_mib < need_mib) {
+    std::string booting = load.booting_memory_mib > 0
+                              ? " (" + std::to_string(load.booting_memory_mib) +
+                                    " MiB of it promised to VMs still booting)"
+                              : "";
+    return ResourceExhausted(
+        "insufficient_memory: the host has " + std::to_string(load.mem_available_mib) +
+        " MiB available" + booting + "; a " + std::to_string(vm_memory_mib) + " MiB VM needs " +
+        std::to_string(need_mib) + " MiB with the host's reserve of " +
+        std::to_string(limits.memory_reserve_mib) +
+        " MiB (tryboxd --memory-reserve, TRYBOX_MEMORY_RESERVE_MIB); ask for less memory "
+        "(--memory) or destroy a VM");
+  }
+  return Status::Ok();
+}
+
+Result<int64_t> ParseMemAvailableMib(std::string_view meminfo) {
+  constexpr std::string_view kKey = "MemAvailable:";
+  size_t at = 0;
+  while (at < meminfo.size()) {
+    size_t eol = meminfo.find('\n', at);
+    std::string_view line = meminfo.substr(at, eol == std::string_view::npos ? eol : eol - at);
+    at = eol == std::string_view::npos ? meminfo.size() : eol + 1;
+    if (line.substr(0, kKey.size()) != kKey) continue;
+    line.remove_prefix(kKey.size());
+    while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+    int64_t kib = 0;
+    auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), kib);
+    std::string_view unit(end, line.data() + line.size() - end);
+    if (ec != std::errc() || kib < 0 || unit != " kB") break;
+    return kib / 1024;
+  }
+  return Internal("/proc/meminfo has no readable MemAvailable line");
+}
+
+std::string AdmissionErrorKind(const Status& st) {
+  if (st.code() != Code::kResourceExhausted) return "";
+  for (const char* kind : {"too_many_vms", "insufficient_memory"}) {
+    if (st.message().rfind(std::string(kind) + ":", 0) == 0) return kind;
+  }
+  return "";
+}
+
+Admission::Ticket::~Ticket() {
+  if (owner_) owner_->Release(mib_);
+}
+
+Result<Admission::Ticket> Admission::Admit(int64_t vm_memory_mib, int64_t registered_vms) {
+  ASSIGN_OR_RETURN(std::string meminfo, ReadFileToString(meminfo_path_));
+  ASSIGN_OR_RETURN(int64_t available, ParseMemAvailableMib(meminfo));
+  MutexLock lock(mu_);
+  AdmissionLoad load{available, registered_vms + booting_, booting_mib_};
+  RETURN_IF_ERROR(AdmitVm(limits_, load, vm_memory_mib));
+  ++booting_;
+  booting_mib_ += vm_memory_mib;
+  return Ticket(this, vm_memory_mib);
+}
+
+void Admission::Release(int64_t mib) {
+  MutexLock lock(mu_);
+  --booting_;
+  booting_mib_ -= mib;
+}
+
+}  // namespace trybox::daemon
