@@ -17,6 +17,7 @@
 
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
+#include "cli/image_recipe.h"
 #include "cli/mcp.h"
 #include "cli/reply.h"
 #include "cli/terminal.h"
@@ -637,6 +638,7 @@ int CmdCp(Client& client, const std::string& src, const std::string& dst, std::o
 }
 
 int CmdImageBuild(const Invocation& inv) {
+  if (UsesRecipe(inv.image_name, inv.recipe_file)) return CmdImageBuildRecipe(inv);
   Paths paths = Paths::FromEnvironment();
   image::BuildOptions o;
   o.name = inv.image_name;
@@ -1028,6 +1030,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   image->require_subcommand(1);
   auto* build = image->add_subcommand("build", "Build an image (default debian-12)");
   build->add_option("name", inv.image_name, "Image name")->capture_default_str();
+  build->add_option("-f,--file", inv.recipe_file,
+                    "Build from this recipe (docs/images.md, \"Recipes\"); default for "
+                    "debian-12-dev: its built-in recipe");
   build->add_flag("--rebuild-rootfs", inv.rebuild_rootfs, "Ignore the cached root filesystem");
   auto* ils = image->add_subcommand("ls", "List built images");
   ils->add_flag("--json", inv.json, "JSON output");

@@ -97,8 +97,9 @@ struct Invocation {
   bool probe = false;                    // doctor --probe
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
-  std::string help;  // command == "help" or "version": the text to print
-  ModelFlags model;  // agent, mcp: --provider, --model
+  std::string recipe_file;  // image build -f RECIPE (cli/image_recipe.h)
+  std::string help;         // command == "help" or "version": the text to print
+  ModelFlags model;         // agent, mcp: --provider, --model
   TerminalOptions term;
 };
 

@@ -30,6 +30,9 @@ class Client {
   Result<std::shared_ptr<channel::Stream>> Open(const Json& request);
   // A verb with no data: returns the END body, or an error Status built from it.
   Result<Json> Call(const Json& request);
+  // Closes the connection: every open stream fails, and the daemon destroys the VMs created
+  // ephemeral on it. Safe from another thread (an interrupted build, cli/image_recipe.h).
+  void Shutdown() { mux_->Shutdown(); }
 
  private:
   explicit Client(std::unique_ptr<channel::Mux> mux) : mux_(std::move(mux)) {}

@@ -110,6 +110,9 @@ class VmService {
   // Marks the VM dead in the store once, if it has died.
   void NoteDeath(VmEntry& vm);
 
+  // Where images live (read-only use: the agent's prompt describes a run's image).
+  const std::string& images_dir() const { return images_dir_; }
+
   // At start: kills QEMUs and removes directories a dead daemon left (docs/store.md).
   void ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir);
   // At stop: destroys every VM.
