@@ -77,6 +77,7 @@ struct AgentOptions {
   int64_t wall_clock_s = 0;  // --timeout, rounded up to whole seconds; 0: the daemon's default
   int64_t max_tokens = 0;    // 0: the daemon's default
   bool follow = false;       // show --follow
+  std::string image;         // --image; "" = agent.json "image", else kDefaultAgentImage
 };
 
 struct Invocation {

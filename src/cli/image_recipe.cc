@@ -61,8 +61,12 @@ Result<std::string> SuiteOf(const std::string& images_root, const std::string& n
     ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_root, at));
     ASSIGN_OR_RETURN(nlohmann::json m, ReadJsonFile(dir + "/manifest.json"));
     if (m.contains("suite") && m["suite"].is_string()) return m["suite"].get<std::string>();
-    if (!m.contains("parent") || !m["parent"].is_string()) break;
-    at = m["parent"].get<std::string>();
+    // Format 2: "parent": {"name", "manifest_sha256"} (docs/images.md).
+    if (!m.contains("parent") || !m["parent"].is_object() || !m["parent"].contains("name") ||
+        !m["parent"]["name"].is_string()) {
+      break;
+    }
+    at = m["parent"]["name"].get<std::string>();
   }
   return FailedPrecondition("image " + name + " names no Debian suite in its manifest");
 }
@@ -82,8 +86,7 @@ RecordedBuild RecordedBuildOf(const nlohmann::json& m) {
     return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : "";
   };
   r.recipe_sha256 = str(m, "recipe_sha256");
-  r.base_manifest_sha256 = str(m, "parent_manifest_sha256");
-  if (r.base_manifest_sha256.empty() && m.contains("parent")) {
+  if (m.is_object() && m.contains("parent")) {
     r.base_manifest_sha256 = str(m["parent"], "manifest_sha256");
   }
   return r;

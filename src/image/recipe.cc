@@ -291,8 +291,12 @@ ImageDescription DescribeImage(const std::string& images_root, const std::string
           v == kVersions.end() ? "Debian " + suite : "Debian " + v->second + " (" + suite + ")";
       break;
     }
-    if (!m.contains("parent") || !m["parent"].is_string()) break;
-    at = m["parent"].get<std::string>();
+    // Format 2: "parent": {"name", "manifest_sha256"} (docs/images.md).
+    if (!m.contains("parent") || !m["parent"].is_object() || !m["parent"].contains("name") ||
+        !m["parent"]["name"].is_string()) {
+      break;
+    }
+    at = m["parent"]["name"].get<std::string>();
   }
   return d;
 }
