@@ -65,6 +65,8 @@ Status Daemon::Init() {
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
   AddTerminalVerbs(verbs_, *services_);
+  images_ = std::make_unique<ImageService>(p, *registry_, *templates_);
+  AddImageVerbs(verbs_, *images_, *services_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
     if (vms_->Destroy(id).ok())
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");

@@ -26,6 +26,7 @@
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
+#include "daemon/image_service.h"
 #include "daemon/running_execs.h"
 #include "daemon/supervisor.h"
 #include "daemon/uid_pool.h"
@@ -101,6 +102,7 @@ class Daemon {
   std::unique_ptr<WorkspaceService> workspaces_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<AgentRunner> agents_;
+  std::unique_ptr<ImageService> images_;
   std::unique_ptr<Services> services_;
   VerbTable verbs_;
   std::unique_ptr<ControlServer> server_;

@@ -36,6 +36,10 @@ Result<std::string> AbsolutePath(const Fields& f, const char* key, bool required
   return path;
 }
 
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 Status NoNul(const std::string& s, const char* what) {
   if (s.find('\0') != std::string::npos) {
     return InvalidArgument(std::string(what) + " contains a NUL byte");
@@ -267,6 +271,44 @@ Result<AgentLimits> ParseLimits(const Json& j) {
   l.max_turns = static_cast<int>(turns);
   l.wall_clock_s = static_cast<int>(wall);
   return l;
+}
+
+Result<CommitRequest> ParseCommit(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  CommitRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.name, f.String("name"));
+  RETURN_IF_ERROR(ValidateName("image name", r.name));
+  ASSIGN_OR_RETURN(r.env, f.StringMap("env"));
+  for (const auto& [k, v] : r.env) {
+    if (k.empty() || k.find('=') != std::string::npos) {
+      return InvalidArgument("'env' has a key that is empty or contains '=': " +
+                             QuoteForMessage(k));
+    }
+    RETURN_IF_ERROR(NoNul(k + v, "'env'"));
+  }
+  const Json& recipe = f.Raw("recipe");
+  if (!recipe.is_null() && !recipe.is_object()) {
+    return InvalidArgument("'recipe' must be an object");
+  }
+  r.recipe = recipe;
+  ASSIGN_OR_RETURN(r.recipe_sha256, f.String("recipe_sha256", ""));
+  if (!r.recipe_sha256.empty() && !IsSha256Hex(r.recipe_sha256)) {
+    return InvalidArgument("'recipe_sha256' must be 64 lowercase hex digits");
+  }
+  ASSIGN_OR_RETURN(r.packages, f.StringList("packages"));
+  ASSIGN_OR_RETURN(r.replace, f.Bool("replace", false));
+  return r;
+}
+
+Result<ImageNameRequest> ParseImageName(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  ImageNameRequest r;
+  ASSIGN_OR_RETURN(r.name, f.String("name"));
+  RETURN_IF_ERROR(ValidateName("image name", r.name));
+  return r;
 }
 
 Result<AgentRequest> ParseAgent(const Json& j) {

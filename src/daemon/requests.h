@@ -128,6 +128,21 @@ struct DiffRequest {
   int64_t limit = 0;   // 0: the default page
 };
 
+// commit: a running VM's disk state as a new image (docs/images.md, "Derived images").
+struct CommitRequest {
+  std::string vm;
+  std::string name;                        // the new image's name
+  std::map<std::string, std::string> env;  // baked into the image for every exec
+  Json recipe;                             // null or an object, stored verbatim
+  std::string recipe_sha256;               // "" or 64 lowercase hex digits
+  std::vector<std::string> packages;       // recorded in the manifest
+  bool replace = false;                    // swap out an existing image of that name
+};
+
+struct ImageNameRequest {  // image_rm
+  std::string name;
+};
+
 struct AgentLimits {
   int max_turns = 40;
   int wall_clock_s = 900;
@@ -171,6 +186,9 @@ Result<WorkspaceInRequest> ParseWorkspaceIn(const Json& j);
 Result<CollectRequest> ParseCollect(const Json& j);
 Result<DiffRequest> ParseDiff(const Json& j);
 Result<AgentRequest> ParseAgent(const Json& j);
+Result<CommitRequest> ParseCommit(const Json& j);
+// image_rm: {"name": NAME}.
+Result<ImageNameRequest> ParseImageName(const Json& j);
 // `answer`: agent_answer (needs "answer"), else agent_resume.
 Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer);
 Result<RunRequest> ParseRunRequest(const Json& j);

@@ -7,7 +7,7 @@
 namespace trybox::daemon {
 namespace {
 
-Json J(const char* text) { return Json::parse(text); }
+Json J(const std::string& text) { return Json::parse(text); }
 
 void ExpectInvalid(const Status& st, const std::string& names) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
@@ -97,6 +97,32 @@ TEST(DaemonRequestsTest, PutModesAndTimes) {
   ExpectInvalid(ParsePut(J(R"({"vm":"a","path":"/x","kind":"file","mode":65536})")).status(),
                 "'mode'");
   ExpectInvalid(ParsePut(J(R"({"vm":"a","path":"x","kind":"file"})")).status(), "'path'");
+}
+
+TEST(DaemonRequestsTest, CommitFieldsAndTheirChecks) {
+  auto r = ParseCommit(J(R"({"vm":"a","name":"dev","env":{"LANG":"C.UTF-8"},
+      "recipe":{"from":"debian-12","steps":[]},"recipe_sha256":")" +
+                         std::string(64, 'a') + R"(","packages":["jq"],"replace":true})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->vm, "a");
+  EXPECT_EQ(r->name, "dev");
+  EXPECT_EQ(r->env.at("LANG"), "C.UTF-8");
+  EXPECT_EQ(r->recipe["from"], "debian-12");
+  EXPECT_EQ(r->packages, std::vector<std::string>{"jq"});
+  EXPECT_TRUE(r->replace);
+  auto minimal = ParseCommit(J(R"({"vm":"a","name":"dev"})"));
+  ASSERT_TRUE(minimal.ok());
+  EXPECT_TRUE(minimal->recipe.is_null());
+  EXPECT_FALSE(minimal->replace);
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a"})")).status(), "'name'");
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a","name":"../x"})")).status(), "image name");
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a","name":"x","env":{"A":1}})")).status(), "'env'");
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a","name":"x","env":{"A=B":"1"}})")).status(), "'env'");
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a","name":"x","recipe":[1]})")).status(), "'recipe'");
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a","name":"x","recipe_sha256":"AB"})")).status(),
+                "'recipe_sha256'");
+  ExpectInvalid(ParseCommit(J(R"({"vm":"a","name":"x","packages":"jq"})")).status(), "'packages'");
+  ExpectInvalid(ParseImageName(J(R"({"name":""})")).status(), "image name");
 }
 
 TEST(DaemonRequestsTest, AuditPagingAndLimits) {

@@ -34,6 +34,10 @@ void AddWorkVerbs(VerbTable& table, Services& s);
 // logs, ps, kill, port (verbs_term.cc).
 void AddTerminalVerbs(VerbTable& table, Services& s);
 
+class ImageService;
+// commit, image_ls, image_rm, image_prune (verbs_image.cc).
+void AddImageVerbs(VerbTable& table, ImageService& images, Services& s);
+
 // At most this many changes in one collect or diff reply (a reply stays under the frame
 // limit); diff pages through the rest.
 inline constexpr int64_t kMaxReplyChanges = 2000;

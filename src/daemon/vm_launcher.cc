@@ -96,6 +96,7 @@ vmm::VmConfig VmLauncher::BaseConfig(const vmm::TemplateShape& shape, const std:
   vmm::VmConfig cfg;
   cfg.id = id;
   cfg.image_dir = shape.image_dir;
+  cfg.layers = vmm::ImageLayers(shape.image_dir);
   cfg.vm_dir = opts_.vms_dir + "/" + id;
   cfg.memory_mib = shape.memory_mib;
   cfg.cpus = shape.cpus;

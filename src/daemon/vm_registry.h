@@ -52,6 +52,11 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   // Marks the record dead with `why`, once: true if this call did (the caller records it).
   bool MarkDead(const std::string& why) EXCLUDES(mu_);
 
+  // The image's env (its manifest's, docs/images.md): every exec gets it under its own.
+  const std::map<std::string, std::string>& image_env() const { return image_env_; }
+  // Before the entry is shared (VmService::Create).
+  void set_image_env(std::map<std::string, std::string> env) { image_env_ = std::move(env); }
+
   // Execs default to /workspace once the VM has a workspace.
   bool has_workspace() const { return has_workspace_; }
   void set_has_workspace() { has_workspace_ = true; }
@@ -72,6 +77,7 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   const bool privileged_;
   const bool disk_transfers_;
   std::atomic<bool> has_workspace_{false};
+  std::map<std::string, std::string> image_env_;
   mutable Mutex mu_;
   store::VmRecord record_ GUARDED_BY(mu_);
 };

@@ -24,6 +24,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_dir_, req.image));
   RETURN_IF_ERROR(image::VerifyImage(dir));
   ASSIGN_OR_RETURN(std::string manifest_sha, Sha256File(dir + "/manifest.json"));
+  ASSIGN_OR_RETURN(image::Manifest manifest, image::ReadManifest(dir));
   ASSIGN_OR_RETURN(egress::AllowList allow, egress_.AllowList(req.allow, req.profiles));
   RETURN_IF_ERROR(disks_.Admit(DiskUses()));
 
@@ -51,6 +52,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   launched->vm->SetGuestOpen(egress_.GuestHandler(cfg.id, eg));
   out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), eg, rec,
                                         req.privileged, disk_transfers_);
+  out.entry->set_image_env(manifest.env);
   Status st = store_.InsertVm(rec);
   if (!st.ok()) {
     out.entry->Destroy();
@@ -165,7 +167,10 @@ ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecI
     running_.Add(rec.id, s);
     if (io.on_open) io.on_open(std::move(s));
   };
-  ExecResult result = RunExec(vm, spec, mine);
+  // The image's env under the exec's own (docs/images.md, "Derived images").
+  ExecSpec merged = spec;
+  merged.env = image::MergeEnv(vm.image_env(), spec.env);
+  ExecResult result = RunExec(vm, merged, mine);
   running_.Remove(rec.id);
   if (result.outcome == ExecOutcome::kChannelLost) NoteDeath(vm);
   rec.ended_at = store::NowSeconds();

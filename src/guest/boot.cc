@@ -150,7 +150,26 @@ Status WaitForDevice(const std::string& path, std::chrono::steady_clock::time_po
   return Status::Ok();
 }
 
-Status MountRoot() {
+// Mounts a derived image's layer K (docs/images.md, "Derived images") read-only at
+// /mnt/layerK, found by its disk's serial, and removes its node as for the other disks.
+Result<std::string> MountLayer(int k, std::chrono::steady_clock::time_point deadline) {
+  const std::string serial = "trybox-layer-" + std::to_string(k);
+  std::string name;
+  while ((name = DiskBySerial(serial)).empty()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return NotFound("no disk with serial " + serial + " (layer " + std::to_string(k) + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string node = "/dev/" + name;
+  const std::string dir = "/mnt/layer" + std::to_string(k);
+  RETURN_IF_ERROR(WaitForDevice(node, deadline));
+  RETURN_IF_ERROR(Mount(node, dir, "ext4", MS_RDONLY, "noload"));
+  if (::unlink(node.c_str()) != 0) return ErrnoError("unlink " + node);
+  return dir;
+}
+
+Status MountRoot(int layers, UniqueFd* upper) {
   auto deadline = std::chrono::steady_clock::now() + kDiskWait;
   RETURN_IF_ERROR(WaitForDevice("/dev/vda", deadline));
   RETURN_IF_ERROR(WaitForDevice("/dev/vdb", deadline));
@@ -160,9 +179,20 @@ Status MountRoot() {
   RETURN_IF_ERROR(Mount("/dev/vdb", kScratch, "ext4", MS_NOATIME));
   RETURN_IF_ERROR(MakeDir(std::string(kScratch) + "/upper"));
   RETURN_IF_ERROR(MakeDir(std::string(kScratch) + "/work"));
-  return Mount("overlay", kNewRoot, "overlay", 0,
-               std::string("lowerdir=") + kLower + ",upperdir=" + kScratch +
-                   "/upper,workdir=" + kScratch + "/work");
+  // The newest layer first: overlayfs reads lowerdir left to right.
+  std::string lower = kLower;
+  for (int k = 1; k <= layers; ++k) {
+    ASSIGN_OR_RETURN(std::string dir, MountLayer(k, deadline));
+    lower = dir + ":" + lower;
+  }
+  // Kept for a commit (layer.h): the upper dir is out of every command's reach once the
+  // root has moved.
+  upper->Reset(
+      ::open((std::string(kScratch) + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!upper->valid()) return ErrnoError("open the upper dir");
+  return Mount(
+      "overlay", kNewRoot, "overlay", 0,
+      "lowerdir=" + lower + ",upperdir=" + kScratch + "/upper,workdir=" + kScratch + "/work");
 }
 
 // switch_root: an initramfs cannot be pivot_root'ed away, so the new root is moved over "/".
@@ -278,7 +308,9 @@ BootInfo Boot() {
 
   LoadModules(info.cmdline);
   if (Status st = LockDownKernelHelpers(); !st.ok()) Fatal(st);
-  if (Status st = MountRoot(); !st.ok()) Fatal(st);
+  UniqueFd upper;
+  if (Status st = MountRoot(info.cmdline.layers, &upper); !st.ok()) Fatal(st);
+  info.upper_dir = std::make_shared<UniqueFd>(std::move(upper));
   if (Status st = SwitchRoot(); !st.ok()) Fatal(st);
   if (Status st = MountLate(); !st.ok()) Fatal(st);
   if (Status st = RemoveDiskNodes(); !st.ok()) Fatal(st);

@@ -11,6 +11,7 @@
 
 #include "guest/cmdline.h"
 #include "guest/transfer_disk.h"
+#include "util/fd.h"
 
 namespace trybox::guest {
 
@@ -19,6 +20,8 @@ struct BootInfo {
   std::string boot_id;  // /proc/sys/kernel/random/boot_id
   // The transfer disk, opened once (its node removed); null if the machine has none.
   std::shared_ptr<TransferDisk> transfer_disk;
+  // The overlay's upper dir (the VM's own writes), read by a commit (layer.h).
+  std::shared_ptr<UniqueFd> upper_dir;
 };
 
 // Runs the whole sequence. A probe boot prints the marker and powers off; a fatal failure

@@ -95,6 +95,16 @@ KernelCmdline ParseKernelCmdline(std::string_view text) {
       }
     } else if (key == "trybox.template") {
       out.template_boot = value == "1";
+    } else if (key == "trybox.layers") {
+      // As many as the host's image format allows (image.h, kMaxLayers).
+      if (value.size() <= 2 && !value.empty() &&
+          value.find_first_not_of("0123456789") == std::string::npos && std::stoi(value) >= 1 &&
+          std::stoi(value) <= 16) {
+        out.layers = std::stoi(value);
+      } else {
+        out.problems.push_back("ignoring trybox.layers=" + QuoteForMessage(value) +
+                               ": not a number from 1 to 16");
+      }
     }
     out.params.emplace_back(std::move(key), std::move(value));
   }

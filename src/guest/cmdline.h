@@ -20,6 +20,9 @@ struct KernelCmdline {
   // The guest takes no identity from the command line, never reads boot_id, and refuses
   // exec/put/get until an identity request (docs/protocol/guest.md) has given it one.
   bool template_boot = false;
+  // trybox.layers=N (1..16): the image's read-only layers, disks with serials
+  // trybox-layer-1..N, stacked over the root (docs/images.md, "Derived images").
+  int layers = 0;
   // trybox.hostname=NAME, validated; empty when absent or invalid.
   std::string hostname;
   // trybox.machine_id=32HEX, lowercased; empty when absent or invalid.

@@ -70,6 +70,19 @@ TEST(HostnameTest, Validation) {
   EXPECT_FALSE(ValidHostname(std::string(65, 'a')));
 }
 
+TEST(KernelCmdlineTest, LayerCountFromOneToSixteen) {
+  EXPECT_EQ(ParseKernelCmdline("quiet").layers, 0);
+  EXPECT_EQ(ParseKernelCmdline("trybox.layers=2").layers, 2);
+  EXPECT_EQ(ParseKernelCmdline("trybox.layers=16").layers, 16);
+  for (const char* bad : {"trybox.layers=0", "trybox.layers=17", "trybox.layers=-1",
+                          "trybox.layers=x", "trybox.layers=", "trybox.layers=001"}) {
+    auto c = ParseKernelCmdline(bad);
+    EXPECT_EQ(c.layers, 0) << bad;
+    ASSERT_EQ(c.problems.size(), 1u) << bad;
+    EXPECT_NE(c.problems[0].find("trybox.layers"), std::string::npos);
+  }
+}
+
 TEST(KernelCmdlineTest, TemplateFlag) {
   EXPECT_TRUE(ParseKernelCmdline("quiet trybox.template=1").template_boot);
   EXPECT_FALSE(ParseKernelCmdline("quiet trybox.template=0").template_boot);

@@ -16,6 +16,7 @@
 #include "guest/files.h"
 #include "guest/forward.h"
 #include "guest/identity.h"
+#include "guest/layer.h"
 #include "guest/requests.h"
 #include "util/log.h"
 #include "util/names.h"
@@ -213,7 +214,8 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       return;
     }
     op = *parsed;
-    if (!ready_ && (op == "exec" || op == "put" || op == "get" || op == "port")) {
+    if (!ready_ &&
+        (op == "exec" || op == "put" || op == "get" || op == "port" || op == "layer_capture")) {
       const char* why = "this clone has not been given its identity yet (identity request)";
       // Each request's own result shape, so the host reads it like any other failure.
       (void)stream->End(
@@ -240,6 +242,11 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       ServeGet(reaper_, *stream, request, boot_.transfer_disk.get());
     } else if (op == "port") {
       ServePort(*stream, request);
+    } else if (op == "layer_size") {
+      ServeLayerSize(*stream, boot_.upper_dir ? boot_.upper_dir->get() : -1);
+    } else if (op == "layer_capture") {
+      ServeLayerCapture(*stream, request, boot_.upper_dir ? boot_.upper_dir->get() : -1,
+                        boot_.transfer_disk.get());
     } else if (op == "ping") {
       Json reply = {{"ok", true}, {"uptime_ms", UptimeMs()}, {"ready", ready_.load()}};
       reply.update(BootIdField());

@@ -12,19 +12,24 @@
 
 namespace trybox::guest {
 
-Result<std::unique_ptr<TransferDisk>> TransferDisk::Find() {
+std::string DiskBySerial(const std::string& serial) {
   DIR* d = ::opendir("/sys/block");
-  if (!d) return ErrnoError("open /sys/block");
+  if (!d) return "";
   std::string name;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    auto serial = ReadFileToString(std::string("/sys/block/") + e->d_name + "/serial");
-    if (serial.ok() && serial->substr(0, serial->find('\n')) == kTransferDiskSerial) {
+    auto got = ReadFileToString(std::string("/sys/block/") + e->d_name + "/serial");
+    if (got.ok() && got->substr(0, got->find('\n')) == serial) {
       name = e->d_name;
       break;
     }
   }
   ::closedir(d);
+  return name;
+}
+
+Result<std::unique_ptr<TransferDisk>> TransferDisk::Find() {
+  const std::string name = DiskBySerial(kTransferDiskSerial);
   if (name.empty()) return NotFound(std::string("no disk with serial ") + kTransferDiskSerial);
   const std::string node = "/dev/" + name;
   // devtmpfs makes the node on a kernel thread, a moment after the disk shows in sysfs.

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "util/fd.h"
 #include "util/status.h"
@@ -19,6 +20,9 @@
 namespace trybox::guest {
 
 inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+
+// The name under /sys/block ("vdc") of the disk whose serial is `serial`; "" if none.
+std::string DiskBySerial(const std::string& serial);
 
 class TransferDisk {
  public:

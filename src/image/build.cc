@@ -98,15 +98,6 @@ bool Exists(const std::string& path) {
 
 std::string Pid() { return std::to_string(::getpid()); }
 
-std::string NowUtc() {
-  time_t now = ::time(nullptr);
-  struct tm tm;
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // True if any deb822 stanza is enabled, has type "deb" and lists `suite`.
 bool Deb822ServesSuite(const std::string& content, const std::string& suite) {
   std::istringstream in(content + "\n\n");
@@ -202,19 +193,6 @@ bool HasMountsUnder(const std::string& path) {
 
 // Removes a directory tree when dropped, unless released: for dot-directories whose name we
 // choose (TempDir picks a random one).
-class RemoveOnExit {
- public:
-  explicit RemoveOnExit(std::string path) : path_(std::move(path)) {}
-  ~RemoveOnExit() {
-    if (!path_.empty()) (void)RemoveTree(path_);
-  }
-  RemoveOnExit(const RemoveOnExit&) = delete;
-  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
 
 // Runs a command and returns its combined output; a non-zero exit is an error with the tail.
 Result<std::string> RunForOutput(const std::vector<std::string>& argv) {
@@ -296,17 +274,7 @@ class Builder {
   int step_ = 0;
 };
 
-Result<UniqueFd> Builder::Lock() {
-  std::string path = opts_.images_root + "/.lock";
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDWR | O_CREAT, 0644));
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return FailedPrecondition("another image build is running in " + opts_.images_root);
-    }
-    return ErrnoError("flock " + path);
-  }
-  return fd;
-}
+Result<UniqueFd> Builder::Lock() { return LockImagesRoot(opts_.images_root); }
 
 Status Builder::CheckTools() {
   static const std::pair<const char*, const char*> kTools[] = {
@@ -535,24 +503,52 @@ Status Builder::MakeScratch(const std::string& out) {
 }
 
 Status Builder::Install(const std::string& build_dir, RemoveOnExit& cleanup) {
-  const std::string final_dir = opts_.images_root + "/" + opts_.name;
+  return InstallImageDir(opts_.images_root, opts_.name, build_dir, cleanup);
+}
+
+}  // namespace
+
+std::string NowUtc() {
+  time_t now = ::time(nullptr);
+  struct tm tm;
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Result<UniqueFd> LockImagesRoot(const std::string& images_root) {
+  std::string path = images_root + "/.lock";
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDWR | O_CREAT, 0644));
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return FailedPrecondition("another image build is running in " + images_root);
+    }
+    return ErrnoError("flock " + path);
+  }
+  return fd;
+}
+
+Status InstallImageDir(const std::string& images_root, const std::string& name,
+                       const std::string& build_dir, RemoveOnExit& cleanup) {
+  const std::string final_dir = images_root + "/" + name;
   // One atomic swap: a concurrent boot sees the old image or the new one, never neither.
   // build_dir then holds the old image, which `cleanup` removes.
   if (::renameat2(AT_FDCWD, build_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-    return SyncDir(opts_.images_root, false);
+    return SyncDir(images_root, false);
   }
   if (errno == ENOENT) {
     if (::rename(build_dir.c_str(), final_dir.c_str()) != 0) {
       return ErrnoError("rename " + build_dir + " -> " + final_dir);
     }
     cleanup.Release();
-    return SyncDir(opts_.images_root, false);
+    return SyncDir(images_root, false);
   }
   if (errno != EINVAL && errno != ENOSYS) {
     return ErrnoError("swap " + build_dir + " with " + final_dir);
   }
   // The filesystem cannot exchange: move the old image aside first.
-  const std::string old_dir = opts_.images_root + "/.old-" + opts_.name + "-" + Pid();
+  const std::string old_dir = images_root + "/.old-" + name + "-" + Pid();
   if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
     return ErrnoError("rename " + final_dir + " -> " + old_dir);
   }
@@ -563,10 +559,8 @@ Status Builder::Install(const std::string& build_dir, RemoveOnExit& cleanup) {
   }
   cleanup.Release();
   (void)RemoveTree(old_dir);
-  return SyncDir(opts_.images_root, false);
+  return SyncDir(images_root, false);
 }
-
-}  // namespace
 
 Result<AptSources> FindAptSources(const std::string& apt_dir, const std::string& suite) {
   std::vector<std::string> names;

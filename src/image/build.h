@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "util/fd.h"
 #include "util/status.h"
 
 namespace trybox::image {
@@ -19,6 +20,34 @@ struct AptSources {
 // Types "deb" whose Suites include `suite`) and *.list (one-line: "deb ... URI SUITE ..."),
 // then APT_DIR/sources.list. kNotFound if none mentions the suite.
 Result<AptSources> FindAptSources(const std::string& apt_dir, const std::string& suite);
+
+// Removes a directory tree when it goes out of scope, unless released.
+class RemoveOnExit {
+ public:
+  explicit RemoveOnExit(std::string path) : path_(std::move(path)) {}
+  ~RemoveOnExit() {
+    if (!path_.empty()) (void)RemoveTree(path_);
+  }
+  RemoveOnExit(const RemoveOnExit&) = delete;
+  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
+  void Release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// The time now as a manifest's `created`: "2025-11-30T05:13:00Z".
+std::string NowUtc();
+
+// flock(images_root/.lock): one build (or commit) at a time per images_root, across
+// processes. kFailedPrecondition if another holds it.
+Result<UniqueFd> LockImagesRoot(const std::string& images_root);
+
+// Puts the finished, frozen `build_dir` in place as images_root/NAME (docs/images.md rule
+// 5): one renameat2(RENAME_EXCHANGE) with an existing image, whose old directory `cleanup`
+// then removes. With the lock held.
+Status InstallImageDir(const std::string& images_root, const std::string& name,
+                       const std::string& build_dir, RemoveOnExit& cleanup);
 
 // Removes leftovers of builds whose process is gone: DIR/.build-NAME-PID and
 // DIR/.old-NAME-PID (images_root), DIR/rootfs-PID-* and DIR/scratch-PID-* (cache tmp).

@@ -21,9 +21,11 @@ bool IsSha256Hex(const std::string& s) {
          });
 }
 
-bool IsPartName(const std::string& s) {
-  return std::any_of(std::begin(kPartNames), std::end(kPartNames),
-                     [&](const char* p) { return s == p; });
+// The part names of an image with `layers` layers: the base's four, then layer-1..N.
+std::vector<std::string> PartNames(size_t layers) {
+  std::vector<std::string> out(std::begin(kPartNames), std::end(kPartNames));
+  for (size_t k = 1; k <= layers; ++k) out.push_back(LayerPartName(static_cast<int>(k)));
+  return out;
 }
 
 Status Malformed(const std::string& what) {
@@ -54,13 +56,16 @@ Status GetStringList(const Json& j, const char* key, std::vector<std::string>* o
   return Status::Ok();
 }
 
-Status ParseParts(const Json& j, std::map<std::string, PartInfo>* out) {
+Status ParseParts(const Json& j, size_t layers, std::map<std::string, PartInfo>* out) {
   auto it = j.find("files");
   if (it == j.end()) return Malformed("missing field 'files'");
   if (!it->is_object()) return Malformed("field 'files' is not an object");
+  const std::vector<std::string> names = PartNames(layers);
   for (const auto& [part, info] : it->items()) {
     // The part name becomes a path: only the known names are accepted.
-    if (!IsPartName(part)) return Malformed("unknown part " + QuoteForMessage(part));
+    if (std::find(names.begin(), names.end(), part) == names.end()) {
+      return Malformed("unknown part " + QuoteForMessage(part));
+    }
     if (!info.is_object()) return Malformed("files." + part + " is not an object");
     PartInfo p;
     RETURN_IF_ERROR(GetString(info, "sha256", &p.sha256, "files." + part));
@@ -74,8 +79,85 @@ Status ParseParts(const Json& j, std::map<std::string, PartInfo>* out) {
     p.size = size->get<uint64_t>();
     (*out)[part] = std::move(p);
   }
-  for (const char* part : kPartNames) {
-    if (!out->count(part)) return Malformed(std::string("files has no entry for ") + part);
+  for (const std::string& part : names) {
+    if (!out->count(part)) return Malformed("files has no entry for " + part);
+  }
+  return Status::Ok();
+}
+
+Status ParseRef(const Json& j, const char* key, ImageRef* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return Malformed(std::string("missing field '") + key + "'");
+  if (!it->is_object()) return Malformed(std::string("field '") + key + "' is not an object");
+  RETURN_IF_ERROR(GetString(*it, "name", &out->name, key));
+  if (!ValidateName("image name", out->name).ok()) {
+    return Malformed(std::string(key) + ".name is not a valid image name");
+  }
+  RETURN_IF_ERROR(GetString(*it, "manifest_sha256", &out->manifest_sha256, key));
+  if (!IsSha256Hex(out->manifest_sha256)) {
+    return Malformed(std::string(key) + ".manifest_sha256 is not 64 lowercase hex digits");
+  }
+  return Status::Ok();
+}
+
+// Format 2's own fields and the chain's consistency.
+Status ParseDerived(const Json& j, Manifest* m) {
+  RETURN_IF_ERROR(ParseRef(j, "base", &m->base));
+  RETURN_IF_ERROR(ParseRef(j, "parent", &m->parent));
+  auto layers = j.find("layers");
+  if (layers == j.end() || !layers->is_array()) {
+    return Malformed("field 'layers' is missing or not an array");
+  }
+  if (layers->empty() || layers->size() > static_cast<size_t>(kMaxLayers)) {
+    return Malformed("'layers' must hold 1 to " + std::to_string(kMaxLayers) + " layers");
+  }
+  for (size_t k = 0; k < layers->size(); ++k) {
+    const Json& l = (*layers)[k];
+    std::string where = "layers[" + std::to_string(k) + "]";
+    if (!l.is_object()) return Malformed(where + " is not an object");
+    LayerInfo info;
+    RETURN_IF_ERROR(GetString(l, "image", &info.image, where));
+    RETURN_IF_ERROR(GetString(l, "part", &info.part, where));
+    if (!ValidateName("image name", info.image).ok()) {
+      return Malformed(where + ".image is not a valid image name");
+    }
+    if (info.part != LayerPartName(static_cast<int>(k + 1))) {
+      return Malformed(where + ".part must be " + LayerPartName(static_cast<int>(k + 1)));
+    }
+    m->layers.push_back(std::move(info));
+  }
+  if (m->layers.back().image != m->name) {
+    return Malformed("the last layer is not this image's own (it names '" + m->layers.back().image +
+                     "')");
+  }
+  const std::string& below =
+      m->layers.size() == 1 ? m->base.name : m->layers[m->layers.size() - 2].image;
+  if (m->parent.name != below) {
+    return Malformed("parent '" + m->parent.name + "' is not the image below this one's layer ('" +
+                     below + "')");
+  }
+  if (m->layers.size() == 1 && m->parent != m->base) {
+    return Malformed("a one-layer image's parent must be its base");
+  }
+  auto env = j.find("env");
+  if (env == j.end() || !env->is_object())
+    return Malformed("field 'env' is missing or not an object");
+  for (const auto& [k, v] : env->items()) {
+    if (!v.is_string()) return Malformed("env." + k + " is not a string");
+    if (k.empty() || k.find('=') != std::string::npos) {
+      return Malformed("env has a key that is empty or contains '='");
+    }
+    m->env[k] = v.get<std::string>();
+  }
+  RETURN_IF_ERROR(GetString(j, "vm", &m->vm));
+  auto recipe = j.find("recipe");
+  if (recipe == j.end() || !(recipe->is_null() || recipe->is_object())) {
+    return Malformed("field 'recipe' is missing or neither null nor an object");
+  }
+  m->recipe = *recipe;
+  RETURN_IF_ERROR(GetString(j, "recipe_sha256", &m->recipe_sha256));
+  if (!m->recipe_sha256.empty() && !IsSha256Hex(m->recipe_sha256)) {
+    return Malformed("recipe_sha256 is neither empty nor 64 lowercase hex digits");
   }
   return Status::Ok();
 }
@@ -113,6 +195,15 @@ Status VerifyPart(HashCache& cache, const std::string& image, const std::string&
 
 }  // namespace
 
+std::string LayerPartName(int k) { return "layer-" + std::to_string(k) + ".ext4"; }
+
+std::map<std::string, std::string> MergeEnv(const std::map<std::string, std::string>& parent,
+                                            const std::map<std::string, std::string>& own) {
+  std::map<std::string, std::string> out = own;
+  out.insert(parent.begin(), parent.end());  // insert keeps own's value for an equal key
+  return out;
+}
+
 std::string ManifestToJson(const Manifest& m) {
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   for (const auto& [part, info] : m.files) {
@@ -128,6 +219,17 @@ std::string ManifestToJson(const Manifest& m) {
   j["packages"] = m.packages;
   j["modules"] = m.modules;
   j["init_sha256"] = m.init_sha256;
+  if (m.format == kDerivedManifestFormat) {
+    j["base"] = {{"name", m.base.name}, {"manifest_sha256", m.base.manifest_sha256}};
+    j["parent"] = {{"name", m.parent.name}, {"manifest_sha256", m.parent.manifest_sha256}};
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const LayerInfo& l : m.layers) layers.push_back({{"image", l.image}, {"part", l.part}});
+    j["layers"] = layers;
+    j["env"] = m.env;
+    j["vm"] = m.vm;
+    j["recipe"] = m.recipe;
+    j["recipe_sha256"] = m.recipe_sha256;
+  }
   j["files"] = files;
   return j.dump(2) + "\n";
 }
@@ -141,12 +243,14 @@ Result<Manifest> ParseManifest(std::string_view text) {
   if (format == j.end() || !format->is_number_integer()) {
     return Malformed("field 'format' is missing or not an integer");
   }
-  if (format->get<int64_t>() != kManifestFormat) {
-    return FailedPrecondition("manifest format " + std::to_string(format->get<int64_t>()) +
-                              " is not supported (this trybox reads format " +
-                              std::to_string(kManifestFormat) + "; rebuild the image)");
+  const int64_t fmt = format->get<int64_t>();
+  if (fmt != kManifestFormat && fmt != kDerivedManifestFormat) {
+    return FailedPrecondition("manifest format " + std::to_string(fmt) +
+                              " is not supported (this trybox reads formats " +
+                              std::to_string(kManifestFormat) + " and " +
+                              std::to_string(kDerivedManifestFormat) + "; rebuild the image)");
   }
-  m.format = kManifestFormat;
+  m.format = static_cast<int>(fmt);
   RETURN_IF_ERROR(GetString(j, "name", &m.name));
   Status name_ok = ValidateName("image name", m.name);
   if (!name_ok.ok()) return Malformed(name_ok.message());
@@ -158,7 +262,8 @@ Result<Manifest> ParseManifest(std::string_view text) {
   RETURN_IF_ERROR(GetStringList(j, "modules", &m.modules));
   RETURN_IF_ERROR(GetString(j, "init_sha256", &m.init_sha256));
   if (!IsSha256Hex(m.init_sha256)) return Malformed("init_sha256 is not 64 lowercase hex digits");
-  RETURN_IF_ERROR(ParseParts(j, &m.files));
+  if (m.format == kDerivedManifestFormat) RETURN_IF_ERROR(ParseDerived(j, &m));
+  RETURN_IF_ERROR(ParseParts(j, m.layers.size(), &m.files));
   return m;
 }
 

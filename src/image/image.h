@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,10 +27,34 @@
 namespace trybox::image {
 
 inline constexpr int kManifestFormat = 1;
+// A derived image: the parts of its base plus one read-only layer per image of its chain
+// (docs/images.md, "Derived images").
+inline constexpr int kDerivedManifestFormat = 2;
+// The most layers over a base: each is a virtio-mmio disk (microvm has few slots) and an
+// overlayfs lower dir.
+inline constexpr int kMaxLayers = 16;
 
 // The parts of every image, as named in the manifest's "files" object and on disk.
 inline constexpr const char* kPartNames[] = {"vmlinux", "initrd.cpio", "rootfs.ext4",
                                              "scratch.qcow2"};
+
+// The part holding the K-th layer over the base (1-based, oldest first): "layer-K.ext4".
+std::string LayerPartName(int k);
+
+// Which image a layer of a derived image was frozen for, and the part holding it.
+struct LayerInfo {
+  std::string image;  // the image committed with this layer on top
+  std::string part;   // "layer-K.ext4"
+  bool operator==(const LayerInfo&) const = default;
+};
+
+// An image a derived image was made from: its name and the SHA-256 of its manifest.json
+// as it was at the time.
+struct ImageRef {
+  std::string name;
+  std::string manifest_sha256;
+  bool operator==(const ImageRef&) const = default;
+};
 
 struct PartInfo {
   std::string sha256;  // lowercase hex
@@ -49,16 +74,32 @@ struct Manifest {
   // Module files relative to lib/modules/KERNEL_VERSION/ inside the initramfs, in load order.
   std::vector<std::string> modules;
   std::string init_sha256;                // of the trybox-init binary at /init in the initramfs
-  std::map<std::string, PartInfo> files;  // exactly the kPartNames
+  std::map<std::string, PartInfo> files;  // the kPartNames, plus each layer's part (format 2)
+
+  // Format 2 only (empty in format 1).
+  ImageRef base;                           // the chain's bottom (a format-1 image)
+  ImageRef parent;                         // the image committed from
+  std::vector<LayerInfo> layers;           // oldest first; the last is this image's own
+  std::map<std::string, std::string> env;  // for every exec: the chain's, merged, child wins
+  std::string vm;                          // the VM it was committed from
+  nlohmann::json recipe;                   // null, or the recipe object as given
+  std::string recipe_sha256;               // "" or 64 lowercase hex digits
 
   bool operator==(const Manifest&) const = default;
 };
 
+// The env of an image derived from `parent` with `own` set by its commit: the parent's,
+// with `own` replacing equal keys.
+std::map<std::string, std::string> MergeEnv(const std::map<std::string, std::string>& parent,
+                                            const std::map<std::string, std::string>& own);
+
 // Pretty JSON, as written to manifest.json.
 std::string ManifestToJson(const Manifest& manifest);
-// Parses and checks manifest.json text: known format, all fields present with the right
-// types, a valid image name, exactly the four parts with 64-hex-digit hashes. Errors are
-// kFailedPrecondition naming the field.
+// Parses and checks manifest.json text: known format (1 or 2), all fields present with the
+// right types, a valid image name, exactly the four parts (plus, in format 2, exactly one
+// part per layer) with 64-hex-digit hashes, and in format 2 a consistent chain (layer K in
+// part layer-K.ext4, the last layer this image's own, the parent the layer below's image
+// or the base). Errors are kFailedPrecondition naming the field.
 Result<Manifest> ParseManifest(std::string_view json);
 
 // Reads image_dir/manifest.json. kNotFound if it is missing; kFailedPrecondition if it is

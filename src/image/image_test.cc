@@ -1,5 +1,6 @@
 #include "image/image.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "image/derive.h"
 #include "image/hash_cache.h"
 #include "util/fd.h"
 #include "util/sha256.h"
@@ -115,10 +117,10 @@ TEST_F(ImageTest, MalformedManifestNamesTheProblem) {
 TEST_F(ImageTest, UnknownManifestFormatAsksForRebuild) {
   Manifest m = MakeImage("x");
   auto j = nlohmann::json::parse(ManifestToJson(m));
-  j["format"] = 2;
+  j["format"] = 3;
   auto parsed = ParseManifest(j.dump());
   EXPECT_EQ(parsed.status().code(), Code::kFailedPrecondition);
-  EXPECT_NE(parsed.status().message().find("format 2 is not supported"), std::string::npos);
+  EXPECT_NE(parsed.status().message().find("format 3 is not supported"), std::string::npos);
 }
 
 TEST_F(ImageTest, ManifestNamingAnotherImageIsRejected) {
@@ -257,6 +259,201 @@ TEST_F(ImageTest, ImageDirResolvesBuiltImages) {
 
   EXPECT_EQ(ImageDir(root_, "../debian-12").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ImageDir(root_, "").status().code(), Code::kInvalidArgument);
+}
+
+// ---- format 2: derived images ----
+
+class DerivedImageTest : public ImageTest {
+ protected:
+  // Derives `name` from `parent` with a layer holding `content`.
+  Result<Manifest> Derive(const std::string& parent, const std::string& name,
+                          std::map<std::string, std::string> env = {}, bool replace = false,
+                          const std::string& content = "layer bytes") {
+    DeriveOptions o;
+    o.images_root = root_;
+    o.parent = parent;
+    o.name = name;
+    o.replace = replace;
+    o.env = std::move(env);
+    o.vm = "vm1";
+    o.packages = {"git", "jq"};
+    o.write_layer = [content](const std::string& path) {
+      return WriteFileAtomic(path, content, 0644);
+    };
+    return DeriveImage(o);
+  }
+
+  std::vector<std::string> Listed() {
+    std::vector<std::string> names;
+    auto images = ListImages(root_);
+    if (!images.ok()) return {"error: " + images.status().message()};
+    for (const auto& e : images.value()) names.push_back(e.name);
+    return names;
+  }
+
+  std::vector<std::string> DotEntries() {
+    std::vector<std::string> out;
+    DIR* d = ::opendir(root_.c_str());
+    while (struct dirent* e = d ? ::readdir(d) : nullptr) {
+      std::string n = e->d_name;
+      if (n[0] == '.' && n != "." && n != ".." && n != ".lock") out.push_back(n);
+    }
+    if (d) ::closedir(d);
+    return out;
+  }
+};
+
+TEST(ImageEnvTest, MergeKeepsParentsAndChildWins) {
+  auto env = MergeEnv({{"A", "1"}, {"B", "parent"}}, {{"B", "child"}, {"C", "3"}});
+  EXPECT_EQ(env, (std::map<std::string, std::string>{{"A", "1"}, {"B", "child"}, {"C", "3"}}));
+}
+
+TEST_F(DerivedImageTest, DeriveLinksTheParentAndAddsAVerifiedLayer) {
+  Manifest base = MakeImage("base");
+  auto child = Derive("base", "child", {{"LANG", "C.UTF-8"}});
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  EXPECT_EQ(child->format, kDerivedManifestFormat);
+  EXPECT_EQ(child->base.name, "base");
+  EXPECT_EQ(child->parent, child->base);
+  EXPECT_EQ(child->base.manifest_sha256, *Sha256File(root_ + "/base/manifest.json"));
+  ASSERT_EQ(child->layers.size(), 1u);
+  EXPECT_EQ(child->layers[0], (LayerInfo{"child", "layer-1.ext4"}));
+  EXPECT_EQ(child->env.at("LANG"), "C.UTF-8");
+  EXPECT_EQ(child->vm, "vm1");
+  EXPECT_EQ(child->packages, (std::vector<std::string>{"bash", "git", "jq"}));
+  EXPECT_EQ(child->files.size(), 5u);
+  EXPECT_TRUE(VerifyImage(root_ + "/child").ok());
+  // The base's parts are shared, not copied.
+  struct stat a, b;
+  ASSERT_EQ(::stat((root_ + "/base/rootfs.ext4").c_str(), &a), 0);
+  ASSERT_EQ(::stat((root_ + "/child/rootfs.ext4").c_str(), &b), 0);
+  EXPECT_EQ(a.st_ino, b.st_ino);
+  // Frozen like a base build.
+  ASSERT_EQ(::stat((root_ + "/child/layer-1.ext4").c_str(), &a), 0);
+  EXPECT_EQ(a.st_mode & 07777, 0444u);
+  ASSERT_EQ(::stat((root_ + "/child").c_str(), &a), 0);
+  EXPECT_EQ(a.st_mode & 07777, 0555u);
+  EXPECT_EQ(Listed(), (std::vector<std::string>{"base", "child"}));
+  EXPECT_TRUE(DotEntries().empty());
+}
+
+TEST_F(DerivedImageTest, SecondLayerKeepsTheChainAndMergesEnv) {
+  MakeImage("base");
+  ASSERT_TRUE(Derive("base", "one", {{"A", "1"}, {"B", "one"}}).ok());
+  auto two = Derive("one", "two", {{"B", "two"}});
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->base.name, "base");
+  EXPECT_EQ(two->parent.name, "one");
+  EXPECT_EQ(two->parent.manifest_sha256, *Sha256File(root_ + "/one/manifest.json"));
+  ASSERT_EQ(two->layers.size(), 2u);
+  EXPECT_EQ(two->layers[0], (LayerInfo{"one", "layer-1.ext4"}));
+  EXPECT_EQ(two->layers[1], (LayerInfo{"two", "layer-2.ext4"}));
+  EXPECT_EQ(two->env, (std::map<std::string, std::string>{{"A", "1"}, {"B", "two"}}));
+  EXPECT_EQ(two->files.size(), 6u);
+  EXPECT_TRUE(VerifyImage(root_ + "/two").ok());
+  auto read = ReadManifest(root_ + "/two");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, *two);
+}
+
+TEST_F(DerivedImageTest, VerificationCoversEveryLayerOfTheChain) {
+  MakeImage("base");
+  ASSERT_TRUE(Derive("base", "one").ok());
+  ASSERT_TRUE(Derive("one", "two").ok());
+  // "two" boots "one"'s layer too, so that layer is checked with two's own.
+  const std::string layer = root_ + "/two/layer-1.ext4";
+  ASSERT_TRUE(WriteFileAtomic(root_ + "/tampered", "LAYER BYTES").ok());
+  ASSERT_EQ(::chmod((root_ + "/two").c_str(), 0755), 0);
+  ASSERT_EQ(::rename((root_ + "/tampered").c_str(), layer.c_str()), 0);
+  Status st = VerifyImage(root_ + "/two");
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("layer-1.ext4 does not match"), std::string::npos) << st.message();
+}
+
+TEST_F(DerivedImageTest, ExistingNameIsRefusedUnlessReplaced) {
+  MakeImage("base");
+  ASSERT_TRUE(Derive("base", "child", {{"V", "1"}}).ok());
+  auto again = Derive("base", "child", {{"V", "2"}});
+  EXPECT_EQ(again.status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(ReadManifest(root_ + "/child")->env.at("V"), "1");
+  auto replaced = Derive("base", "child", {{"V", "2"}}, /*replace=*/true);
+  ASSERT_TRUE(replaced.ok()) << replaced.status().ToString();
+  EXPECT_EQ(ReadManifest(root_ + "/child")->env.at("V"), "2");
+  EXPECT_EQ(Listed(), (std::vector<std::string>{"base", "child"}));
+  EXPECT_TRUE(DotEntries().empty());
+}
+
+TEST_F(DerivedImageTest, FailedLayerLeavesNothingBehind) {
+  MakeImage("base");
+  DeriveOptions o;
+  o.images_root = root_;
+  o.parent = "base";
+  o.name = "broken";
+  o.write_layer = [](const std::string& path) {
+    (void)WriteFileAtomic(path, "half");
+    return ResourceExhausted("no space left for the layer");
+  };
+  auto r = DeriveImage(o);
+  EXPECT_EQ(r.status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(Listed(), (std::vector<std::string>{"base"}));
+  EXPECT_TRUE(DotEntries().empty());
+  EXPECT_EQ(Derive("base", "bad/name").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Derive("nope", "x").status().code(), Code::kNotFound);
+  EXPECT_EQ(Listed(), (std::vector<std::string>{"base"}));
+}
+
+TEST_F(DerivedImageTest, ChainDepthIsCapped) {
+  MakeImage("base");
+  std::string parent = "base";
+  for (int k = 1; k <= kMaxLayers; ++k) {
+    std::string name = "l" + std::to_string(k);
+    ASSERT_TRUE(Derive(parent, name).ok()) << k;
+    parent = name;
+  }
+  auto deeper = Derive(parent, "deeper");
+  EXPECT_EQ(deeper.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(deeper.status().message().find("layers"), std::string::npos);
+}
+
+TEST_F(DerivedImageTest, MalformedChainNamesTheProblem) {
+  MakeImage("base");
+  ASSERT_TRUE(Derive("base", "one").ok());
+  Manifest two = *Derive("one", "two");
+  auto parse = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto j = nlohmann::json::parse(ManifestToJson(two));
+    edit(j);
+    return ParseManifest(j.dump()).status();
+  };
+  struct Case {
+    std::string mutate;
+    std::function<void(nlohmann::json&)> edit;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {"no layers", [](auto& j) { j["layers"] = nlohmann::json::array(); }, "'layers' must hold"},
+      {"layer part out of order", [](auto& j) { j["layers"][0]["part"] = "layer-2.ext4"; },
+       "layers[0].part must be layer-1.ext4"},
+      {"foreign top layer", [](auto& j) { j["layers"][1]["image"] = "one"; },
+       "not this image's own"},
+      {"parent not below", [](auto& j) { j["parent"]["name"] = "base"; }, "is not the image below"},
+      {"missing layer part", [](auto& j) { j["files"].erase("layer-2.ext4"); },
+       "no entry for layer-2.ext4"},
+      {"extra layer part", [](auto& j) { j["files"]["layer-3.ext4"] = j["files"]["vmlinux"]; },
+       "unknown part 'layer-3.ext4'"},
+      {"bad parent sha", [](auto& j) { j["parent"]["manifest_sha256"] = "x"; },
+       "parent.manifest_sha256"},
+      {"no base", [](auto& j) { j.erase("base"); }, "missing field 'base'"},
+      {"env not strings", [](auto& j) { j["env"]["A"] = 1; }, "env.A is not a string"},
+      {"recipe not object", [](auto& j) { j["recipe"] = "x"; }, "'recipe'"},
+      {"bad recipe sha", [](auto& j) { j["recipe_sha256"] = "AB"; }, "recipe_sha256"},
+      {"no vm", [](auto& j) { j.erase("vm"); }, "missing field 'vm'"},
+      {"format 1 with a layer", [](auto& j) { j["format"] = 1; }, "unknown part 'layer-"},
+  };
+  for (const Case& c : cases) {
+    Status st = parse(c.edit);
+    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << c.mutate;
+    EXPECT_NE(st.message().find(c.expect), std::string::npos) << c.mutate << ": " << st.message();
+  }
 }
 
 }  // namespace

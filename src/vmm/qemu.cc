@@ -152,6 +152,15 @@ Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
 
 }  // namespace
 
+int ImageLayers(const std::string& image_dir) {
+  int k = 0;
+  struct stat st;
+  while (::stat((image_dir + "/layer-" + std::to_string(k + 1) + ".ext4").c_str(), &st) == 0) ++k;
+  return k;
+}
+
+std::string LayerDiskSerial(int k) { return "trybox-layer-" + std::to_string(k); }
+
 std::string KernelCmdline(const VmConfig& c) {
   // quiet: every console byte costs real time under TCG. panic=-1 with -no-reboot turns a
   // guest panic into a QEMU exit the daemon observes.
@@ -176,6 +185,7 @@ std::string KernelCmdline(const VmConfig& c) {
   // from bash 56 ms with ASLR, 30 ms without. Inside a single-tenant throwaway VM ASLR
   // protects nothing the sandbox boundary does not; under KVM it stays on.
   if (c.accel == "tcg") line += " norandmaps";
+  if (c.layers > 0) line += " trybox.layers=" + std::to_string(c.layers);
   return line;
 }
 
@@ -225,6 +235,15 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
   };
   // clang-format on
+  // A derived image's layers, read-only like the root; the guest finds each by its serial.
+  for (int k = 1; k <= c.layers; ++k) {
+    const std::string id = "layer" + std::to_string(k);
+    a.insert(a.end(),
+             {"-drive",
+              "id=" + id + ",file=" + img + "/layer-" + std::to_string(k) +
+                  ".ext4,format=raw,if=none,readonly=on",
+              "-device", "virtio-blk-device,drive=" + id + ",serial=" + LayerDiskSerial(k)});
+  }
   a.insert(a.end(), {"-qmp", "unix:" + dir + "/qmp.sock,server=on,wait=off"});
   if (!cold) {
     // The template's RAM is a file. The template maps it shared, so its RAM lands in the

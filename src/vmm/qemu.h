@@ -39,7 +39,10 @@ inline constexpr int kDefaultMemoryMib = 512;
 struct VmConfig {
   std::string id;
   std::string image_dir;  // verified frozen image
-  std::string vm_dir;     // created by Boot, removed by Destroy
+  // Read-only layers over the root (a derived image's layer-1.ext4 .. layer-N.ext4,
+  // docs/images.md): each a disk of its own, stacked by the guest's overlay.
+  int layers = 0;
+  std::string vm_dir;  // created by Boot, removed by Destroy
   int memory_mib = kDefaultMemoryMib;
   int cpus = 1;
   std::string accel = "tcg";  // "kvm" or "tcg"
@@ -78,6 +81,12 @@ inline constexpr const char* kTemplateCloneDisk = "/clone.qcow2";  // empty over
 // The transfer disk: a file in every VM's directory behind a virtio-blk slot with this serial.
 inline constexpr const char* kTransferDisk = "xfer.img";
 inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+
+// The layers of the verified image in `image_dir`: how many layer-K.ext4 parts it has, from
+// K = 1 up (0 for a base image).
+int ImageLayers(const std::string& image_dir);
+// The serial of the disk holding layer K, as the guest finds it: "trybox-layer-K".
+std::string LayerDiskSerial(int k);
 
 // The full argv for a VM: -M microvm, no network card, no default devices, the frozen root
 // read-only, a per-VM qcow2 layer, and the control port org.trybox.ctl on a unix socket.

@@ -45,6 +45,7 @@ std::vector<std::string> CanonicalArgv(const TemplateShape& shape) {
   c.vm_dir = "VMDIR";
   c.template_dir = "TEMPLATEDIR";
   c.image_dir = shape.image_dir;
+  c.layers = ImageLayers(shape.image_dir);
   c.memory_mib = shape.memory_mib;
   c.cpus = shape.cpus;
   c.accel = shape.accel;
@@ -164,6 +165,7 @@ Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
   VmConfig c;
   c.id = id;
   c.image_dir = shape.image_dir;
+  c.layers = ImageLayers(shape.image_dir);
   c.vm_dir = run_dir_ + "/" + id;
   c.memory_mib = shape.memory_mib;
   c.cpus = shape.cpus;
