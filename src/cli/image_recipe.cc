@@ -329,6 +329,7 @@ Result<bool> RecipeBuild::RunChecks(const std::string& vm, bool must_pass) {
 }
 
 Status RecipeBuild::InstallPackages(const std::string& vm) {
+  RETURN_IF_ERROR(MakeDirs(paths_.cache + "/tmp"));
   ASSIGN_OR_RETURN(TempDir tmp, TempDir::Make(paths_.cache + "/tmp", "recipe-"));
   // Dependencies are resolved against what the guest has, not the host.
   RETURN_IF_ERROR(GetPath(*client_, vm, "/var/lib/dpkg/status", tmp.path() + "/status").status());
@@ -347,7 +348,6 @@ Status RecipeBuild::InstallPackages(const std::string& vm) {
   }
   const std::string debs = tmp.path() + "/debs";
   RETURN_IF_ERROR(MakeDirs(debs));
-  std::string args;
   for (size_t i = 0; i < fetched.debs.size(); ++i) {
     const std::string from = fetched.archives + "/" + fetched.debs[i].file;
     // Numbered in apt's order, so the guest's apt sees them as it would have.
@@ -356,16 +356,19 @@ Status RecipeBuild::InstallPackages(const std::string& vm) {
   }
   if (opts_.progress) err_ << "  copying " << fetched.debs.size() << " .debs into the VM\n";
   RETURN_IF_ERROR(PutPath(*client_, vm, debs, kGuestDebs).status());
+  // dpkg, not apt: the guest has no package lists, and apt refuses local .debs then. One
+  // dpkg call in apt's order unpacks the whole set before configuring it, so their
+  // dependencies on each other are met.
+  std::string files;
+  for (const auto& d : fetched.debs) files += std::string(" ") + kGuestDebs + "/" + d.file;
   std::string tail;
-  ASSIGN_OR_RETURN(
-      int rc,
-      Exec(vm,
-           std::string("apt-get install -y -q --no-download -o APT::Install-Recommends=false ") +
-               kGuestDebs + "/*.deb; rc=$?; rm -rf " + kGuestDebs + "; exit $rc",
-           "/", {{"DEBIAN_FRONTEND", "noninteractive"}}, &tail));
+  ASSIGN_OR_RETURN(int rc, Exec(vm,
+                                "dpkg -i --force-confdef --force-confold" + files +
+                                    "; rc=$?; rm -rf " + kGuestDebs + "; exit $rc",
+                                "/", {{"DEBIAN_FRONTEND", "noninteractive"}}, &tail));
   if (rc != 0) {
-    return FailedPrecondition("installing the packages in the VM failed with exit code " +
-                              std::to_string(rc) + "; apt's last output:\n" + LastLines(tail));
+    return FailedPrecondition("installing the packages in the VM (dpkg -i) failed with exit code " +
+                              std::to_string(rc) + "; its last output:\n" + LastLines(tail));
   }
   return Status::Ok();
 }
@@ -404,17 +407,30 @@ Status RecipeBuild::Commit(const std::string& vm, RecipeBuildResult* result) {
 
 Status RecipeBuild::Cleanup() {
   if (vms_.empty() && !commit_started_) return Status::Ok();
+  Status first = Status::Ok();
+  auto note = [&first](const Status& st) {
+    if (!st.ok() && st.code() != Code::kNotFound && first.ok()) first = st;
+  };
+  std::unique_ptr<Client> c;
   {
     std::lock_guard<std::mutex> lock(client_mu_);
-    client_.reset();
+    if (!interrupted_) c = std::move(client_);
   }
-  // A fresh connection: the old one may be the one that was cut.
-  ASSIGN_OR_RETURN(auto c, Client::Connect(paths_, /*autostart=*/false));
-  Status first = Status::Ok();
+  if (!c) {
+    // The old connection was cut: its ephemeral VMs are being destroyed by the daemon.
+    ASSIGN_OR_RETURN(c, Client::Connect(paths_, /*autostart=*/false));
+  }
   for (const auto& vm : vms_) {
-    auto r = c->Call({{"verb", "destroy"}, {"vm", vm}});
-    // NOT_FOUND: the daemon already destroyed the ephemeral VM with its connection.
-    if (!r.ok() && r.status().code() != Code::kNotFound && first.ok()) first = r.status();
+    // A destroy already under way (the daemon's, for a cut connection) is refused while it
+    // runs; what counts is that the VM is gone before the image is removed.
+    for (int attempt = 0;; ++attempt) {
+      auto r = c->Call({{"verb", "destroy"}, {"vm", vm}});
+      if (r.ok() || r.status().code() == Code::kNotFound || attempt == 50) {
+        if (!r.ok()) note(r.status());
+        break;
+      }
+      ::usleep(200 * 1000);
+    }
   }
   vms_.clear();
   if (commit_started_) {
@@ -422,8 +438,7 @@ Status RecipeBuild::Cleanup() {
     // image of the name in place, and it names another recipe hash (or none).
     auto m = ReadJsonFile(paths_.images + "/" + opts_.name + "/manifest.json");
     if (m.ok() && RecordedBuildOf(*m).recipe_sha256 == p_->sha256) {
-      auto r = c->Call({{"verb", "image_rm"}, {"name", opts_.name}});
-      if (!r.ok() && r.status().code() != Code::kNotFound && first.ok()) first = r.status();
+      note(c->Call({{"verb", "image_rm"}, {"name", opts_.name}}).status());
     }
   }
   return first;

@@ -221,3 +221,27 @@ TEST(RecipeTest, TheBuiltinDeveloperRecipeParses) {
 
 }  // namespace
 }  // namespace trybox::image
+
+namespace trybox::image {
+namespace {
+
+TEST(RecipeTest, DescribeImageReadsTheSuiteAndTheRecipesChecksThroughTheParent) {
+  char tmpl[] = "/tmp/describe-image-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  ASSERT_TRUE(MakeDirs(root + "/base").ok());
+  ASSERT_TRUE(MakeDirs(root + "/dev").ok());
+  ASSERT_TRUE(WriteFileAtomic(root + "/base/manifest.json", R"({"suite": "bookworm"})").ok());
+  ASSERT_TRUE(WriteFileAtomic(root + "/dev/manifest.json",
+                              R"({"parent": {"name": "base", "manifest_sha256": "x"},
+                                  "recipe": {"from": "base", "check": ["jq --version"]}})")
+                  .ok());
+  ImageDescription d = DescribeImage(root, "dev");
+  EXPECT_EQ(d.distribution, "Debian 12 (bookworm)");
+  EXPECT_EQ(d.checks, (std::vector<std::string>{"jq --version"}));
+  EXPECT_EQ(DescribeImage(root, "missing").distribution, "Debian");
+  (void)RemoveTree(root);
+}
+
+}  // namespace
+}  // namespace trybox::image
