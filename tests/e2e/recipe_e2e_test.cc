@@ -27,6 +27,18 @@ std::string NpmRegistryHost() {
   return host.substr(0, host.find_first_of("/:"));
 }
 
+// The CA file the host's npm verifies the registry with (`npm config get cafile`), else
+// the system bundle.
+std::string NpmCaFile() {
+  CliResult r = RunProgram({"/bin/sh", "-c", "npm config get cafile"},
+                           {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"});
+  std::string f = r.out.substr(0, r.out.find('\n'));
+  if (r.code != 0 || f.empty() || f == "null" || f == "undefined") {
+    return "/etc/ssl/certs/ca-certificates.crt";
+  }
+  return f;
+}
+
 std::string FirstIpv4(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
@@ -97,9 +109,11 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
                  {"env", {{"RECIPE_E2E", "baked"}}},
                  {"steps",
                   {{{"copy", "files"}, {"to", "/opt/recipe/files"}},
+                   // The CA bundle the host's npm trusts (a local mirror may have its own CA).
+                   {{"copy", "host-ca.crt"}, {"to", "/opt/recipe/host-ca.crt"}},
                    {{"run",
-                     "mkdir -p npm && curl -fsS \"$TGZ\" | tar -xz -C npm && test -f "
-                     "npm/package/package.json"},
+                     "mkdir -p npm && curl -fsS --cacert /opt/recipe/host-ca.crt \"$TGZ\" | "
+                     "tar -xz -C npm && test -f npm/package/package.json"},
                     {"workdir", "/opt"},
                     {"env", {{"TGZ", tgz}}}}}},
                  {"check",
@@ -107,6 +121,9 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
                    "grep -q 'hello from the recipe' /opt/recipe/files/hello.txt",
                    "test \"$RECIPE_E2E\" = baked"}}};
   const std::string file = WriteRecipe("ok", recipe);
+  auto ca = ReadFileToString(NpmCaFile());
+  ASSERT_TRUE(ca.ok()) << NpmCaFile();
+  ASSERT_TRUE(WriteFileAtomic(h_->home() + "/ok/host-ca.crt", *ca).ok());
   CliResult b = h_->Cli({"image", "build", name_, "-f", file});
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_NE(b.err.find("] run: mkdir -p npm"), std::string::npos) << b.err;  // progress line
