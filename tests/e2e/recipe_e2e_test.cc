@@ -156,7 +156,7 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
   ASSERT_TRUE(list.is_array()) << images.out;
   bool ready = false;
   for (const auto& im : list) {
-    if (im.value("name", "") == name_) ready = im["template"].value("state", "") == "ready";
+    if (im.value("name", "") == name_) ready = im["template"].value("state", "") == "valid";
   }
   EXPECT_TRUE(ready) << images.out;
 
