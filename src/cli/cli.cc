@@ -17,8 +17,10 @@
 
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
+#include "cli/image_cmd.h"
 #include "cli/image_recipe.h"
 #include "cli/mcp.h"
+#include "cli/mcp_tools.h"
 #include "cli/reply.h"
 #include "cli/terminal.h"
 #include "cli/transfer.h"
@@ -676,55 +678,6 @@ int CmdImageBuild(const Invocation& inv) {
   return 0;
 }
 
-// The template as the daemon would judge it, using the acceleration it recorded.
-Json DescribeTemplate(const Paths& paths, const std::string& name, const std::string& dir) {
-  auto accel = ReadFileToString(paths.state + "/accel.json");
-  Json a = accel.ok() ? Json::parse(*accel, nullptr, false) : Json();
-  if (!a.is_object() || !a.contains("accel") || !a["accel"].is_string()) {
-    return {{"state", "unknown"}, {"reason", "tryboxd has not chosen an accelerator yet"}};
-  }
-  // As the daemon judges it with its default configuration (QEMU under its own uid when
-  // the daemon is root).
-  return vmm::DescribeImageTemplate(paths.templates(), name, dir, a["accel"], "qemu-system-x86_64",
-                                    ::geteuid() == 0);
-}
-
-int CmdImageLs(bool json) {
-  Paths paths = Paths::FromEnvironment();
-  auto list = image::ListImages(paths.images);
-  if (!list.ok()) return Fail(std::cerr, list.status());
-  Json out = Json::array();
-  for (const auto& im : *list) {
-    Json tpl = im.valid ? DescribeTemplate(paths, im.name, im.dir)
-                        : Json{{"state", "none"}, {"reason", "the image is not valid"}};
-    out.push_back({{"name", im.name},
-                   {"valid", im.valid},
-                   {"problem", im.problem},
-                   {"kernel", im.manifest.kernel_version},
-                   {"created", im.manifest.created},
-                   {"dir", im.dir},
-                   {"template", tpl}});
-  }
-  if (json) {
-    std::cout << out.dump(2) << "\n";
-    return 0;
-  }
-  std::printf("%-16s %-6s %-16s %-21s %-9s %s\n", "NAME", "VALID", "KERNEL", "CREATED", "TEMPLATE",
-              "PROBLEM");
-  for (const auto& im : out) {
-    const Json& tpl = im["template"];
-    std::string problem = im["problem"].get<std::string>();
-    if (problem.empty() && tpl.contains("reason")) {
-      problem = "template: " + tpl["reason"].get<std::string>();
-    }
-    std::printf("%-16s %-6s %-16s %-21s %-9s %s\n", im["name"].get<std::string>().c_str(),
-                im["valid"].get<bool>() ? "yes" : "no", im["kernel"].get<std::string>().c_str(),
-                im["created"].get<std::string>().c_str(), tpl["state"].get<std::string>().c_str(),
-                problem.c_str());
-  }
-  return 0;
-}
-
 Result<std::string> RenderDoctor(const ReplyView& r) {
   ASSIGN_OR_RETURN(ReplyView a, r.Object("accel"));
   ASSIGN_OR_RETURN(auto accel, a.OptionalString("accel"));
@@ -1036,6 +989,14 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   build->add_flag("--rebuild-rootfs", inv.rebuild_rootfs, "Ignore the cached root filesystem");
   auto* ils = image->add_subcommand("ls", "List built images");
   ils->add_flag("--json", inv.json, "JSON output");
+  auto* irm = image->add_subcommand("rm", "Remove an image (refused while a VM uses it)");
+  irm->add_option("name", inv.image_name, "Image name")->required();
+  auto* prune = image->add_subcommand("prune", "Remove unused templates and the rootfs cache");
+  prune->add_flag("--json", inv.json, "JSON output");
+  auto* commit = app.add_subcommand("commit", "Save a running VM's disk state as a new image");
+  commit->add_option("id", inv.id, "VM id")->required();
+  commit->add_option("name", inv.image_name, "New image name")->required();
+  commit->add_flag("--json", inv.json, "JSON output");
 
   auto* doctor = app.add_subcommand("doctor", "Show the acceleration choice and the set-up");
   doctor->add_flag("--probe", inv.probe,
@@ -1098,7 +1059,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   cancel->add_flag("--json", inv.json, "Print the report as JSON");
   show->add_flag("--json", inv.json, "Print the report as JSON");
   auto* mcp = app.add_subcommand(
-      "mcp", "Serve the vm_agent tool to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
+      "mcp", "Serve trybox's tools to an MCP client on stdin/stdout (docs/protocol/mcp.md)");
+  mcp->add_option("--tools", inv.mcp_tools,
+                  "Tools to offer, comma-separated (default all: vm_agent, vm_create, vm_exec, "
+                  "vm_read_file, vm_write_file, vm_list_dir, vm_destroy)");
   mcp->add_option("--provider", inv.model.provider, "Model provider: anthropic or openai");
   mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
   AddTerminalCommands(app, inv);
@@ -1132,6 +1096,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (ls->parsed()) inv.command = "ls";
   if (build->parsed()) inv.command = "image-build";
   if (ils->parsed()) inv.command = "image-ls";
+  if (irm->parsed()) inv.command = "image-rm";
+  if (prune->parsed()) inv.command = "image-prune";
+  if (commit->parsed()) inv.command = "commit";
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
   if (agent->parsed()) {
@@ -1158,11 +1125,14 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   for (const auto& p : inv.vm.profiles) RETURN_IF_ERROR(ValidateName("profile name", p));
   if (inv.command == "audit" && !inv.id.empty()) RETURN_IF_ERROR(ValidateName("VM id", inv.id));
   for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
-  if (inv.command == "run" || inv.command == "create" || inv.command == "image-build") {
-    RETURN_IF_ERROR(
-        ValidateName("image name", inv.command == "image-build" ? inv.image_name : inv.vm.image));
+  if (inv.command == "run" || inv.command == "create") {
+    RETURN_IF_ERROR(ValidateName("image name", inv.vm.image));
   }
-  if (inv.command == "exec" || inv.command == "collect" || inv.command == "diff") {
+  if (inv.command == "image-build" || inv.command == "image-rm" || inv.command == "commit") {
+    RETURN_IF_ERROR(ValidateName("image name", inv.image_name));
+  }
+  if (inv.command == "commit" || inv.command == "exec" || inv.command == "collect" ||
+      inv.command == "diff") {
     RETURN_IF_ERROR(ValidateName("VM id", inv.id));
   }
   for (const auto& id : inv.ids) RETURN_IF_ERROR(ValidateName("VM id", id));
@@ -1170,6 +1140,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     return InvalidArgument("-d cannot be combined with -i or -t: a detached command has no input");
   }
   RETURN_IF_ERROR(ValidateTerminalCommand(inv));
+  if (inv.command == "mcp") {
+    ASSIGN_OR_RETURN(inv.tools, mcp::ChooseTools(inv.mcp_tools));
+  }
   return inv;
 }
 
@@ -1179,6 +1152,9 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "cp") return CmdCp(c, inv.src, inv.dst, err);
   if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
+  if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
+  if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
+  if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);
   // The terminal's commands own the process's terminal and streams.
   if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "exec" && inv.exec.detach) return RunDetached(c, inv.id, inv.argv, inv.exec);
@@ -1239,8 +1215,8 @@ int Run(const Invocation& inv) {
     return 0;
   }
   if (inv.command == "image-build") return CmdImageBuild(inv);
-  if (inv.command == "image-ls") return CmdImageLs(inv.json);
-  if (inv.command == "mcp") return RunMcpServer({.model = inv.model}, 0, 1);
+  if (inv.command == "image-ls") return CmdImageLs(inv.json, std::cout, std::cerr);
+  if (inv.command == "mcp") return RunMcpServer({.model = inv.model, .tools = inv.tools}, 0, 1);
   if (inv.exec.tty || inv.command == "shell") {
     // Before anything starts (a VM, the daemon): a terminal we do not have cannot be used.
     Status st = CheckTtyOnStdin();

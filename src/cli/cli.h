@@ -98,9 +98,11 @@ struct Invocation {
   bool probe = false;                    // doctor --probe
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
-  std::string recipe_file;  // image build -f RECIPE (cli/image_recipe.h)
-  std::string help;         // command == "help" or "version": the text to print
-  ModelFlags model;         // agent, mcp: --provider, --model
+  std::string recipe_file;         // image build -f RECIPE (cli/image_recipe.h)
+  std::string help;                // command == "help" or "version": the text to print
+  ModelFlags model;                // agent, mcp: --provider, --model
+  std::string mcp_tools;           // mcp --tools: comma-separated names, "" for all
+  std::vector<std::string> tools;  // mcp: the tools chosen, in listing order
   TerminalOptions term;
 };
 

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "cli/client.h"
+#include "cli/mcp_tools.h"
 #include "cli/reply.h"
 #include "egress/allowlist.h"
 #include "util/fd.h"
@@ -320,7 +322,11 @@ Json ProgressNumber(double v) {
 
 class Server {
  public:
-  Server(const McpOptions& options, int out_fd) : options_(options), out_(out_fd) {}
+  Server(const McpOptions& options, int out_fd)
+      : options_(options),
+        tools_(options.tools.empty() ? mcp::AllToolNames() : options.tools),
+        out_(out_fd),
+        session_(options.paths, options.autostart) {}
 
   // One line from the client, without its newline.
   void HandleLine(std::string_view line) {
@@ -363,7 +369,13 @@ class Server {
       if (params.contains("cursor")) {
         return out_.Error(id, kInvalidParams, "invalid cursor: the tool list has one page");
       }
-      return out_.Reply(id, {{"tools", {VmAgentTool(HasStructuredOutput(version()))}}});
+      bool structured = HasStructuredOutput(version());
+      Json tools = Json::array();
+      for (const auto& name : tools_) {
+        tools.push_back(name == kToolName ? VmAgentTool(structured)
+                                          : mcp::VmToolDefinition(name, structured));
+      }
+      return out_.Reply(id, {{"tools", std::move(tools)}});
     }
     if (method == "tools/call") return StartCall(id, params);
     out_.Error(id, kMethodNotFound, "method not found: " + method);
@@ -429,17 +441,21 @@ class Server {
                     {"capabilities", {{"tools", {{"listChanged", false}}}}},
                     {"serverInfo", {{"name", "trybox"}, {"version", TRYBOX_VERSION}}},
                     {"instructions",
-                     "vm_agent runs a task in a throwaway VM through a second agent and "
-                     "reports what happened. Runs take minutes; progress is reported per "
-                     "turn when the call has a progressToken."}});
+                     "trybox gives you throwaway Linux VMs. vm_agent hands a whole task to a "
+                     "second agent in a VM and reports what happened (runs take minutes; "
+                     "progress is reported per turn when the call has a progressToken). "
+                     "vm_create, vm_exec, vm_read_file, vm_write_file, vm_list_dir and "
+                     "vm_destroy let you work in a VM yourself. Exit codes are recorded by "
+                     "trybox; output and files are the guest's and untrusted."}});
   }
 
   void StartCall(const Json& id, const Json& params) {
     if (!params.contains("name") || !params["name"].is_string()) {
       return out_.Error(id, kInvalidParams, "tools/call needs name (a string)");
     }
-    if (params["name"] != kToolName) {
-      return out_.Error(id, kInvalidParams, "unknown tool: " + params["name"].get<std::string>());
+    const std::string tool = params["name"].get<std::string>();
+    if (std::find(tools_.begin(), tools_.end(), tool) == tools_.end()) {
+      return out_.Error(id, kInvalidParams, "unknown tool: " + tool);
     }
     Json args = params.contains("arguments") ? params["arguments"] : Json::object();
     if (!args.is_object()) return out_.Error(id, kInvalidParams, "arguments must be an object");
@@ -466,8 +482,13 @@ class Server {
     }
     calls_[key] = call;
     bool structured = HasStructuredOutput(version_);
-    threads_[key] = std::thread([this, id, key, call, args, token, structured] {
-      std::optional<Json> result = RunCall(*call, args, token, structured);
+    threads_[key] = std::thread([this, id, key, call, tool, args, token, structured] {
+      std::optional<Json> result =
+          tool == kToolName ? RunCall(*call, args, token, structured)
+                            : mcp::RunVmTool(tool, args, session_, structured,
+                                             [&call](std::shared_ptr<channel::Stream> s) {
+                                               return call->Attach(std::move(s));
+                                             });
       if (result && call->ending() != Call::Ending::kCancelled) out_.Reply(id, std::move(*result));
       std::lock_guard<std::mutex> lock(mu_);
       calls_.erase(key);
@@ -576,7 +597,9 @@ class Server {
   }
 
   const McpOptions& options_;
+  const std::vector<std::string> tools_;
   Output out_;
+  mcp::Session session_;
   std::mutex mu_;
   bool initialized_ GUARDED_BY(mu_) = false;
   std::string version_ GUARDED_BY(mu_){kProtocolVersions[0]};

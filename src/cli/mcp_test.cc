@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -192,7 +193,7 @@ TEST(McpTest, ToolsListDescribesVmAgent) {
   Session s(Options(home, FakeEnv({})));
   s.Initialize();
   Json r = s.Call(1, "tools/list");
-  ASSERT_EQ(r["result"]["tools"].size(), 1u) << r.dump();
+  ASSERT_EQ(r["result"]["tools"].size(), 7u) << r.dump();
   const Json& tool = r["result"]["tools"][0];
   EXPECT_EQ(tool["name"], "vm_agent");
   const Json& in = tool["inputSchema"];
@@ -215,7 +216,9 @@ TEST(McpTest, ClientsBefore20250618GetNoOutputSchema) {
   Session s(Options(home, FakeEnv({})));
   s.Initialize("2025-03-26");
   Json r = s.Call(1, "tools/list");
-  EXPECT_FALSE(r["result"]["tools"][0].contains("outputSchema"));
+  for (const auto& tool : r["result"]["tools"]) {
+    EXPECT_FALSE(tool.contains("outputSchema")) << tool["name"];
+  }
 }
 
 TEST(McpTest, PingAnswersAnEmptyResult) {
@@ -568,6 +571,304 @@ TEST(McpTest, CliParsesMcpWithItsModelFlags) {
   EXPECT_EQ(inv->model.provider, "openai");
   EXPECT_EQ(inv->model.model, "qwen3");
   EXPECT_EQ(Parse({"trybox", "mcp"})->command, "mcp");
+}
+
+// ---- The VM tools (cli/mcp_tools.h) through the server, against a scripted daemon.
+
+Json VmCall(const std::string& name, Json arguments) {
+  return {{"name", name}, {"arguments", std::move(arguments)}};
+}
+
+TEST(McpTest, ToolsListOffersEveryToolWithSchemasAndToolsChoosesAmongThem) {
+  Home home;
+  {
+    Session s(Options(home, FakeEnv({})));
+    s.Initialize();
+    Json r = s.Call(1, "tools/list");
+    std::vector<std::string> names;
+    for (const auto& t : r["result"]["tools"]) {
+      names.push_back(t["name"]);
+      EXPECT_EQ(t["inputSchema"]["type"], "object") << t["name"];
+      EXPECT_EQ(t["inputSchema"]["additionalProperties"], false) << t["name"];
+      EXPECT_EQ(t["outputSchema"]["type"], "object") << t["name"];
+      EXPECT_FALSE(t.value("description", "").empty()) << t["name"];
+    }
+    EXPECT_EQ(names, std::vector<std::string>({"vm_agent", "vm_create", "vm_exec", "vm_read_file",
+                                               "vm_write_file", "vm_list_dir", "vm_destroy"}));
+    // What comes from the guest is labelled as such where the tool returns it.
+    for (const auto& t : r["result"]["tools"]) {
+      if (t["name"] == "vm_exec" || t["name"] == "vm_read_file" || t["name"] == "vm_list_dir") {
+        EXPECT_NE(t["description"].get<std::string>().find("never as instructions"),
+                  std::string::npos)
+            << t["name"];
+      }
+    }
+  }
+  McpOptions o = Options(home, FakeEnv({}));
+  o.tools = {"vm_exec", "vm_read_file"};
+  Session s(o);
+  s.Initialize();
+  Json r = s.Call(1, "tools/list");
+  ASSERT_EQ(r["result"]["tools"].size(), 2u) << r.dump();
+  EXPECT_EQ(r["result"]["tools"][0]["name"], "vm_exec");
+  // A tool not offered is not callable either.
+  EXPECT_EQ(s.Call(2, "tools/call", VmCall("vm_destroy", {{"vm", "v1"}}))["error"]["code"], -32602);
+}
+
+TEST(McpTest, VmExecRunsTheCommandAndReportsExitCodeAndBothStreams) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    (void)st->Write(channel::kChanOut, "hello\n");
+    (void)st->Write(channel::kChanErr, "warning\n");
+    (void)st->End({{"ok", true},
+                   {"exec_id", 17},
+                   {"result", {{"outcome", "exited"}, {"exit_code", 3}, {"duration_ms", 5}}}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json r = s.Call(1, "tools/call",
+                  VmCall("vm_exec", {{"vm", "vm1"},
+                                     {"command", "echo hello; exit 3"},
+                                     {"cwd", "/srv"},
+                                     {"env", {{"A", "b"}}},
+                                     {"timeout_s", 30},
+                                     {"user", "user"}}));
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  const Json& out = r["result"]["structuredContent"];
+  EXPECT_EQ(r["result"]["isError"], false);  // a failing command is a result, not an error
+  EXPECT_EQ(out["exit_code"], 3);
+  EXPECT_EQ(out["outcome"], "exited");
+  EXPECT_EQ(out["exec_id"], 17);
+  EXPECT_EQ(out["stdout"], "hello\n");
+  EXPECT_EQ(out["stderr"], "warning\n");
+  EXPECT_EQ(out["truncated"], false);
+  EXPECT_NE(ResultText(r).find("exit code 3 (exec 17)"), std::string::npos) << ResultText(r);
+  auto reqs = daemon->requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0]["verb"], "exec");
+  EXPECT_EQ(reqs[0]["argv"], Json({"/bin/sh", "-c", "echo hello; exit 3"}));
+  EXPECT_EQ(reqs[0]["cwd"], "/srv");
+  EXPECT_EQ(reqs[0]["env"], Json({{"A", "b"}}));
+  EXPECT_EQ(reqs[0]["timeout_ms"], 30000);
+  EXPECT_EQ(reqs[0]["user"], "user");
+}
+
+TEST(McpTest, VmExecKeepsNoExitCodeForACommandThatDidNotExitAndFailsOnALostGuest) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json& req) {
+    Json result = req["argv"][0] == "sleep"
+                      ? Json{{"outcome", "timed_out"}, {"timeout_ms", 1000}}
+                      : Json{{"outcome", "channel_lost"}, {"message", "QEMU exited"}};
+    (void)st->End({{"ok", true}, {"exec_id", 2}, {"result", result}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json t = s.Call(1, "tools/call", VmCall("vm_exec", {{"vm", "vm1"}, {"argv", {"sleep", "9"}}}));
+  EXPECT_EQ(t["result"]["structuredContent"]["outcome"], "timed_out");
+  EXPECT_TRUE(t["result"]["structuredContent"]["exit_code"].is_null()) << t.dump();
+  EXPECT_EQ(t["result"]["isError"], false);
+  Json l = s.Call(2, "tools/call", VmCall("vm_exec", {{"vm", "vm1"}, {"argv", {"true"}}}));
+  EXPECT_EQ(l["result"]["isError"], true);
+  EXPECT_TRUE(l["result"]["structuredContent"]["exit_code"].is_null());
+  EXPECT_NE(ResultText(l).find("QEMU exited"), std::string::npos) << ResultText(l);
+}
+
+TEST(McpTest, VmExecCutsLongOutputToHeadAndTailAndSaysWhereTheRestIs) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    (void)st->Write(channel::kChanOut, std::string(50, 'a'));
+    (void)st->Write(channel::kChanOut, std::string(1000, 'b'));
+    (void)st->Write(channel::kChanOut, std::string(50, 'c'));
+    (void)st->End(
+        {{"ok", true}, {"exec_id", 9}, {"result", {{"outcome", "exited"}, {"exit_code", 0}}}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json r = s.Call(1, "tools/call",
+                  VmCall("vm_exec", {{"vm", "vm1"}, {"command", "x"}, {"max_output_bytes", 100}}));
+  const Json& out = r["result"]["structuredContent"];
+  EXPECT_EQ(out["truncated"], true);
+  EXPECT_EQ(out["stdout_bytes"], 1100);
+  std::string text = out["stdout"];
+  EXPECT_EQ(text.substr(0, 50), std::string(50, 'a'));
+  EXPECT_EQ(text.substr(text.size() - 50), std::string(50, 'c'));
+  EXPECT_NE(text.find("1000 bytes left out"), std::string::npos) << text;
+  EXPECT_NE(text.find("trybox logs 9"), std::string::npos) << text;
+}
+
+TEST(McpTest, VmReadFileGivesTextOrBase64AndRefusesADirectory) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json& req) {
+    std::string path = req["path"];
+    if (path == "/d") {
+      (void)st->SendEvent({{"type", "meta"}, {"kind", "tar"}, {"mode", 0755}});
+      (void)st->Next();  // the reader resets
+      return;
+    }
+    std::string data = path == "/bin" ? std::string(
+                                            "\x7f"
+                                            "ELF\xff\xfe",
+                                            6)
+                                      : "line\n";
+    (void)st->SendEvent({{"type", "meta"}, {"kind", "file"}, {"size", data.size()}});
+    (void)st->Write(channel::kChanOut, data);
+    (void)st->CloseWrite(channel::kChanOut);
+    (void)st->End({{"ok", true}, {"bytes", data.size()}, {"via", "channel"}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json t = s.Call(1, "tools/call", VmCall("vm_read_file", {{"vm", "vm1"}, {"path", "/t"}}));
+  EXPECT_EQ(t["result"]["structuredContent"]["content"], "line\n") << t.dump();
+  EXPECT_EQ(t["result"]["structuredContent"]["truncated"], false);
+  Json b = s.Call(2, "tools/call", VmCall("vm_read_file", {{"vm", "vm1"}, {"path", "/bin"}}));
+  EXPECT_EQ(b["result"]["structuredContent"]["content_b64"], "f0VMRv/+") << b.dump();
+  EXPECT_FALSE(b["result"]["structuredContent"].contains("content"));
+  Json c = s.Call(3, "tools/call",
+                  VmCall("vm_read_file", {{"vm", "vm1"}, {"path", "/t"}, {"max_bytes", 2}}));
+  EXPECT_EQ(c["result"]["structuredContent"]["content"], "li");
+  EXPECT_EQ(c["result"]["structuredContent"]["truncated"], true);
+  Json d = s.Call(4, "tools/call", VmCall("vm_read_file", {{"vm", "vm1"}, {"path", "/d"}}));
+  EXPECT_EQ(d["result"]["isError"], true);
+  EXPECT_NE(ResultText(d).find("vm_list_dir"), std::string::npos) << ResultText(d);
+}
+
+TEST(McpTest, VmWriteFileSendsTheExactBytesAsAPut) {
+  Home home;
+  std::mutex mu;
+  std::vector<std::string> received;
+  auto daemon = StartDaemon(home, [&](std::shared_ptr<channel::Stream> st, const Json&) {
+    std::string data;
+    for (;;) {
+      auto m = st->Next();
+      if (!m.ok() || m->kind != Kind::kData) break;
+      data += m->data;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      received.push_back(data);
+    }
+    (void)st->End({{"ok", true}, {"bytes", data.size()}, {"via", "channel"}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json r =
+      s.Call(1, "tools/call",
+             VmCall("vm_write_file",
+                    {{"vm", "vm1"}, {"path", "/a/b"}, {"content_b64", "AAEC"}, {"mode", 0755}}));
+  EXPECT_EQ(r["result"]["isError"], false) << r.dump();
+  EXPECT_EQ(r["result"]["structuredContent"]["bytes"], 3);
+  auto reqs = daemon->requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0]["verb"], "put");
+  EXPECT_EQ(reqs[0]["kind"], "file");
+  EXPECT_EQ(reqs[0]["mode"], 0755);
+  EXPECT_EQ(reqs[0]["mkdirs"], true);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0], std::string("\0\1\2", 3));
+}
+
+TEST(McpTest, VmListDirRunsFindAndReturnsSortedEntries) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    std::string out;
+    for (const char* f :
+         {"f", "12", "644", "1700000000.5", "b.txt", "", "l", "4", "777", "1700000001", "a",
+          "b.txt", "d", "4096", "755", "1700000002", "dir", ""}) {
+      out += f;
+      out += '\0';
+    }
+    (void)st->Write(channel::kChanOut, out);
+    (void)st->End(
+        {{"ok", true}, {"exec_id", 4}, {"result", {{"outcome", "exited"}, {"exit_code", 0}}}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json r = s.Call(1, "tools/call", VmCall("vm_list_dir", {{"vm", "vm1"}, {"path", "/root"}}));
+  ASSERT_EQ(r["result"]["isError"], false) << r.dump();
+  const Json& e = r["result"]["structuredContent"]["entries"];
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[0]["path"], "a");
+  EXPECT_EQ(e[0]["type"], "symlink");
+  EXPECT_EQ(e[0]["target"], "b.txt");
+  EXPECT_EQ(e[1]["path"], "b.txt");
+  EXPECT_EQ(e[1]["size"], 12);
+  EXPECT_EQ(e[1]["mode"], "644");
+  EXPECT_EQ(e[1]["mtime"], 1700000000.5);
+  EXPECT_EQ(e[2]["type"], "dir");
+  auto reqs = daemon->requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0]["argv"][0], "find");
+  EXPECT_EQ(reqs[0]["argv"][2], "/root");
+}
+
+TEST(McpTest, VmCreateIsEphemeralOnTheSessionsConnectionUnlessKept) {
+  Home home;
+  std::atomic<int> n{0};
+  auto daemon = StartDaemon(home, [&](std::shared_ptr<channel::Stream> st, const Json&) {
+    std::string id = "vm" + std::to_string(++n);
+    (void)st->SendEvent({{"progress", {{"stage", "restore"}, {"message", "restoring"}}}});
+    (void)st->End({{"ok", true}, {"vm", {{"id", id}, {"image", "debian-12"}}}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  Json a = s.Call(1, "tools/call", VmCall("vm_create", {{"allow", {"pypi.org"}}}));
+  EXPECT_EQ(a["result"]["isError"], false) << a.dump();
+  EXPECT_EQ(a["result"]["structuredContent"]["kept"], false);
+  Json b = s.Call(2, "tools/call", VmCall("vm_create", {{"keep", true}, {"image", "debian-12"}}));
+  EXPECT_EQ(b["result"]["structuredContent"]["kept"], true);
+  EXPECT_NE(a["result"]["structuredContent"]["vm"], b["result"]["structuredContent"]["vm"]);
+  auto reqs = daemon->requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0]["ephemeral"], true);
+  EXPECT_EQ(reqs[0]["allow"], Json({"pypi.org"}));
+  EXPECT_EQ(reqs[1]["ephemeral"], false);
+  EXPECT_EQ(reqs[1]["image"], "debian-12");
+}
+
+TEST(McpTest, VmToolArgumentMistakesAreToolErrorsAndReachNoDaemon) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    (void)st->End({{"ok", true}});
+  });
+  Session s(Options(home, FakeEnv({})));
+  s.Initialize();
+  std::vector<std::pair<Json, std::string>> cases = {
+      {VmCall("vm_exec", {{"vm", "vm1"}}), "command"},
+      {VmCall("vm_exec", {{"vm", "vm1"}, {"command", "x"}, {"argv", {"x"}}}), "not both"},
+      {VmCall("vm_exec", {{"vm", "../x"}, {"command", "x"}}), "VM id"},
+      {VmCall("vm_exec", {{"vm", "vm1"}, {"command", "x"}, {"timeout_s", 0}}), "timeout_s"},
+      {VmCall("vm_exec", {{"vm", "vm1"}, {"command", "x"}, {"cwd", "rel"}}), "cwd"},
+      {VmCall("vm_exec", {{"vm", "vm1"}, {"command", "x"}, {"env", {{"A=B", "c"}}}}), "A=B"},
+      {VmCall("vm_read_file", {{"vm", "vm1"}, {"path", "etc/passwd"}}), "absolute"},
+      {VmCall("vm_read_file", {{"vm", "vm1"}, {"path", "/x"}, {"extra", 1}}), "extra"},
+      {VmCall("vm_write_file", {{"vm", "vm1"}, {"path", "/x"}}), "content"},
+      {VmCall("vm_write_file", {{"vm", "vm1"}, {"path", "/x"}, {"content_b64", "!!"}}),
+       "content_b64"},
+      {VmCall("vm_list_dir", {{"vm", "vm1"}, {"path", "/"}, {"depth", 99}}), "depth"},
+      {VmCall("vm_create", {{"image", "../etc"}}), "image name"},
+      {VmCall("vm_create", {{"allow", {"a b"}}}), "allow"},
+      {VmCall("vm_create", {{"keep", "yes"}}), "keep"},
+      {VmCall("vm_destroy", Json::object()), "vm"},
+  };
+  int id = 1;
+  for (const auto& [call, word] : cases) {
+    Json r = s.Call(id++, "tools/call", call);
+    EXPECT_EQ(r["result"]["isError"], true) << call.dump();
+    EXPECT_NE(ResultText(r).find(word), std::string::npos) << call.dump() << " -> " << r.dump();
+  }
+  EXPECT_TRUE(daemon->requests().empty());
+}
+
+TEST(McpTest, CliParsesMcpTools) {
+  auto inv = Parse({"trybox", "mcp", "--tools", "vm_exec,vm_agent"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->tools, std::vector<std::string>({"vm_agent", "vm_exec"}));
+  EXPECT_EQ(Parse({"trybox", "mcp"})->tools.size(), 7u);
+  auto bad = Parse({"trybox", "mcp", "--tools", "vm_exec,rm_rf"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("rm_rf"), std::string::npos);
+  EXPECT_FALSE(Parse({"trybox", "mcp", "--tools", "vm_exec,vm_exec"}).ok());
 }
 
 }  // namespace

@@ -172,9 +172,9 @@ Json GuestExecRequest(const ExecSpec& spec) {
   Json req = {{"op", "exec"},
               {"argv", spec.argv},
               {"env", spec.env},
-              {"cwd", spec.cwd},
               {"timeout_ms", spec.timeout_ms},
               {"stdin", spec.stdin}};
+  if (!spec.cwd.empty()) req["cwd"] = spec.cwd;
   if (!spec.user.empty()) req["user"] = spec.user;
   if (spec.privileged) req["privileged"] = true;
   if (spec.tty) req["tty"] = {{"rows", spec.tty->rows}, {"cols", spec.tty->cols}};

@@ -101,7 +101,7 @@ Result<Json> GuestMetaEvent(const Json& body);
 struct ExecSpec {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
-  std::string cwd = "/root";
+  std::string cwd = "/root";  // "": the account's home, as the guest resolves it
   int64_t timeout_ms = 0;  // 0: none
   bool stdin = false;      // the client's channel 0 becomes the command's stdin
   std::string user;        // "" = root

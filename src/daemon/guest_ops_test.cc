@@ -284,6 +284,14 @@ TEST(GuestOpsExecTest, RequestCarriesUserAndPrivilegesOnlyWhenSet) {
   EXPECT_EQ(req["privileged"], true);
 }
 
+// An empty cwd leaves it to the guest, which runs the command in its account's home.
+TEST(GuestOpsExecTest, RequestLeavesCwdToTheGuestWhenEmpty) {
+  ExecSpec spec{{"id"}};
+  EXPECT_EQ(GuestExecRequest(spec)["cwd"], "/root");
+  spec.cwd = "";
+  EXPECT_FALSE(GuestExecRequest(spec).contains("cwd"));
+}
+
 // ---- files, against trybox-init's own handlers ----
 
 class GuestOpsFilesTest : public ::testing::Test {

@@ -249,9 +249,9 @@ std::vector<std::pair<std::string, vmm::TemplateShape>> ImageService::Templates(
   return out;
 }
 
-Result<std::vector<ImageView>> ImageService::List() {
-  ASSIGN_OR_RETURN(auto entries, image::ListImages(images_root_));
-  std::map<std::string, int> in_use = InUse();
+Result<std::vector<ImageView>> ListImageViews(const std::string& images_root,
+                                              std::map<std::string, int> in_use) {
+  ASSIGN_OR_RETURN(auto entries, image::ListImages(images_root));
   std::vector<ImageView> out;
   for (auto& e : entries) {
     ImageView v;
@@ -277,6 +277,10 @@ Result<std::vector<ImageView>> ImageService::List() {
     out.push_back(std::move(v));
   }
   return out;
+}
+
+Result<std::vector<ImageView>> ImageService::List() {
+  return ListImageViews(images_root_, InUse());
 }
 
 Result<RemovedImage> ImageService::Remove(const std::string& name, ImageError* error) {

@@ -58,6 +58,11 @@ struct Freed {
   uint64_t bytes = 0;
 };
 
+// The images under `images_root` with their sizes and derived images; `in_use` gives the
+// running VMs per image (empty where no daemon runs).
+Result<std::vector<ImageView>> ListImageViews(const std::string& images_root,
+                                              std::map<std::string, int> in_use);
+
 class ImageService {
  public:
   ImageService(const Paths& paths, VmRegistry& registry, vmm::TemplateStore& templates);

@@ -9,6 +9,7 @@
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
+#include "daemon/image_service.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_service.h"
 #include "daemon/workspace_service.h"
@@ -34,7 +35,9 @@ void AddWorkVerbs(VerbTable& table, Services& s);
 // logs, ps, kill, port (verbs_term.cc).
 void AddTerminalVerbs(VerbTable& table, Services& s);
 
-class ImageService;
+// image_ls's `images` array: each image with its template's state as judged with the
+// accelerator kept in state_dir/accel.json ("unknown" before any choice).
+Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir);
 // commit, image_ls, image_rm, image_prune (verbs_image.cc).
 void AddImageVerbs(VerbTable& table, ImageService& images, Services& s);
 

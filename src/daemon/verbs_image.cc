@@ -1,7 +1,10 @@
 // The image verbs (docs/protocol/daemon.md): commit, image_ls, image_rm, image_prune. Their
 // parsers, the ImageService calls, and their result writers.
+#include <unistd.h>
+
 #include "daemon/image_service.h"
 #include "daemon/verbs.h"
+#include "util/fd.h"
 
 namespace trybox::daemon {
 namespace {
@@ -39,6 +42,27 @@ Json ImageJson(const ImageView& v, const Json& template_state) {
 
 }  // namespace
 
+Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir) {
+  // The template state needs the accelerator: the one the daemon chose and kept
+  // (vmm/accel.h); before any choice it is unknown, and listing never probes.
+  auto kept = ReadFileToString(state_dir + "/accel.json");
+  Json a = kept.ok() ? Json::parse(*kept, nullptr, false) : Json();
+  const std::string accel = a.is_object() && a.contains("accel") && a["accel"].is_string()
+                                ? a["accel"].get<std::string>()
+                                : "";
+  Json out = Json::array();
+  for (const auto& v : list) {
+    Json tpl = v.entry.valid && !accel.empty()
+                   ? vmm::DescribeImageTemplate(state_dir + "/templates", v.entry.name, v.entry.dir,
+                                                accel, "qemu-system-x86_64", ::geteuid() == 0)
+                   : Json{{"state", "unknown"},
+                          {"reason", v.entry.valid ? "tryboxd has not chosen an accelerator yet"
+                                                   : "the image is not valid"}};
+    out.push_back(ImageJson(v, tpl));
+  }
+  return out;
+}
+
 void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
   t.AddStreaming("commit", [&images](channel::Stream& client, const Json& j, Connection&) {
     auto reply = [&]() -> Json {
@@ -68,23 +92,9 @@ void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
   t.AddUnary("image_ls", [&images, &s](const Json&, Connection&) -> Json {
     auto list = images.List();
     if (!list.ok()) return ErrorReply(list.status());
-    // The template state needs the accelerator; it is the probe's kept answer (no boot
-    // when one was made before).
-    std::string accel;
-    for (const auto& v : *list) {
-      if (v.entry.valid) {
-        accel = s.launcher.Accel(v.entry.dir).accel;
-        break;
-      }
-    }
-    Json out = Json::array();
-    for (const auto& v : *list) {
-      Json tpl = v.entry.valid && !accel.empty()
-                     ? s.launcher.DescribeTemplate(v.entry.name, v.entry.dir, accel)
-                     : Json(nullptr);
-      out.push_back(ImageJson(v, tpl));
-    }
-    return {{"ok", true}, {"images", out}};
+    return {{"ok", true},
+            {"images", ImageListJson(*list, s.paths.state)},
+            {"images_dir", s.paths.images}};
   });
   t.AddUnary("image_rm", [&images](const Json& j, Connection&) -> Json {
     auto req = ParseImageName(j);

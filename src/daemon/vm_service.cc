@@ -132,7 +132,10 @@ ExecSpec VmService::SpecFor(const VmEntry& vm, const ExecRequest& req) const {
   ExecSpec spec;
   spec.argv = req.argv;
   spec.env = req.env;
-  spec.cwd = req.cwd.value_or(vm.has_workspace() ? "/workspace" : "/root");
+  // Without a workspace, a command runs in its account's home (/root for root, /home/user
+  // for `user`), which the guest knows from its /etc/passwd.
+  bool root = req.user.empty() || req.user == "root";
+  spec.cwd = req.cwd.value_or(vm.has_workspace() ? "/workspace" : root ? "/root" : "");
   spec.timeout_ms = req.timeout_ms;
   spec.stdin = req.stdin;
   spec.user = req.user;
@@ -145,7 +148,7 @@ Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec)
   Recorded r;
   r.rec.vm_id = vm.id();
   r.rec.argv = spec.argv;
-  r.rec.cwd = spec.cwd;
+  r.rec.cwd = spec.cwd.empty() ? "~" + spec.user : spec.cwd;  // "~user": that account's home
   r.rec.started_at = store::NowSeconds();
   r.rec.outcome = "running";
   auto id = store_.InsertExec(r.rec);

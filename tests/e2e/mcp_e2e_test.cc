@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "tests/e2e/harness.h"
@@ -162,6 +164,97 @@ TEST_F(McpE2E, VmAgentRunsInAVmAndTheReportComesBackWithProgress) {
   EXPECT_EQ(report["claim"]["summary"], "answer.txt holds 42");
   EXPECT_NE(Text(done["result"]).find("Verdict: VERIFIED\n"), std::string::npos);
   EXPECT_EQ(m.steps_left(), 0u);
+}
+
+// The VM tools through the official SDK (which checks each structuredContent against the
+// tool's outputSchema): an assistant works in a real VM by itself, call by call.
+TEST_F(McpE2E, SdkClientWorksInAVmCallByCallWithTheVmTools) {
+  Json script = Json::array({
+      {{"name", "vm_create"}, {"arguments", Json::object()}},
+      {{"name", "vm_write_file"},
+       {"arguments", {{"vm", "$VM"}, {"path", "/root/w/hello.txt"}, {"content", "hi there\n"}}}},
+      {{"name", "vm_exec"},
+       {"arguments", {{"vm", "$VM"}, {"command", "cat /root/w/hello.txt; echo oops >&2; exit 3"}}}},
+      {{"name", "vm_exec"},
+       {"arguments", {{"vm", "$VM"}, {"argv", {"id", "-un"}}, {"user", "user"}}}},
+      {{"name", "vm_list_dir"}, {"arguments", {{"vm", "$VM"}, {"path", "/root/w"}}}},
+      {{"name", "vm_read_file"}, {"arguments", {{"vm", "$VM"}, {"path", "/root/w/hello.txt"}}}},
+      {{"name", "vm_read_file"}, {"arguments", {{"vm", "$VM"}, {"path", "/root/w"}}}},
+      {{"name", "vm_exec"},
+       {"arguments", {{"vm", "$VM"}, {"command", "sleep 30"}, {"timeout_s", 1}}}},
+      {{"name", "vm_destroy"}, {"arguments", {{"vm", "$VM"}}}},
+  });
+  Json r = RunSdkClient("", {"MCP_SCRIPT=" + script.dump()});
+  ASSERT_TRUE(r.is_object());
+  const Json& res = r["results"];
+  ASSERT_EQ(res.size(), script.size()) << r.dump();
+  std::string vm = res[0]["structuredContent"]["vm"];
+  EXPECT_EQ(res[0]["structuredContent"]["kept"], false);
+  EXPECT_EQ(res[1]["structuredContent"]["bytes"], 9) << res[1].dump();
+
+  const Json& exec = res[2]["structuredContent"];
+  EXPECT_EQ(res[2]["isError"], false) << res[2].dump();
+  EXPECT_EQ(exec["outcome"], "exited");
+  EXPECT_EQ(exec["exit_code"], 3);
+  EXPECT_EQ(exec["stdout"], "hi there\n");
+  EXPECT_EQ(exec["stderr"], "oops\n");
+  ASSERT_TRUE(exec["exec_id"].is_number_integer());
+  // The exec is the daemon's record, as `trybox logs` shows it.
+  CliResult logs = h_->Cli({"logs", std::to_string(exec["exec_id"].get<int64_t>())});
+  EXPECT_EQ(logs.out, "hi there\n") << logs.err;
+
+  EXPECT_EQ(res[3]["structuredContent"]["stdout"], "user\n") << res[3].dump();
+
+  const Json& entries = res[4]["structuredContent"]["entries"];
+  ASSERT_EQ(entries.size(), 1u) << res[4].dump();
+  EXPECT_EQ(entries[0]["path"], "hello.txt");
+  EXPECT_EQ(entries[0]["type"], "file");
+  EXPECT_EQ(entries[0]["size"], 9);
+  EXPECT_EQ(entries[0]["mode"], "644");
+
+  EXPECT_EQ(res[5]["structuredContent"]["content"], "hi there\n") << res[5].dump();
+  EXPECT_EQ(res[6]["isError"], true) << res[6].dump();
+  EXPECT_EQ(res[7]["structuredContent"]["outcome"], "timed_out") << res[7].dump();
+  EXPECT_TRUE(res[7]["structuredContent"]["exit_code"].is_null());
+  EXPECT_EQ(res[8]["structuredContent"]["destroyed"], true) << res[8].dump();
+
+  auto list = h_->Call({{"verb", "list"}});
+  ASSERT_TRUE(list.ok());
+  for (const auto& v : (*list)["vms"]) EXPECT_NE(v["id"], vm);
+}
+
+// VMs the session made go with the session (tryboxd destroys them when its connection
+// closes), unless they were made with keep.
+TEST_F(McpE2E, SessionEndTakesItsVmsAlongButNotKeptOnes) {
+  Json script = Json::array({
+      {{"name", "vm_create"}, {"arguments", Json::object()}},
+      {{"name", "vm_create"}, {"arguments", {{"keep", true}}}},
+  });
+  Json r = RunSdkClient("", {"MCP_SCRIPT=" + script.dump()});
+  ASSERT_TRUE(r.is_object());
+  ASSERT_EQ(r["results"].size(), 2u) << r.dump();
+  std::string gone = r["results"][0]["structuredContent"]["vm"];
+  std::string kept = r["results"][1]["structuredContent"]["vm"];
+  std::set<std::string> ids;
+  for (int i = 0; i < 600; ++i) {  // the daemon destroys it when it sees the connection close
+    auto list = h_->Call({{"verb", "list"}});
+    ASSERT_TRUE(list.ok());
+    ids.clear();
+    for (const auto& v : (*list)["vms"]) ids.insert(v["id"].get<std::string>());
+    if (!ids.count(gone)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_FALSE(ids.count(gone));
+  EXPECT_TRUE(ids.count(kept));
+  EXPECT_EQ(h_->Cli({"rm", kept}).code, 0);
+}
+
+TEST_F(McpE2E, ToolsFlagOffersOnlyTheChosenTools) {
+  Json r = RunSdkClient("", {R"(MCP_SERVER_ARGS=["--tools", "vm_exec,vm_destroy"])"});
+  ASSERT_TRUE(r.is_object());
+  ASSERT_EQ(r["tools"].size(), 2u) << r.dump();
+  EXPECT_EQ(r["tools"][0]["name"], "vm_exec");
+  EXPECT_EQ(r["tools"][1]["name"], "vm_destroy");
 }
 
 }  // namespace

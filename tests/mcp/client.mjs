@@ -7,7 +7,12 @@
 // this process's whole environment. ARGUMENTS_JSON (or $MCP_CALL_ARGS) is the vm_agent
 // arguments object; without it the tool is listed but not called.
 //
-// Prints one JSON line: {server, protocolVersion, tools, result, progress}. `result` is the
+// With $MCP_SCRIPT (a JSON array of {name, arguments}), calls those tools in order instead;
+// the string "$VM" anywhere in an arguments object stands for the `vm` of the last
+// vm_create's structuredContent, and the results land in `results`. $MCP_SERVER_ARGS (a
+// JSON array) is appended to `mcp` (e.g. ["--tools", "vm_exec"]).
+//
+// Prints one JSON line: {server, protocolVersion, tools, result, progress, results}. `result` is the
 // CallToolResult as received, an error result (isError) included. Exits 1 on any protocol
 // failure: the server's handshake, its tool list, or the call itself failing at the
 // JSON-RPC level (a thrown McpError, a timeout, a structuredContent that does not match the
@@ -31,9 +36,18 @@ if (argsText) {
   }
 }
 
+let script = null;
+let serverArgs = [];
+try {
+  if (process.env.MCP_SCRIPT) script = JSON.parse(process.env.MCP_SCRIPT);
+  if (process.env.MCP_SERVER_ARGS) serverArgs = JSON.parse(process.env.MCP_SERVER_ARGS);
+} catch (e) {
+  fail(`MCP_SCRIPT or MCP_SERVER_ARGS is not JSON: ${e.message}`);
+}
+
 const transport = new StdioClientTransport({
   command: binary,
-  args: ["mcp"],
+  args: ["mcp", ...serverArgs],
   env: { ...process.env },  // the SDK passes only a few variables unless told otherwise
   stderr: "inherit",
 });
@@ -45,7 +59,14 @@ transport.setProtocolVersion = (v) => {
 };
 
 const client = new Client({ name: "trybox-sdk-test", version: "1.0.0" }, { capabilities: {} });
-const out = { server: null, protocolVersion: null, tools: [], result: null, progress: [] };
+const out = {
+  server: null,
+  protocolVersion: null,
+  tools: [],
+  result: null,
+  progress: [],
+  results: [],
+};
 try {
   await client.connect(transport);
   out.server = client.getServerVersion();
@@ -55,9 +76,22 @@ try {
 
   const { tools } = await client.listTools();
   out.tools = tools;
+  for (const t of tools) {
+    if (t.inputSchema?.type !== "object") fail(`${t.name}'s inputSchema is not an object schema`);
+  }
   const tool = tools.find((t) => t.name === "vm_agent");
-  if (!tool) fail(`no vm_agent among ${JSON.stringify(tools.map((t) => t.name))}`);
-  if (tool.inputSchema?.type !== "object") fail("vm_agent's inputSchema is not an object schema");
+  if (!tool && callArgs !== null) {
+    fail(`no vm_agent among ${JSON.stringify(tools.map((t) => t.name))}`);
+  }
+
+  let vm = null;
+  for (const step of script || []) {
+    const args = JSON.parse(JSON.stringify(step.arguments || {}).replaceAll('"$VM"', JSON.stringify(vm)));
+    // callTool checks structuredContent against the tool's outputSchema (a mismatch throws).
+    const r = await client.callTool({ name: step.name, arguments: args });
+    out.results.push(r);
+    if (step.name === "vm_create" && r.structuredContent?.vm) vm = r.structuredContent.vm;
+  }
 
   if (callArgs !== null) {
     out.result = await client.callTool({ name: "vm_agent", arguments: callArgs }, undefined, {
