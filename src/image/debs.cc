@@ -52,8 +52,10 @@ Result<std::vector<DebToInstall>> ParseAptSimulation(const std::string& output) 
     DebToInstall d;
     t >> d.package;
     const size_t open = line.find(" (");
-    const size_t arch_open = line.rfind('[');
-    const size_t arch_close = line.rfind(']');
+    // The arch is the last [..] inside the parentheses; apt may append " []" after them.
+    const size_t close = line.find(')', open == std::string::npos ? 0 : open);
+    const size_t arch_open = close == std::string::npos ? close : line.rfind('[', close);
+    const size_t arch_close = close == std::string::npos ? close : line.rfind(']', close);
     if (d.package.empty() || open == std::string::npos || arch_open == std::string::npos ||
         arch_close == std::string::npos || arch_close < arch_open || arch_open < open) {
       return Internal("unexpected apt-get -s line: " + line);

@@ -27,6 +27,15 @@ TEST(DebsTest, SimulationGivesThePackagesAndTheirFileNamesInAptsOrder) {
   EXPECT_EQ((*r)[3].file, "tzdata_1%3a2025b-0+deb12u1_all.deb");
 }
 
+TEST(DebsTest, ATrailingBracketPairAfterTheParenthesesIsNotTheArch) {
+  // Seen building debian-12-dev: apt appends " []" to some Inst lines.
+  auto r = ParseAptSimulation(
+      "Inst node-acorn (8.8.1+ds+~cs25.17.7-2 Debian:12.15/oldstable [all]) []\n");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].file, "node-acorn_8.8.1+ds+~cs25.17.7-2_all.deb");
+}
+
 TEST(DebsTest, NothingToInstallIsAnEmptyList) {
   auto r = ParseAptSimulation("0 upgraded, 0 newly installed, 0 to remove and 0 not upgraded.\n");
   ASSERT_TRUE(r.ok());
