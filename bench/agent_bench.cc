@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   if (!h.ok()) Die("harness", h.status());
   auto& harness = **h;
   auto agent = [&](const std::vector<std::string>& extra, Json* report) {
-    std::vector<std::string> args = {"agent", "--json"};
+    std::vector<std::string> args = {"agent", "--image", "debian-12", "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto t0 = Clock::now();
     trybox::e2e::CliResult r = harness.Cli(args);

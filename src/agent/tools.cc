@@ -84,10 +84,22 @@ const std::vector<ToolSpec>& AgentTools() {
   return tools;
 }
 
-std::string SystemPrompt() {
-  return "You are working inside a throwaway Linux virtual machine (Debian) on a task given by "
+std::string SystemPrompt(const ImageFacts& image) {
+  std::string about = image.distribution;
+  if (!image.name.empty()) about += ", image " + image.name;
+  std::string tools;
+  if (!image.checks.empty()) {
+    tools = "- These commands are known to work in this image: ";
+    for (size_t i = 0; i < image.checks.size(); ++i) {
+      tools += (i ? "; " : "") + image.checks[i];
+    }
+    tools += ". Other tools may be missing; check with `command -v` before relying on one.\n";
+  }
+  return "You are working inside a throwaway Linux virtual machine (" + about +
+         ") on a task given by "
          "another assistant. Use the tools to try things for real: write files, run them, read "
-         "the actual errors and fix them. Do not guess what a command would print; run it.\n"
+         "the actual errors and fix them. Do not guess what a command would print; run it.\n" +
+         tools +
          "- Your working directory is /workspace. Only files under /workspace are kept when you "
          "finish; everything else in the VM is discarded.\n"
          "- The VM has no network except through an HTTP proxy that allows only the hosts the "

@@ -51,8 +51,15 @@ using ToolArgs = std::variant<RunArgs, WriteArgs, ReadArgs, ListArgs, AskArgs, F
 // The tool list sent to the model.
 const std::vector<ToolSpec>& AgentTools();
 
+// What the prompt says about the VM's image (image::DescribeImage).
+struct ImageFacts {
+  std::string name;                     // "debian-12-dev"; "" = unknown
+  std::string distribution = "Debian";  // "Debian 12 (bookworm)"
+  std::vector<std::string> checks;      // commands known to pass in it (its recipe's checks)
+};
+
 // The system prompt: what the sub-agent is, where it works, what each tool does.
-std::string SystemPrompt();
+std::string SystemPrompt(const ImageFacts& image = {});
 
 // The typed arguments of `call`, or an INVALID_ARGUMENT whose message is written for the
 // model ("run: 'command' must be a non-empty string").

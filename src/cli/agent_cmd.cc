@@ -12,7 +12,9 @@
 #include <thread>
 
 #include "cli/agent_settings.h"
+#include "cli/image_recipe.h"
 #include "cli/reply.h"
+#include "image/image.h"
 #include "util/paths.h"
 #include "util/utf8.h"
 
@@ -78,6 +80,19 @@ Json Limits(const AgentOptions& a) {
 int Fail(std::ostream& err, const Status& st) {
   err << "trybox: " << st.message() << "\n";
   return 125;
+}
+
+// The default image is built from its built-in recipe the first time it is needed, with
+// its progress on stderr (minutes: a developer image installs a toolchain). 0 when ready.
+int BuildOnFirstUse(const std::string& image, std::ostream& err) {
+  Paths paths = Paths::FromEnvironment();
+  auto dir = image::ImageDir(paths.images, image);
+  if (dir.ok() || dir.status().code() != Code::kNotFound || !UsesRecipe(image, "")) return 0;
+  err << "trybox: image " << image << " is not built yet; building it from its recipe\n";
+  RecipeBuild build(paths, {.name = image, .progress = true}, err);
+  auto r = build.Run();
+  if (!r.ok()) return Fail(err, r.status().Annotate("building " + image));
+  return 0;
 }
 
 // What the user reads of an event: its run id, its progress lines, and (following a run)
@@ -257,9 +272,12 @@ int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostr
     auto model = ResolveModel(Paths::FromEnvironment(), inv.model, ProcessEnv());
     if (!model.ok()) return Fail(err, model.status());
     if (inv.command == "agent") {
+      auto image = ResolveAgentImage(Paths::FromEnvironment(), a.image);
+      if (!image.ok()) return Fail(err, image.status());
+      if (int rc = BuildOnFirstUse(*image, err); rc != 0) return rc;
       req = {{"verb", "agent"},
              {"task", a.task},
-             {"image", inv.vm.image},
+             {"image", *image},
              {"allow", inv.vm.allow},
              {"profiles", inv.vm.profiles},
              {"model", *model},

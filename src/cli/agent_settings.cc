@@ -4,6 +4,7 @@
 #include <set>
 
 #include "util/fd.h"
+#include "util/names.h"
 
 namespace trybox::cli {
 namespace {
@@ -29,12 +30,12 @@ Result<Json> ReadConfig(const Paths& paths) {
   }
   Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return InvalidArgument(path + " is not a JSON object");
-  static const std::set<std::string> kTop = {"provider", "anthropic", "openai"};
+  static const std::set<std::string> kTop = {"provider", "anthropic", "openai", "image"};
   static const std::set<std::string> kSection = {"base_url", "api_key", "model", "ca_file"};
   for (auto& [key, value] : j.items()) {
     if (!kTop.count(key)) return InvalidArgument(path + ": unknown key '" + key + "'");
-    if (key == "provider") {
-      if (!value.is_string()) return InvalidArgument(path + ": provider must be a string");
+    if (key == "provider" || key == "image") {
+      if (!value.is_string()) return InvalidArgument(path + ": " + key + " must be a string");
       continue;
     }
     if (!value.is_object()) return InvalidArgument(path + ": " + key + " must be an object");
@@ -99,6 +100,16 @@ Result<Json> ResolveModel(const Paths& paths, const ModelFlags& flags, const Env
   }
   if (section.contains("ca_file")) m["ca_file"] = section["ca_file"];
   return m;
+}
+
+Result<std::string> ResolveAgentImage(const Paths& paths, const std::string& flag) {
+  std::string image = flag;
+  if (image.empty()) {
+    ASSIGN_OR_RETURN(Json config, ReadConfig(paths));
+    image = config.value("image", std::string(kDefaultAgentImage));
+  }
+  RETURN_IF_ERROR(ValidateName("image name", image));
+  return image;
 }
 
 }  // namespace trybox::cli

@@ -36,4 +36,10 @@ Status CheckAgentConfig(const Paths& paths);
 Result<nlohmann::json> ResolveModel(const Paths& paths, const ModelFlags& flags,
                                     const EnvLookup& env);
 
+// The image `trybox agent` boots when --image is not given.
+inline constexpr const char* kDefaultAgentImage = "debian-12-dev";
+
+// --image if given, else agent.json "image", else kDefaultAgentImage; a valid image name.
+Result<std::string> ResolveAgentImage(const Paths& paths, const std::string& flag);
+
 }  // namespace trybox::cli

@@ -19,6 +19,7 @@
 #include "cli/client.h"
 #include "cli/daemon_cmd.h"
 #include "cli/image_cmd.h"
+#include "cli/image_recipe.h"
 #include "cli/mcp.h"
 #include "cli/mcp_tools.h"
 #include "cli/reply.h"
@@ -641,6 +642,7 @@ int CmdCp(Client& client, const std::string& src, const std::string& dst, std::o
 }
 
 int CmdImageBuild(const Invocation& inv) {
+  if (UsesRecipe(inv.image_name, inv.recipe_file)) return CmdImageBuildRecipe(inv);
   Paths paths = Paths::FromEnvironment();
   image::BuildOptions o;
   o.name = inv.image_name;
@@ -1001,6 +1003,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   image->require_subcommand(1);
   auto* build = image->add_subcommand("build", "Build an image (default debian-12)");
   build->add_option("name", inv.image_name, "Image name")->capture_default_str();
+  build->add_option("-f,--file", inv.recipe_file,
+                    "Build from this recipe (docs/images.md, \"Recipes\"); default for "
+                    "debian-12-dev: its built-in recipe");
   build->add_flag("--rebuild-rootfs", inv.rebuild_rootfs, "Ignore the cached root filesystem");
   auto* ils = image->add_subcommand("ls", "List built images");
   ils->add_flag("--json", inv.json, "JSON output");
@@ -1037,7 +1042,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
 
   auto* agent = app.add_subcommand(
       "agent", "Hand a task to a model that works in a VM; print the daemon's report");
-  agent->add_option("--image", inv.vm.image, "Image to boot")->capture_default_str();
+  agent->add_option("--image", inv.agent.image,
+                    "Image to boot (default: agent.json \"image\", else debian-12-dev, built on "
+                    "first use)");
   agent->add_option("--workspace", inv.vm.workspace,
                     "Copy this git working tree into /workspace; the result is committed on "
                     "branch trybox/RUN_ID");

@@ -77,6 +77,7 @@ struct AgentOptions {
   int64_t wall_clock_s = 0;  // --timeout, rounded up to whole seconds; 0: the daemon's default
   int64_t max_tokens = 0;    // 0: the daemon's default
   bool follow = false;       // show --follow
+  std::string image;         // --image; "" = agent.json "image", else kDefaultAgentImage
 };
 
 struct Invocation {
@@ -98,6 +99,7 @@ struct Invocation {
   bool dry_run = false;                  // prune --dry-run
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
+  std::string recipe_file;         // image build -f RECIPE (cli/image_recipe.h)
   std::string help;                // command == "help" or "version": the text to print
   ModelFlags model;                // agent, mcp: --provider, --model
   std::string mcp_tools;           // mcp --tools: comma-separated names, "" for all

@@ -33,6 +33,9 @@ class Client {
   Result<Json> Call(const Json& request);
   // `st` as it should be told: once the daemon's connection is gone, DaemonUnreachable.
   Status Explain(const Status& st) const;
+  // Closes the connection: every open stream fails, and the daemon destroys the VMs created
+  // ephemeral on it. Safe from another thread (an interrupted build, cli/image_recipe.h).
+  void Shutdown() { mux_->Shutdown(); }
 
  private:
   Client(std::unique_ptr<channel::Mux> mux, std::string socket)

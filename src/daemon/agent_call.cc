@@ -6,6 +6,7 @@
 #include "agent/text.h"
 #include "agent/tools.h"
 #include "daemon/guest_ops.h"
+#include "image/recipe.h"
 #include "util/log.h"
 #include "workspace/workspace.h"
 
@@ -95,11 +96,19 @@ void AgentCall::Progress(const std::string& message, int turn, int max_turns) {
 }
 
 void AgentCall::AddVerbs(bool loop) {
-  verbs_.AddStreaming("hello", [this, loop](channel::Stream& s, const Json&, Connection&) {
+  // The prompt names the run's image: its distribution and the checks of its recipe.
+  agent::ImageFacts image;
+  if (run_) {
+    image.name = run_->state.image_name;
+    image::ImageDescription d = image::DescribeImage(env_.vms.images_dir(), image.name);
+    image.distribution = d.distribution;
+    image.checks = d.checks;
+  }
+  verbs_.AddStreaming("hello", [this, loop, image](channel::Stream& s, const Json&, Connection&) {
     Json end = {{"ok", true},
                 {"mode", loop ? "loop" : "probe"},
                 {"model", agent::SettingsWithoutKey(settings_)},
-                {"system_prompt", agent::SystemPrompt()}};
+                {"system_prompt", agent::SystemPrompt(image)}};
     if (loop) {
       MutexLock lock(mu_);
       end["run"] = run_->id;

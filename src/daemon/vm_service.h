@@ -118,6 +118,9 @@ class VmService {
   // waiting on a guest that stopped answering end as guest_unresponsive.
   void NoteCondition(VmEntry& vm, VmEntry::Condition c, const std::string& note);
 
+  // Where images live (read-only use: the agent's prompt describes a run's image).
+  const std::string& images_dir() const { return images_dir_; }
+
   // At start: kills QEMUs and removes directories a dead daemon left (docs/store.md).
   void ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir);
   // At stop: destroys every VM.

@@ -142,7 +142,7 @@ TEST_F(AgentControlE2E, CtrlCDuringALongCommandKillsItAndRecordsTheRunCancelled)
   PushProbeReply();
   model_->Push(Turn({Call("write_file", {{"path", "work.txt"}, {"content", "partial"}})}));
   model_->Push(Turn({Call("run", {{"command", "sleep 300; echo never"}, {"timeout_s", 600}})}));
-  Running cli = Start({"agent", "--model", ModelName(), "--json", "long work"});
+  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
   ASSERT_FALSE(run.empty()) << cli.err_seen;
@@ -176,7 +176,7 @@ TEST_F(AgentControlE2E, CtrlCDuringALongCommandKillsItAndRecordsTheRunCancelled)
 TEST_F(AgentControlE2E, CancelFromAnotherTerminalStopsTheRun) {
   PushProbeReply();
   model_->Push(Turn({Call("run", {{"command", "sleep 300"}, {"timeout_s", 600}})}));
-  Running cli = Start({"agent", "--model", ModelName(), "--json", "long work"});
+  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
   CliResult cancel = h_->Cli({"agent", "cancel", run, "--json"});
@@ -195,7 +195,7 @@ TEST_F(AgentControlE2E, ShowFollowPrintsEachCommandAndItsOutputAsTheRunWorks) {
   model_->Push(Turn(
       {Call("run", {{"command", "echo first-line; echo to-err >&2; sleep 6; echo second-line"}})}));
   model_->Push(Turn({Call("finish", {{"summary", "printed"}})}));
-  Running cli = Start({"agent", "--model", ModelName(), "--json", "print"});
+  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "print"});
   ASSERT_TRUE(cli.WaitFor("trybox: run ")) << cli.err_seen;
   ASSERT_TRUE(cli.WaitFor("\n")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
@@ -248,7 +248,7 @@ TEST_F(AgentControlE2E, APersonsExecInTheAgentsVmIsNotTheAgentsCommand) {
 TEST_F(AgentControlE2E, TheAgentProcessHoldsNoKeyAndDyingEndsOnlyItsRun) {
   PushProbeReply();
   model_->Push(Turn({Call("run", {{"command", "sleep 300"}, {"timeout_s", 600}})}));
-  Running cli = Start({"agent", "--model", ModelName(), "--json", "long work"});
+  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   auto pids = AgentPids();
   ASSERT_EQ(pids.size(), 1u);

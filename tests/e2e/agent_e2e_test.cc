@@ -226,7 +226,7 @@ TEST_F(AgentE2E, TruncatedContextStopsTheRunWithAnError) {
 TEST_F(AgentE2E, ModelThatFailsTheStartUpProbeStartsNoVm) {
   size_t vms_before = Json::parse(h_->Cli({"ls", "--json"}).out).size();
   model_->Push({{"text", "ok"}, {"input_tokens", 2050}});
-  CliResult r = h_->Cli({"agent", "--model", ModelName(), "anything"});
+  CliResult r = h_->Cli({"agent", "--image", "debian-12", "--model", ModelName(), "anything"});
   EXPECT_EQ(r.code, 125);
   EXPECT_NE(r.err.find("start-up probe"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("2050"), std::string::npos) << r.err;
@@ -312,7 +312,7 @@ TEST(AgentIdleE2E, WaitingRunsVmIsDestroyedAfterTheIdleTimeAndItSaysSo) {
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   (*m)->Push({{"text", "ok"}});
   (*m)->Push(Turn({Call("ask", {{"question", "Shall I?"}})}));
-  CliResult r = (*h)->Cli({"agent", "--json", "wait for me"});
+  CliResult r = (*h)->Cli({"agent", "--image", "debian-12", "--json", "wait for me"});
   ASSERT_EQ(r.code, 3) << r.err;
   Json report = Json::parse(r.out);
   std::string run = report["run"], vm = report["vm"]["id"];

@@ -78,6 +78,8 @@ class AgentFixture : public ::testing::Test {
   Json Agent(std::vector<std::string> args, int* code, std::string* err = nullptr) {
     args.insert(args.begin(), "agent");
     args.push_back("--json");
+    // The bare image boots fastest; these tests need no toolchain.
+    args.insert(args.begin() + 1, {"--image", "debian-12"});
     CliResult r = h_->Cli(args);
     *code = r.code;
     if (err) *err = r.err;
