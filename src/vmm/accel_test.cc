@@ -1,8 +1,8 @@
 #include "vmm/accel.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <optional>

@@ -142,7 +142,8 @@ TEST_F(AgentControlE2E, CtrlCDuringALongCommandKillsItAndRecordsTheRunCancelled)
   PushProbeReply();
   model_->Push(Turn({Call("write_file", {{"path", "work.txt"}, {"content", "partial"}})}));
   model_->Push(Turn({Call("run", {{"command", "sleep 300; echo never"}, {"timeout_s", 600}})}));
-  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
+  Running cli =
+      Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
   ASSERT_FALSE(run.empty()) << cli.err_seen;
@@ -176,7 +177,8 @@ TEST_F(AgentControlE2E, CtrlCDuringALongCommandKillsItAndRecordsTheRunCancelled)
 TEST_F(AgentControlE2E, CancelFromAnotherTerminalStopsTheRun) {
   PushProbeReply();
   model_->Push(Turn({Call("run", {{"command", "sleep 300"}, {"timeout_s", 600}})}));
-  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
+  Running cli =
+      Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   std::string run = RunIdFrom(cli.err_seen);
   CliResult cancel = h_->Cli({"agent", "cancel", run, "--json"});
@@ -248,7 +250,8 @@ TEST_F(AgentControlE2E, APersonsExecInTheAgentsVmIsNotTheAgentsCommand) {
 TEST_F(AgentControlE2E, TheAgentProcessHoldsNoKeyAndDyingEndsOnlyItsRun) {
   PushProbeReply();
   model_->Push(Turn({Call("run", {{"command", "sleep 300"}, {"timeout_s", 600}})}));
-  Running cli = Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
+  Running cli =
+      Start({"agent", "--image", "debian-12", "--model", ModelName(), "--json", "long work"});
   ASSERT_TRUE(cli.WaitFor("sleep 300")) << cli.err_seen;
   auto pids = AgentPids();
   ASSERT_EQ(pids.size(), 1u);
