@@ -153,6 +153,24 @@ Status CopyFile(const std::string& from, const std::string& to, mode_t mode) {
     if (n == 0) return Status::Ok();
     if (n > 0) continue;
     if (errno == EINTR) continue;
+    // Between file systems of different kinds (a tmpfs and an ext4, say) the kernel refuses
+    // copy_file_range: the bytes are copied through a buffer instead, from where it stopped.
+    if (errno == EXDEV || errno == EOPNOTSUPP || errno == ENOSYS) {
+      std::string buf(1 << 20, '\0');
+      Status st;
+      for (;;) {
+        auto got = ReadSome(in.get(), buf.data(), buf.size());
+        if (!got.ok()) {
+          st = got.status();
+          break;
+        }
+        if (*got == 0) return Status::Ok();
+        st = WriteFull(out.get(), std::string_view(buf.data(), *got));
+        if (!st.ok()) break;
+      }
+      ::unlink(to.c_str());
+      return st.Annotate("copy " + from + " to " + to);
+    }
     Status st = ErrnoError("copy " + from + " to " + to);
     ::unlink(to.c_str());
     return st;
