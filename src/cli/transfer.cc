@@ -385,15 +385,18 @@ Status RenameIntoPlace(const Landing& l, const std::string& tmp, bool tree) {
 
 Status ReceiveFile(channel::Stream& s, const Meta& meta, const Landing& l, uint64_t* bytes) {
   std::string tmp = TempName(l.name);
+  // The remover first: killed between the create and its start, the CLI would leave the
+  // temporary entry behind for good.
+  auto guard = RemoveUnlessKept::Start(l.dirfd.get(), tmp);
+  if (!guard.ok()) return guard.status();
   // O_EXCL|O_NOFOLLOW: never an existing file, never through a symbolic link planted at the
   // name; 0600 until complete, and only this descriptor's mode is ever changed.
   UniqueFd fd(::openat(l.dirfd.get(), tmp.c_str(),
                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd.valid()) return ErrnoError("create " + l.dir + "/" + tmp);
-  auto guard = RemoveUnlessKept::Start(l.dirfd.get(), tmp);
-  if (!guard.ok()) {
-    ::unlinkat(l.dirfd.get(), tmp.c_str(), 0);
-    return guard.status();
+  if (!fd.valid()) {
+    Status st = ErrnoError("create " + l.dir + "/" + tmp);
+    (void)guard->Keep();  // not ours: whatever is at that name stays
+    return st;
   }
   bool eof = false;
   Json early;
@@ -430,13 +433,13 @@ Status ReceiveFile(channel::Stream& s, const Meta& meta, const Landing& l, uint6
 
 Status ReceiveTree(channel::Stream& s, const Meta& meta, const Landing& l, uint64_t* bytes) {
   std::string tmp = TempName(l.name);
-  if (::mkdirat(l.dirfd.get(), tmp.c_str(), 0700) != 0) {
-    return ErrnoError("mkdir " + l.dir + "/" + tmp);
-  }
+  // The remover first, as for a file.
   auto guard = RemoveUnlessKept::Start(l.dirfd.get(), tmp);
-  if (!guard.ok()) {
-    ::unlinkat(l.dirfd.get(), tmp.c_str(), AT_REMOVEDIR);
-    return guard.status();
+  if (!guard.ok()) return guard.status();
+  if (::mkdirat(l.dirfd.get(), tmp.c_str(), 0700) != 0) {
+    Status st = ErrnoError("mkdir " + l.dir + "/" + tmp);
+    (void)guard->Keep();
+    return st;
   }
   bool eof = false;
   Json early;
