@@ -1043,8 +1043,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   auto* agent = app.add_subcommand(
       "agent", "Hand a task to a model that works in a VM; print the daemon's report");
   agent->add_option("--image", inv.agent.image,
-                    "Image to boot (default: agent.json \"image\", else debian-12-dev, built on "
-                    "first use)");
+                    "Image to boot (default: agent.json \"image\", else debian-12; an image with a "
+                    "built-in recipe is built on first use)");
   agent->add_option("--workspace", inv.vm.workspace,
                     "Copy this git working tree into /workspace; the result is committed on "
                     "branch trybox/RUN_ID");
