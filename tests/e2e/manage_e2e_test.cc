@@ -198,9 +198,11 @@ TEST(ManageE2E, AProbeLeftByAKilledDaemonIsReapedByTheNextOne) {
     probes = ProcessesNaming("trybox.probe=1", (*h)->home());
     if (probes.empty()) ::usleep(10000);
   }
-  ASSERT_EQ(probes.size(), 1u);
+  // The wrapper's shell may be caught forking its `sleep` (the child names the probe too until
+  // it execs), so one or more; and the doctor thread is joined before any failure returns.
   (*h)->CrashDaemon();
   doctor.join();
+  ASSERT_FALSE(probes.empty()) << "no probe started";
   bool outlived = !ProcessesNaming("trybox.probe=1", (*h)->home()).empty();
   ASSERT_TRUE(outlived) << "the probe ended with its daemon: nothing to reap";
   ASSERT_TRUE((*h)->RestartDaemon().ok());
