@@ -193,7 +193,7 @@ Status CreateNew(const std::string& path) {
   int rc = sqlite3_open_v2(tmp.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   Status st = rc == SQLITE_OK ? Migrate(db, 0)
                               : Internal("create store " + tmp + ": " + sqlite3_errstr(rc));
-  sqlite3_close(db);
+  sqlite3_close_v2(db);
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = ErrnoError("rename " + tmp + " to " + path);
   }
@@ -258,11 +258,14 @@ Result<OpenedDb> OpenChecked(const std::string& path) {
       sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-    sqlite3_close(db);
+    sqlite3_close_v2(db);
     return Internal("open store " + path + ": " + msg);
   }
+  // close_v2: a statement still alive in the caller's scope (a refusal returned from inside
+  // a Stmt's block) is finalized after this; sqlite3_close would refuse (SQLITE_BUSY) and
+  // leak the connection.
   auto fail = [&](Status s) -> Result<OpenedDb> {
-    sqlite3_close(db);
+    sqlite3_close_v2(db);
     return s;
   };
   sqlite3_busy_timeout(db, 5000);

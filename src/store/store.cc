@@ -69,7 +69,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
 
 Store::~Store() {
   MutexLock lock(mu_);
-  sqlite3_close(db_);
+  sqlite3_close_v2(db_);
   if (mark_fd_ >= 0) ::close(mark_fd_);
 }
 
