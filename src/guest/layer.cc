@@ -7,10 +7,12 @@
 #include <sys/mount.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
@@ -47,17 +49,27 @@ std::vector<std::string> Entries(const std::string& dir, Status* st) {
   return out;
 }
 
-Status Measure(const std::string& path, TreeUsage* u) {
+uint64_t RoundUp(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
+
+// `root`: the tree's own root, which may be reached through a symlink (the upper dir is
+// /proc/self/fd/N, a link to it); below it nothing is followed.
+Status Measure(const std::string& path, TreeUsage* u, bool root = false) {
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return ErrnoError("stat " + path);
+  if ((root ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st)) != 0) {
+    return ErrnoError("stat " + path);
+  }
   u->inodes += 1;
-  if (S_ISREG(st.st_mode))
-    u->bytes += (static_cast<uint64_t>(st.st_size) + kBlock - 1) / kBlock * kBlock;
+  if (S_ISREG(st.st_mode)) u->bytes += RoundUp(static_cast<uint64_t>(st.st_size));
   if (S_ISLNK(st.st_mode) && st.st_size >= 60) u->bytes += kBlock;
   if (!S_ISDIR(st.st_mode)) return Status::Ok();
-  u->bytes += kBlock;
   Status status;
-  for (const std::string& n : Entries(path, &status)) RETURN_IF_ERROR(Measure(path + "/" + n, u));
+  std::vector<std::string> entries = Entries(path, &status);
+  // ext4's directory entries (8 bytes and the name, padded to 4), twice over for the slack
+  // of half-full blocks and the hash index of a large directory; one block at least.
+  uint64_t names = 0;
+  for (const std::string& n : entries) names += 8 + (n.size() + 3) / 4 * 4;
+  u->bytes += std::max(kBlock, RoundUp(2 * names));
+  for (const std::string& n : entries) RETURN_IF_ERROR(Measure(path + "/" + n, u));
   return status;
 }
 
@@ -207,16 +219,19 @@ std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
 Result<TreeUsage> MeasureTree(const std::string& dir) {
   TreeUsage u;
-  RETURN_IF_ERROR(Measure(dir, &u));
+  RETURN_IF_ERROR(Measure(dir, &u, /*root=*/true));
   return u;
 }
 
 Result<CopyStats> CopyTree(const std::string& from, const std::string& to) {
   Copier c(from, to);
   RETURN_IF_ERROR(c.Tree(""));
+  // The root's own attributes: "/." names the directory itself even where `from` is a
+  // link to it (/proc/self/fd/N), which the l* calls would otherwise read.
+  const std::string self = from + "/.";
   struct stat st;
-  if (::lstat(from.c_str(), &st) != 0) return ErrnoError("stat " + from);
-  RETURN_IF_ERROR(CopyAttributes(from, to, st));
+  if (::lstat(self.c_str(), &st) != 0) return ErrnoError("stat " + from);
+  RETURN_IF_ERROR(CopyAttributes(self, to, st));
   return c.stats();
 }
 
@@ -269,7 +284,16 @@ void ServeLayerCapture(channel::Stream& stream, const Json& request, int upper_f
   ::rmdir((mount.dir() + "/lost+found").c_str());
   auto copied = CopyTree(FdPath(upper_fd), mount.dir());
   if (!copied.ok()) {
-    (void)stream.End(FailStatus(copied.status()));
+    Status failed = copied.status();
+    struct statvfs fs;
+    if (failed.code() == Code::kResourceExhausted && ::statvfs(mount.dir().c_str(), &fs) == 0) {
+      // Which of the two ran out: the host sized both from the measurement.
+      failed = failed.Annotate("the layer disk had " + std::to_string(fs.f_bfree) + " of " +
+                               std::to_string(fs.f_blocks) + " blocks and " +
+                               std::to_string(fs.f_ffree) + " of " + std::to_string(fs.f_files) +
+                               " inodes free");
+    }
+    (void)stream.End(FailStatus(failed));
     return;
   }
   if (st = mount.Unmount(); !st.ok()) {

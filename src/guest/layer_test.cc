@@ -83,5 +83,51 @@ TEST_F(CopyTreeTest, MeasureCountsEntriesAndRoundsBlocks) {
   EXPECT_EQ(u->bytes, 8192u + 2 * 4096u);
 }
 
+// The upper dir reaches MeasureTree and CopyTree as /proc/self/fd/N, a link to it: the
+// whole tree is measured (not the link alone, which once sized a layer for one entry and
+// a developer image's freeze failed with no inodes left), and the root's own mode and
+// xattrs are the directory's, not the link's.
+TEST_F(CopyTreeTest, ARootReachedThroughAFdLinkIsTheDirectoryItself) {
+  ASSERT_TRUE(MakeDirs(from_ + "/usr/share/doc").ok());
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(WriteFileAtomic(from_ + "/usr/share/doc/f" + std::to_string(i), "x").ok());
+  }
+  ASSERT_EQ(::chmod(from_.c_str(), 0751), 0);
+  ASSERT_EQ(::setxattr(from_.c_str(), "user.root", "r", 1, 0), 0);
+  ASSERT_TRUE(WriteFileAtomic(tmp_->path() + "/elsewhere", "not in the tree").ok());
+  auto fd = OpenFile(from_, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_TRUE(fd.ok());
+  const std::string link = "/proc/self/fd/" + std::to_string(fd->get());
+
+  auto u = MeasureTree(link);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->inodes, 1u + 3u + 40u);  // the root, usr/share/doc, the files
+  EXPECT_EQ(u->bytes, 4 * 4096u + 40 * 4096u);
+
+  auto copied = CopyTree(link, to_);
+  ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+  EXPECT_EQ(copied->entries, 3u + 40u);
+  struct stat st;
+  ASSERT_EQ(::stat(to_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0751u);
+  char value[4] = {};
+  EXPECT_EQ(::getxattr(to_.c_str(), "user.root", value, sizeof value), 1);
+}
+
+// Directories are sized by their entries: a directory of many long names takes more than
+// the one block a small one does.
+TEST_F(CopyTreeTest, MeasureSizesALargeDirectoryByItsNames) {
+  ASSERT_EQ(::mkdir((from_ + "/big").c_str(), 0755), 0);
+  const std::string stem(100, 'n');
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(::symlink("t", (from_ + "/big/" + stem + std::to_string(i)).c_str()), 0);
+  }
+  auto u = MeasureTree(from_);
+  ASSERT_TRUE(u.ok());
+  // 100 entries of 8 + 104 bytes, twice over: 22,400 bytes, 6 blocks; the root 1 block.
+  EXPECT_EQ(u->bytes, 7 * 4096u);
+  EXPECT_EQ(u->inodes, 102u);
+}
+
 }  // namespace
 }  // namespace trybox::guest
