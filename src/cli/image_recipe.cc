@@ -172,8 +172,8 @@ Result<RecipeBuildResult> RecipeBuild::Build() {
     }
   }
 
-  steps_ = 3 + (recipe.packages.empty() ? 0 : 1) + static_cast<int>(recipe.steps.size()) +
-           (recipe.check.empty() ? 0 : 2);
+  steps_ = 2 + (recipe.packages.empty() ? 0 : 1) + static_cast<int>(recipe.steps.size()) +
+           (recipe.check.empty() ? 0 : 3) + (replace && !recipe.check.empty() ? 1 : 0);
   {
     ASSIGN_OR_RETURN(auto c, Client::Connect(paths_));
     std::lock_guard<std::mutex> lock(client_mu_);
@@ -228,17 +228,34 @@ Result<RecipeBuildResult> RecipeBuild::Build() {
                                 std::to_string(rc) + "; its last output:\n" + LastLines(tail));
     }
   }
-  Step("commit: freeze " + opts_.name + (replace ? " (replacing the old one)" : ""));
-  RETURN_IF_ERROR(Commit(vm, &result));
-  RETURN_IF_ERROR(Destroy(vm));
-  if (!recipe.check.empty()) {
-    Step("create: a fresh VM of " + opts_.name);
-    ASSIGN_OR_RETURN(std::string check_vm, Create(opts_.name, {}));
-    Step("check on " + opts_.name);
-    RETURN_IF_ERROR(RunChecks(check_vm, /*must_pass=*/true).status());
-    RETURN_IF_ERROR(Destroy(check_vm));
+  if (!replace || recipe.check.empty()) {
+    Step("commit: freeze " + opts_.name + (replace ? " (replacing the old one)" : ""));
+    RETURN_IF_ERROR(Commit(vm, opts_.name, &result));
+    RETURN_IF_ERROR(Destroy(vm));
+    if (!recipe.check.empty()) RETURN_IF_ERROR(CheckFresh(opts_.name));
+    return result;
   }
+  // A rebuild: the old image stays until the new one passes its checks. The build VM is
+  // frozen under a staged name, checked in a fresh VM of that, then frozen again (it has
+  // not changed) under the real name, which swaps the old image out in one rename.
+  staged_ = opts_.name.substr(0, 40) + "-next-" + RandomHex(8);
+  Step("commit: freeze as " + staged_ + " until its checks pass");
+  RETURN_IF_ERROR(Commit(vm, staged_, &result));
+  RETURN_IF_ERROR(CheckFresh(staged_));
+  Step("commit: freeze " + opts_.name + " (replacing the old one)");
+  RETURN_IF_ERROR(Commit(vm, opts_.name, &result));
+  RETURN_IF_ERROR(Destroy(vm));
+  RETURN_IF_ERROR(client_->Call({{"verb", "image_rm"}, {"name", staged_}}).status());
+  staged_.clear();
   return result;
+}
+
+Status RecipeBuild::CheckFresh(const std::string& image) {
+  Step("create: a fresh VM of " + image);
+  ASSIGN_OR_RETURN(std::string check_vm, Create(image, {}));
+  Step("check on " + image);
+  RETURN_IF_ERROR(RunChecks(check_vm, /*must_pass=*/true).status());
+  return Destroy(check_vm);
 }
 
 Result<std::string> RecipeBuild::Create(const std::string& image,
@@ -373,11 +390,12 @@ Status RecipeBuild::InstallPackages(const std::string& vm) {
   return Status::Ok();
 }
 
-Status RecipeBuild::Commit(const std::string& vm, RecipeBuildResult* result) {
-  commit_started_ = true;
+Status RecipeBuild::Commit(const std::string& vm, const std::string& name,
+                           RecipeBuildResult* result) {
+  if (name == opts_.name) commit_started_ = true;
   ASSIGN_OR_RETURN(auto s, client_->Open({{"verb", "commit"},
                                           {"vm", vm},
-                                          {"name", opts_.name},
+                                          {"name", name},
                                           {"env", p_->recipe.env},
                                           {"recipe", image::RecipeToJson(p_->recipe)},
                                           {"recipe_sha256", p_->sha256},
@@ -406,7 +424,7 @@ Status RecipeBuild::Commit(const std::string& vm, RecipeBuildResult* result) {
 }
 
 Status RecipeBuild::Cleanup() {
-  if (vms_.empty() && !commit_started_) return Status::Ok();
+  if (vms_.empty() && !commit_started_ && staged_.empty()) return Status::Ok();
   Status first = Status::Ok();
   auto note = [&first](const Status& st) {
     if (!st.ok() && st.code() != Code::kNotFound && first.ok()) first = st;
@@ -433,6 +451,7 @@ Status RecipeBuild::Cleanup() {
     }
   }
   vms_.clear();
+  if (!staged_.empty()) note(c->Call({{"verb", "image_rm"}, {"name", staged_}}).status());
   if (commit_started_) {
     // Remove what this build committed, and only that: a commit cut short leaves any older
     // image of the name in place, and it names another recipe hash (or none).
@@ -446,6 +465,18 @@ Status RecipeBuild::Cleanup() {
 
 bool UsesRecipe(const std::string& name, const std::string& recipe_file) {
   return !recipe_file.empty() || image::BuiltinRecipe(name).ok();
+}
+
+Status BuildOnFirstUse(const Paths& paths, const std::string& image, bool progress,
+                       std::ostream& err) {
+  auto dir = image::ImageDir(paths.images, image);
+  if (dir.ok() || dir.status().code() != Code::kNotFound || !UsesRecipe(image, "")) {
+    return Status::Ok();
+  }
+  err << "trybox: image " << image << " is not built yet; building it from its recipe"
+      << (progress ? "" : " (minutes; progress with trybox image build " + image + ")") << "\n";
+  RecipeBuild build(paths, {.name = image, .progress = progress}, err);
+  return build.Run().status().Annotate("building " + image);
 }
 
 int CmdImageBuildRecipe(const Invocation& inv) {

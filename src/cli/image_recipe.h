@@ -63,7 +63,11 @@ class RecipeBuild {
   // All of the recipe's checks in `vm`; the first failure as an error when `must_pass`.
   Result<bool> RunChecks(const std::string& vm, bool must_pass);
   Status InstallPackages(const std::string& vm);
-  Status Commit(const std::string& vm, RecipeBuildResult* result);
+  // Creates a fresh VM of `image`, runs every check there (the first failure is the error),
+  // and destroys it.
+  Status CheckFresh(const std::string& image);
+  // Freezes `vm` as the image `name`.
+  Status Commit(const std::string& vm, const std::string& name, RecipeBuildResult* result);
   void Step(const std::string& what);
 
   Paths paths_;
@@ -76,6 +80,8 @@ class RecipeBuild {
   // What the build has made, for Cleanup().
   std::vector<std::string> vms_;
   bool commit_started_ = false;
+  // A rebuild with checks commits here first, so a failing check keeps the old image.
+  std::string staged_;
   std::string existing_recipe_sha_;  // of the image `name` before this build ("" if none)
 
   // Set by Build() once parsed.
@@ -89,6 +95,13 @@ struct Invocation;
 // Whether `trybox image build NAME [-f FILE]` builds from a recipe: with -f, or when NAME
 // has a built-in recipe (debian-12-dev). debian-12 itself is the base build (image/image.h).
 bool UsesRecipe(const std::string& name, const std::string& recipe_file);
+
+// An image with a built-in recipe (debian-12-dev) that is not built yet is built now, with
+// a line on `err` saying so (and its progress when `progress`); any other image, or one
+// already built, is left to the daemon (which names a missing one). For run, create, agent
+// and the MCP tool alike.
+Status BuildOnFirstUse(const Paths& paths, const std::string& image, bool progress,
+                       std::ostream& err);
 
 // The command: progress on stderr (ShowProgress), Ctrl-C stops and cleans up (exit 130).
 int CmdImageBuildRecipe(const Invocation& inv);

@@ -104,7 +104,7 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
   // A small package from the npm registry, fetched in the guest through the egress proxy.
   const std::string tgz = "https://" + registry_ + "/is-number/-/is-number-7.0.0.tgz";
   Json recipe = {{"from", "debian-12"},
-                 {"packages", {"jq"}},
+                 {"packages", {"nodejs"}},
                  {"allow", {registry_ + ":443"}},
                  {"env", {{"RECIPE_E2E", "baked"}}},
                  {"steps",
@@ -117,7 +117,7 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
                     {"workdir", "/opt"},
                     {"env", {{"TGZ", tgz}}}}}},
                  {"check",
-                  {"jq --version", "test -f /opt/npm/package/package.json",
+                  {"node --version", "test -f /opt/npm/package/package.json",
                    "grep -q 'hello from the recipe' /opt/recipe/files/hello.txt",
                    "test \"$RECIPE_E2E\" = baked"}}};
   const std::string file = WriteRecipe("ok", recipe);
@@ -127,7 +127,7 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
   CliResult b = h_->Cli({"image", "build", name_, "-f", file});
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_NE(b.err.find("] run: mkdir -p npm"), std::string::npos) << b.err;  // progress line
-  EXPECT_NE(b.err.find("] packages: jq"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("] packages: nodejs"), std::string::npos) << b.err;
   EXPECT_TRUE(Listed(name_));
 
   // The manifest records the recipe, its hash, the base and the packages.
@@ -137,19 +137,21 @@ TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
                                "/manifest.json");
   ASSERT_TRUE(text.ok());
   Json m = Json::parse(*text, nullptr, false);
-  EXPECT_EQ(m["recipe"]["packages"], Json({"jq"}));
+  EXPECT_EQ(m["recipe"]["packages"], Json({"nodejs"}));
   EXPECT_EQ(m["recipe_sha256"].get<std::string>().size(), 64u);
   EXPECT_EQ(m["parent"]["name"], "debian-12");
 
-  // A fresh VM of the image has the package, the download, the copy and the env; the
-  // second run restores the template the first one built.
+  // A fresh VM of the image has the package (node runs the module from the registry), the
+  // copy and the env; the second run restores the template the first one built. nodejs
+  // brings a few thousand files: a layer that size once failed to freeze (its measure saw
+  // one entry), so this is also that regression's test.
   CliResult run1 = h_->Cli({"run", "--image", name_, "--", "sh", "-c",
-                            "jq -n '{a: 1}' >/dev/null && cat /opt/recipe/files/hello.txt && "
-                            "echo \"$RECIPE_E2E\""});
+                            "node -e \"process.exit(require('/opt/npm/package')(7) ? 0 : 1)\" && "
+                            "cat /opt/recipe/files/hello.txt && echo \"$RECIPE_E2E\""});
   ASSERT_EQ(run1.code, 0) << run1.err;
   EXPECT_NE(run1.out.find("hello from the recipe"), std::string::npos);
   EXPECT_NE(run1.out.find("baked"), std::string::npos);
-  CliResult run2 = h_->Cli({"run", "--image", name_, "--", "jq", "--version"});
+  CliResult run2 = h_->Cli({"run", "--image", name_, "--", "node", "--version"});
   ASSERT_EQ(run2.code, 0) << run2.err;
   CliResult images = h_->Cli({"image", "ls", "--json"});
   Json list = Json::parse(images.out, nullptr, false);
@@ -193,6 +195,43 @@ TEST_F(RecipeE2E, AFailingCheckRemovesTheImage) {
   EXPECT_NE(b.code, 0);
   EXPECT_NE(b.err.find("check 2 (test -f /opt/never-made) failed"), std::string::npos) << b.err;
   EXPECT_FALSE(Listed(name));
+  EXPECT_TRUE(NoVms());
+}
+
+// A rebuild whose checks fail keeps the image it would have replaced: the new build is
+// checked under a staged name first, and that name goes with the failure.
+TEST_F(RecipeE2E, ARebuildWhoseCheckFailsKeepsTheOldImage) {
+  const std::string name = name_ + "-keep";
+  Json good = {{"from", "debian-12"},
+               {"steps", {{{"run", "echo one > /opt/version"}}}},
+               {"check", {"test -f /opt/version"}}};
+  CliResult b1 = h_->Cli({"image", "build", name, "-f", WriteRecipe("keep1", good)});
+  ASSERT_EQ(b1.code, 0) << b1.err;
+  Json bad = {{"from", "debian-12"},
+              {"steps", {{{"run", "echo two > /opt/version"}}}},
+              {"check", {"grep -q one /opt/version"}}};
+  CliResult b2 = h_->Cli({"image", "build", name, "-f", WriteRecipe("keep2", bad)});
+  EXPECT_NE(b2.code, 0);
+  EXPECT_NE(b2.err.find("check 1 (grep -q one /opt/version) failed"), std::string::npos) << b2.err;
+  EXPECT_TRUE(Listed(name)) << b2.err;
+  CliResult ls = h_->Cli({"image", "ls", "--json"});
+  ASSERT_EQ(ls.code, 0) << ls.err;
+  EXPECT_EQ(ls.out.find("-next-"), std::string::npos) << ls.out;
+  CliResult run = h_->Cli({"run", "--image", name, "--", "cat", "/opt/version"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(run.out, "one\n");
+  EXPECT_TRUE(NoVms());
+  // A rebuild that passes replaces it.
+  Json next = {{"from", "debian-12"},
+               {"steps", {{{"run", "echo three > /opt/version"}}}},
+               {"check", {"grep -q three /opt/version"}}};
+  CliResult b3 = h_->Cli({"image", "build", name, "-f", WriteRecipe("keep3", next)});
+  ASSERT_EQ(b3.code, 0) << b3.err;
+  run = h_->Cli({"run", "--image", name, "--", "cat", "/opt/version"});
+  EXPECT_EQ(run.out, "three\n") << run.err;
+  ls = h_->Cli({"image", "ls", "--json"});
+  EXPECT_EQ(ls.out.find("-next-"), std::string::npos) << ls.out;
+  EXPECT_EQ(h_->Cli({"image", "rm", name}).code, 0);
   EXPECT_TRUE(NoVms());
 }
 
