@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   # build
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build g++ pkg-config ccache
   # libraries
   nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev libcurl4-openssl-dev
   libgtest-dev libgmock-dev libseccomp-dev

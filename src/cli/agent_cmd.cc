@@ -82,19 +82,6 @@ int Fail(std::ostream& err, const Status& st) {
   return 125;
 }
 
-// The default image is built from its built-in recipe the first time it is needed, with
-// its progress on stderr (minutes: a developer image installs a toolchain). 0 when ready.
-int BuildOnFirstUse(const std::string& image, std::ostream& err) {
-  Paths paths = Paths::FromEnvironment();
-  auto dir = image::ImageDir(paths.images, image);
-  if (dir.ok() || dir.status().code() != Code::kNotFound || !UsesRecipe(image, "")) return 0;
-  err << "trybox: image " << image << " is not built yet; building it from its recipe\n";
-  RecipeBuild build(paths, {.name = image, .progress = true}, err);
-  auto r = build.Run();
-  if (!r.ok()) return Fail(err, r.status().Annotate("building " + image));
-  return 0;
-}
-
 // What the user reads of an event: its run id, its progress lines, and (following a run)
 // each command and how it ended, with the tail of its output.
 Result<std::string> DescribeEvent(const Json& ev) {
@@ -274,7 +261,9 @@ int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostr
     if (inv.command == "agent") {
       auto image = ResolveAgentImage(Paths::FromEnvironment(), a.image);
       if (!image.ok()) return Fail(err, image.status());
-      if (int rc = BuildOnFirstUse(*image, err); rc != 0) return rc;
+      // Minutes the first time (a developer image installs a toolchain), with its progress.
+      Status built = BuildOnFirstUse(Paths::FromEnvironment(), *image, ShowProgress(false), err);
+      if (!built.ok()) return Fail(err, built);
       req = {{"verb", "agent"},
              {"task", a.task},
              {"image", *image},

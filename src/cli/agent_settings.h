@@ -37,9 +37,8 @@ Result<nlohmann::json> ResolveModel(const Paths& paths, const ModelFlags& flags,
                                     const EnvLookup& env);
 
 // The image `trybox agent` boots when --image is not given.
-// debian-12-dev was the plan; its build fails today (its layer overflows the capture disk,
-// docs/images.md "Known problems"), so the agent boots the base until that is fixed.
-inline constexpr const char* kDefaultAgentImage = "debian-12";
+// The developer image (images/debian-12-dev.json), built on first use.
+inline constexpr const char* kDefaultAgentImage = "debian-12-dev";
 
 // --image if given, else agent.json "image", else kDefaultAgentImage; a valid image name.
 Result<std::string> ResolveAgentImage(const Paths& paths, const std::string& flag);

@@ -312,6 +312,7 @@ Result<Json> AwaitWithProgress(channel::Stream& s, bool show, std::ostream& err)
 // interrupted or killed never leaves its VM behind.
 Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral, bool quiet,
                              std::ostream& err) {
+  RETURN_IF_ERROR(BuildOnFirstUse(Paths::FromEnvironment(), vm.image, ShowProgress(quiet), err));
   ASSIGN_OR_RETURN(auto s, client.Open({{"verb", "create"},
                                         {"image", vm.image},
                                         {"memory_mib", vm.memory_mib},
@@ -1042,9 +1043,10 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
 
   auto* agent = app.add_subcommand(
       "agent", "Hand a task to a model that works in a VM; print the daemon's report");
-  agent->add_option("--image", inv.agent.image,
-                    "Image to boot (default: agent.json \"image\", else debian-12; an image with a "
-                    "built-in recipe is built on first use)");
+  agent->add_option(
+      "--image", inv.agent.image,
+      "Image to boot (default: agent.json \"image\", else debian-12-dev; an image with "
+      "a built-in recipe is built on first use)");
   agent->add_option("--workspace", inv.vm.workspace,
                     "Copy this git working tree into /workspace; the result is committed on "
                     "branch trybox/RUN_ID");

@@ -32,7 +32,7 @@ TEST(ImageRecipeTest, AgentImageIsTheFlagThenAgentJsonThenTheDeveloperImage) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   Paths paths;
   paths.config = tmpl;
-  EXPECT_EQ(*ResolveAgentImage(paths, ""), "debian-12");
+  EXPECT_EQ(*ResolveAgentImage(paths, ""), "debian-12-dev");
   EXPECT_EQ(*ResolveAgentImage(paths, "debian-12"), "debian-12");
   ASSERT_TRUE(WriteFileAtomic(paths.config + "/agent.json", R"({"image": "mine"})").ok());
   EXPECT_EQ(*ResolveAgentImage(paths, ""), "mine");

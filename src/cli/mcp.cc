@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,7 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "cli/agent_settings.h"
 #include "cli/client.h"
+#include "cli/image_recipe.h"
 #include "cli/mcp_tools.h"
 #include "cli/reply.h"
 #include "egress/allowlist.h"
@@ -91,7 +94,9 @@ Json VmAgentTool(bool structured_output) {
              "Say what done looks like. Starts a new run; do not combine with run_id."}}},
           {"image",
            {{"type", "string"},
-            {"description", "Image to boot (default debian-12). Only with task."}}},
+            {"description",
+             "Image to boot (default: agent.json's \"image\", else debian-12-dev, built on first "
+             "use). Only with task."}}},
           {"workspace",
            {{"type", "string"},
             {"description",
@@ -505,6 +510,15 @@ class Server {
     } else if ((*req)["verb"] == "agent" || model.status().code() != Code::kNotFound) {
       // A continued run may go on with the model it started with; a new one needs one.
       return ToolError(model.status().message());
+    }
+    if ((*req)["verb"] == "agent") {
+      // The image as `trybox agent` chooses it (the argument, agent.json, the default),
+      // built on first use; its progress goes to this server's stderr.
+      auto image = ResolveAgentImage(options_.paths, req->value("image", std::string()));
+      if (!image.ok()) return ToolError("vm_agent: " + image.status().message());
+      (*req)["image"] = *image;
+      Status built = BuildOnFirstUse(options_.paths, *image, /*progress=*/false, std::cerr);
+      if (!built.ok()) return ToolError("vm_agent: " + built.message());
     }
     auto client = Client::Connect(options_.paths, options_.autostart);
     if (!client.ok()) return ToolError(client.status().message());

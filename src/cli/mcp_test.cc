@@ -124,7 +124,11 @@ class Session {
   std::string all_output_;
 };
 
+// agent.json names debian-12, which has no recipe: a call without an image never starts a
+// first-use build of the default developer image here (ImageFromAgentJson... tests that).
 McpOptions Options(const Home& home, EnvLookup env) {
+  EXPECT_TRUE(MakeDirs(home.paths.config).ok());
+  EXPECT_TRUE(WriteFileAtomic(home.paths.config + "/agent.json", R"({"image": "debian-12"})").ok());
   McpOptions o;
   o.paths = home.paths;
   o.env = std::move(env);
@@ -362,6 +366,38 @@ TEST(McpTest, CallWithoutAModelIsAToolErrorNamingTheVariables) {
 // Decision: the server never starts a daemon when options.autostart is off (the unit tests
 // must not spawn tryboxd); `trybox mcp` starts one like every other command. Either way an
 // unreachable daemon is a tool error naming the socket, and the key is never echoed.
+// Without an image argument the call boots agent.json's image, as `trybox agent` does; an
+// image of the default developer recipe that is not built yet is built first, and its
+// failure is the tool's error (here: no daemon to build it with), with no agent request.
+TEST(McpTest, ImageFromAgentJsonAndTheDefaultIsBuiltOnFirstUse) {
+  Home home;
+  auto daemon = StartDaemon(home, [](std::shared_ptr<channel::Stream> st, const Json&) {
+    (void)st->End({{"ok", true}, {"report", DoneReport()}, {"text", "DONE (VERIFIED)\nrun r1"}});
+  });
+  ASSERT_NE(daemon, nullptr);
+  {
+    Session s(Options(home, ModelEnv()));
+    s.Initialize();
+    Json r = s.Call(1, "tools/call", ToolCall({{"task", "x"}}));
+    EXPECT_EQ(r["result"]["isError"], false) << r.dump();
+  }
+  auto reqs = daemon->requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0]["image"], "debian-12");
+
+  ASSERT_TRUE(WriteFileAtomic(home.paths.config + "/agent.json", "{}").ok());
+  McpOptions o;
+  o.paths = home.paths;
+  o.env = ModelEnv();
+  o.autostart = false;
+  Session s(o);
+  s.Initialize();
+  Json r = s.Call(2, "tools/call", ToolCall({{"task", "x"}}));
+  EXPECT_EQ(r["result"]["isError"], true) << r.dump();
+  EXPECT_NE(ResultText(r).find("building debian-12-dev"), std::string::npos) << ResultText(r);
+  EXPECT_EQ(daemon->requests().size(), 1u);  // no second agent request
+}
+
 TEST(McpTest, CallWithNoDaemonIsAToolErrorNamingTheSocket) {
   Home home;
   Session s(Options(home, ModelEnv()));

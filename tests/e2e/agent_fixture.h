@@ -42,8 +42,9 @@ class AgentFixture : public ::testing::Test {
     h_ = std::move(*h).release();
     // Both providers are configured; the config file picks the default, flags the rest.
     ASSERT_TRUE(MakeDirs(h_->home() + "/config").ok());
-    ASSERT_TRUE(
-        WriteFileAtomic(h_->home() + "/config/agent.json", R"({"provider": "openai"})", 0600).ok());
+    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/agent.json",
+                                R"({"provider": "openai", "image": "debian-12"})", 0600)
+                    .ok());
   }
   static void TearDownTestSuite() {
     delete h_;

@@ -103,7 +103,7 @@ TEST_F(McpE2E, CallWithNoModelConfiguredIsAToolErrorNamingTheVariables) {
 // well-formed tool error that says so, and no key.
 TEST_F(McpE2E, CallTheDaemonRefusesIsAToolErrorWithoutTheKey) {
   const std::string key = "sk-e2e-must-not-appear-0042";
-  Json r = RunSdkClient(R"({"task": "print the kernel version"})",
+  Json r = RunSdkClient(R"({"task": "print the kernel version", "image": "debian-12"})",
                         {"ANTHROPIC_API_KEY=" + key, "ANTHROPIC_MODEL=test-model",
                          "ANTHROPIC_BASE_URL=http://127.0.0.1:9"});
   ASSERT_TRUE(r.is_object());
@@ -132,7 +132,7 @@ TEST_F(McpE2E, VmAgentRunsInAVmAndTheReportComesBackWithProgress) {
   m.Push({{"tool_calls", {{{"name", "run"}, {"input", {{"command", "echo 42 > answer.txt"}}}}}}});
   m.Push(
       {{"tool_calls", {{{"name", "ask"}, {"input", {{"question", "Is 42 the right answer?"}}}}}}});
-  Json r = RunSdkClient(R"({"task": "write the answer to answer.txt"})", env);
+  Json r = RunSdkClient(R"({"task": "write the answer to answer.txt", "image": "debian-12"})", env);
   ASSERT_TRUE(r.is_object());
   const Json& res = r["result"];
   EXPECT_EQ(res["isError"], false) << r.dump();
