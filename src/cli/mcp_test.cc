@@ -363,9 +363,6 @@ TEST(McpTest, CallWithoutAModelIsAToolErrorNamingTheVariables) {
   EXPECT_NE(ResultText(r).find("OPENAI_BASE_URL"), std::string::npos) << ResultText(r);
 }
 
-// Decision: the server never starts a daemon when options.autostart is off (the unit tests
-// must not spawn tryboxd); `trybox mcp` starts one like every other command. Either way an
-// unreachable daemon is a tool error naming the socket, and the key is never echoed.
 // Without an image argument the call boots agent.json's image, as `trybox agent` does; an
 // image of the default developer recipe that is not built yet is built first, and its
 // failure is the tool's error (here: no daemon to build it with), with no agent request.
@@ -385,12 +382,9 @@ TEST(McpTest, ImageFromAgentJsonAndTheDefaultIsBuiltOnFirstUse) {
   ASSERT_EQ(reqs.size(), 1u);
   EXPECT_EQ(reqs[0]["image"], "debian-12");
 
+  McpOptions o = Options(home, ModelEnv());
   ASSERT_TRUE(WriteFileAtomic(home.paths.config + "/agent.json", "{}").ok());
-  McpOptions o;
-  o.paths = home.paths;
-  o.env = ModelEnv();
-  o.autostart = false;
-  Session s(o);
+  Session s(std::move(o));
   s.Initialize();
   Json r = s.Call(2, "tools/call", ToolCall({{"task", "x"}}));
   EXPECT_EQ(r["result"]["isError"], true) << r.dump();
@@ -398,6 +392,9 @@ TEST(McpTest, ImageFromAgentJsonAndTheDefaultIsBuiltOnFirstUse) {
   EXPECT_EQ(daemon->requests().size(), 1u);  // no second agent request
 }
 
+// Decision: the server never starts a daemon when options.autostart is off (the unit tests
+// must not spawn tryboxd); `trybox mcp` starts one like every other command. Either way an
+// unreachable daemon is a tool error naming the socket, and the key is never echoed.
 TEST(McpTest, CallWithNoDaemonIsAToolErrorNamingTheSocket) {
   Home home;
   Session s(Options(home, ModelEnv()));
