@@ -432,10 +432,27 @@ Stream::~Stream() {
   core_->Forget(id_);
 }
 
+void Stream::SetWriteStallLimit(std::chrono::milliseconds limit) {
+  MutexLock lock(mu_);
+  write_stall_limit_ = limit;
+}
+
 Result<size_t> Stream::TakeCredit(size_t want) {
   MutexLock lock(mu_);
+  const bool limited = write_stall_limit_.has_value();
+  const auto until = std::chrono::steady_clock::now() +
+                     (limited ? *write_stall_limit_ : std::chrono::milliseconds(0));
   while (send_credit_ == 0 && !local_done_ && !remote_done_ && conn_error_.empty()) {
-    cv_.Wait(mu_);
+    if (!limited) {
+      cv_.Wait(mu_);
+    } else if (!cv_.WaitUntil(mu_, until) && send_credit_ == 0 && !local_done_ && !remote_done_ &&
+               conn_error_.empty()) {
+      return DeadlineExceeded(
+          "the peer took none of this stream's data for " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::seconds>(*write_stall_limit_).count()) +
+          " s");
+    }
   }
   if (!conn_error_.empty()) return Unavailable("channel lost: " + conn_error_);
   if (local_done_) return FailedPrecondition("write after the stream was finished");

@@ -95,6 +95,12 @@ class Stream {
   // True once an END or RESET was received or sent.
   bool finished() const;
 
+  // From now on a Write that waits longer than `limit` for the peer's window fails with
+  // kDeadlineExceeded (the stream is left as it is: the caller resets it). A deadline on
+  // progress, not on the whole transfer: each wait for credit gets the full limit. For
+  // writes the peer must always take (a file being put), not for a command's stdin.
+  void SetWriteStallLimit(std::chrono::milliseconds limit);
+
   // How many times Next() has gone to sleep waiting for a message: a reader woken by a
   // timer rather than by an event shows up here (tests assert there is no such timer).
   uint64_t wakeups() const;
@@ -120,6 +126,7 @@ class Stream {
   bool end_delivered_ GUARDED_BY(mu_) = false;
   bool reset_here_ GUARDED_BY(mu_) = false;  // this side sent RESET
   bool interrupted_ GUARDED_BY(mu_) = false;
+  std::optional<std::chrono::milliseconds> write_stall_limit_ GUARDED_BY(mu_);
   uint64_t wakeups_ GUARDED_BY(mu_) = 0;
   std::string conn_error_ GUARDED_BY(mu_);  // non-empty once the connection died
 };

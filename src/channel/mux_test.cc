@@ -149,6 +149,47 @@ TEST(MuxTest, SlowStreamDoesNotBlockOthers) {
   EXPECT_EQ(d.out.size(), 2 * kInitialWindow);
 }
 
+// A writer whose peer takes nothing fails after its stall limit instead of waiting for
+// ever; a peer that takes the bytes slowly, within the limit each time, never trips it.
+TEST(MuxTest, AWriteStallLimitEndsAWaitForCreditThatNeverComes) {
+  std::promise<std::shared_ptr<Stream>> held;
+  auto p = MakePair([&](std::shared_ptr<Stream> s, Json req) {
+    if (req["op"] == "sink") {
+      held.set_value(s);  // never read: no credit comes back
+      return;
+    }
+    std::thread([s] {
+      uint64_t got = 0;
+      for (;;) {
+        auto m = s->Next();
+        if (!m.ok() || m->kind != Kind::kData) break;
+        got += m->data.size();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      (void)s->End({{"got", got}});
+    }).detach();
+  });
+  auto s = p.host->Open({{"op", "sink"}});
+  ASSERT_TRUE(s.ok());
+  auto guest_side = held.get_future().get();
+  (*s)->SetWriteStallLimit(std::chrono::milliseconds(300));
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = (*s)->Write(kChanIn, std::string(kInitialWindow + 1, 'x'));
+  EXPECT_EQ(st.code(), Code::kDeadlineExceeded) << st.ToString();
+  EXPECT_NE(st.message().find("took none of this stream's data"), std::string::npos);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+
+  auto slow = p.host->Open({{"op", "slow"}});
+  ASSERT_TRUE(slow.ok());
+  (*slow)->SetWriteStallLimit(std::chrono::milliseconds(2000));
+  const size_t size = 2 * kInitialWindow + 99;
+  ASSERT_TRUE((*slow)->Write(kChanIn, std::string(size, 'y')).ok());
+  ASSERT_TRUE((*slow)->CloseWrite(kChanIn).ok());
+  auto d = Drain(**slow);
+  ASSERT_TRUE(d.status.ok()) << d.status.ToString();
+  EXPECT_EQ(d.last.body["got"], size);
+}
+
 TEST(MuxTest, PeerDeathFailsPendingStreams) {
   std::atomic<bool> opened{false};
   auto p = MakePair([&](std::shared_ptr<Stream> s, Json) {

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "daemon/guest_disk.h"
@@ -13,6 +14,10 @@ using Kind = channel::Stream::Message::Kind;
 
 // How much of a transfer through the disk is handed on at a time.
 constexpr size_t kDiskChunk = 1 << 20;
+// A put over the channel whose guest takes none of its bytes for this long is ended
+// (docs/protocol/guest.md, "Deadlines"): trybox-init may answer heartbeats while the
+// writer of one put is stuck, and a user's copy must not wait for ever.
+constexpr std::chrono::seconds kPutStallLimit{60};
 
 }  // namespace
 
@@ -57,6 +62,7 @@ Status WriteFile(GuestChannel& guest, const std::string& path, std::string_view 
   auto s = guest.Open(
       {{"op", "put"}, {"path", path}, {"kind", "file"}, {"mode", mode}, {"mkdirs", mkdirs}});
   if (!s.ok()) return GuestGone(guest, s.status());
+  (*s)->SetWriteStallLimit(kPutStallLimit);
   Status st = (*s)->Write(channel::kChanIn, data);
   if (st.ok()) st = (*s)->CloseWrite(channel::kChanIn);
   if (!st.ok()) {
@@ -123,6 +129,7 @@ Status PutTar(GuestChannel& guest, const std::string& path, const ContentWriter&
   }
   auto s = guest.Open(greq);
   if (!s.ok()) return GuestGone(guest, s.status());
+  (*s)->SetWriteStallLimit(kPutStallLimit);
   Status sent = write_tar([&](std::string_view d) { return (*s)->Write(channel::kChanIn, d); });
   if (sent.ok()) sent = (*s)->CloseWrite(channel::kChanIn);
   if (!sent.ok()) {
@@ -271,10 +278,25 @@ void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& cli
     (void)client.End(ErrorReply(GuestGone(guest, s.status())));
     return;
   }
+  (*s)->SetWriteStallLimit(kPutStallLimit);
+  // Why the pump stopped sending, when the guest stopped taking the bytes.
+  std::mutex stall_mu;
+  Status stalled;
   // The upload is pumped on its own thread: the guest may end early (no space, a bad path)
   // while the client still sends.
   std::thread pump([&] {
     bool forwarding = true;
+    auto send = [&](std::string_view d) {
+      Status st = (*s)->Write(channel::kChanIn, d);
+      if (st.code() == Code::kDeadlineExceeded) {
+        {
+          std::lock_guard<std::mutex> lock(stall_mu);
+          stalled = st;
+        }
+        (void)(*s)->Reset("the host stopped the put: " + st.message());
+      }
+      return st.ok();
+    };
     if (spooled) {
       // What a transfer through the disk had already taken from the client goes first.
       std::string buf(kDiskChunk, '\0');
@@ -289,14 +311,11 @@ void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& cli
           forwarding = false;
           break;
         }
-        if (!(*s)->Write(channel::kChanIn, std::string_view(buf.data(), static_cast<size_t>(n)))
-                 .ok()) {
-          forwarding = false;
-        }
+        if (!send(std::string_view(buf.data(), static_cast<size_t>(n)))) forwarding = false;
         at += static_cast<uint64_t>(n);
       }
       if (forwarding && !spooled->tail.empty()) {
-        forwarding = (*s)->Write(channel::kChanIn, spooled->tail).ok();
+        forwarding = send(spooled->tail);
       }
       if (spooled->upload_ended) {
         if (forwarding) (void)(*s)->CloseWrite(channel::kChanIn);
@@ -307,7 +326,7 @@ void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& cli
       auto m = client.Next();
       if (!m.ok()) break;
       if (m->kind == Kind::kData && forwarding) {
-        if (!(*s)->Write(channel::kChanIn, m->data).ok()) forwarding = false;
+        if (!send(m->data)) forwarding = false;
       } else if (m->kind == Kind::kEof) {
         if (forwarding) (void)(*s)->CloseWrite(channel::kChanIn);
         break;
@@ -336,6 +355,12 @@ void RelayPutChannel(GuestChannel& guest, const Json& greq, channel::Stream& cli
   }
   if (!end) (void)(*s)->Reset("put failed");
   pump.join();
+  if (!end && !stalled.ok()) {
+    failure =
+        Status(Code::kDeadlineExceeded, "guest_stalled: the guest took no data of this copy for " +
+                                            std::to_string(kPutStallLimit.count()) +
+                                            " s, so it was stopped (the VM keeps running)");
+  }
   FinishRelay(guest, client, end, failure);
 }
 
