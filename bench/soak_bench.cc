@@ -21,6 +21,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -129,6 +130,13 @@ struct Latencies {
   std::vector<double> create, exec, destroy;
 };
 
+// One client's share, for fairness: every client takes its next cycle from the same counter,
+// so a client the daemon serves worse ends with fewer cycles and higher latencies.
+struct ClientShare {
+  int64_t cycles = 0;
+  std::vector<double> create, exec;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,8 +170,9 @@ int main(int argc, char** argv) {
   Print(samples.back());
   std::atomic<int64_t> next{0}, done{0};
   Latencies lat;
+  std::vector<ClientShare> shares(static_cast<size_t>(clients));
   const auto start = Clock::now();
-  auto worker = [&] {
+  auto worker = [&](ClientShare& share) {
     auto client = trybox::cli::Client::Connect(trybox::Paths::FromEnvironment(), false);
     if (!client.ok()) Die("connect", client.status());
     auto& c = **client;
@@ -195,6 +204,9 @@ int main(int argc, char** argv) {
         lat.exec.insert(lat.exec.end(), execs.begin(), execs.end());
         lat.destroy.push_back(Ms(t2, t3));
       }
+      ++share.cycles;
+      share.create.push_back(Ms(t0, t1));
+      share.exec.insert(share.exec.end(), execs.begin(), execs.end());
       int64_t n = done.fetch_add(1) + 1;
       if (n % every == 0) {
         std::lock_guard<std::mutex> lock(samples_mu);
@@ -204,7 +216,7 @@ int main(int argc, char** argv) {
     }
   };
   std::vector<std::thread> threads;
-  for (int64_t k = 0; k < clients; ++k) threads.emplace_back(worker);
+  for (auto& share : shares) threads.emplace_back(worker, std::ref(share));
   for (auto& t : threads) t.join();
   const double secs = Ms(start, Clock::now()) / 1000;
 
@@ -216,6 +228,23 @@ int main(int argc, char** argv) {
       "p99 %.0f\n",
       Pct(lat.create, 50), Pct(lat.create, 99), Pct(lat.exec, 50), Pct(lat.exec, 99),
       Pct(lat.destroy, 50), Pct(lat.destroy, 99));
+  if (clients > 1) {
+    // Fairness: each client's cycles and latencies, and the spread between the best- and
+    // worst-served client.
+    std::printf("per client: cycles, create p50/p99 ms, exec p50/p99 ms\n");
+    double lo = 0, hi = 0;
+    for (size_t k = 0; k < shares.size(); ++k) {
+      const auto& s = shares[k];
+      std::printf("  client %2zu %6lld   %6.0f %6.0f   %6.0f %6.0f\n", k + 1,
+                  static_cast<long long>(s.cycles), Pct(s.create, 50), Pct(s.create, 99),
+                  Pct(s.exec, 50), Pct(s.exec, 99));
+      double p = Pct(s.exec, 50);
+      if (k == 0 || p < lo) lo = p;
+      if (k == 0 || p > hi) hi = p;
+    }
+    std::printf("exec p50 across clients: best %.0f ms, worst %.0f ms (%.2fx)\n", lo, hi,
+                lo > 0 ? hi / lo : 0.0);
+  }
   // Growth from the first sample at or after the warm-up to the last.
   const Sample* base = nullptr;
   for (const auto& s : samples) {
