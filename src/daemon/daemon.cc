@@ -4,9 +4,11 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include "util/fd.h"
 #include "util/log.h"
 #include "util/private_dir.h"
 #include "vmm/accel.h"
+#include "workspace/git.h"
 
 namespace trybox::daemon {
 namespace {
@@ -71,7 +73,17 @@ Status Daemon::Init() {
   heartbeat_->Start();
   // Staging trees of collects a dead daemon left (WorkspaceService::Collect makes them
   // there); none can be in use before this daemon serves.
+  // A collect's object quarantine in the user's repository is named by a marker there.
   if (::access((p.state + "/collect").c_str(), F_OK) == 0) {
+    auto names = ListDir(p.state + "/collect");
+    for (const auto& name : names.ok() ? *names : std::vector<std::string>{}) {
+      if (!workspace::IsQuarantineMarker(name)) continue;
+      Status q = workspace::RemoveAbandonedQuarantine(p.state + "/collect/" + name);
+      LogInfo("daemon", q.ok() ? "removed the object quarantine of a collect a previous daemon "
+                                 "left (" +
+                                     name + ")"
+                               : "could not remove a collect's object quarantine: " + q.message());
+    }
     Status st = RemoveTree(p.state + "/collect");
     LogInfo("daemon", st.ok() ? "removed collect staging trees left by a previous daemon"
                               : "could not remove old collect staging: " + st.message());

@@ -7,6 +7,7 @@
 #include "store/store.h"
 #include "util/fd.h"
 #include "util/log.h"
+#include "workspace/git.h"
 
 namespace trybox::daemon {
 namespace {
@@ -29,16 +30,10 @@ int64_t TreeBytes(const std::string& path) {
   return tree_bytes;
 }
 
+// A directory's names; none where it cannot be read (a prune takes what it can see).
 std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string name = e->d_name;
-      if (name != "." && name != "..") out.push_back(std::move(name));
-    }
-    ::closedir(d);
-  }
-  return out;
+  auto names = ListDir(dir);
+  return names.ok() ? std::move(*names) : std::vector<std::string>{};
 }
 
 double AgeSeconds(const std::string& path) {
@@ -127,10 +122,20 @@ Result<PruneReport> RecordKeeper::Prune(bool dry_run) {
   // A collect's staging directory (collect/<vm>-XXXXXX) outlives its collect only when a
   // daemon died during it; a collect needs its VM in the registry.
   const std::string collect_dir = state_dir_ + "/collect";
+  // The same for a collect's object quarantine in the user's repository (its marker,
+  // collect/<vm>-XXXXXX.quarantine, names it).
   for (const auto& name : Entries(collect_dir)) {
     std::string vm = name.substr(0, name.find('-'));
     if (registry_.Find(vm)) continue;
-    RemoveDir(collect_dir + "/" + name, dry_run, r.collect_leftovers, r);
+    const std::string path = collect_dir + "/" + name;
+    if (workspace::IsQuarantineMarker(name)) {
+      ++r.collect_leftovers;
+      if (dry_run) continue;
+      Status st = workspace::RemoveAbandonedQuarantine(path);
+      if (!st.ok()) r.errors.push_back(st.message());
+      continue;
+    }
+    RemoveDir(path, dry_run, r.collect_leftovers, r);
   }
 
   const auto settings = egress_.settings();  // the current egress.json (a reload may swap it)

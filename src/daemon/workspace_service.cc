@@ -4,6 +4,7 @@
 
 #include "util/fd.h"
 #include "util/names.h"
+#include "workspace/git.h"
 #include "workspace/tar.h"
 
 namespace trybox::daemon {
@@ -119,42 +120,60 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
     return FailedPrecondition("VM " + id + " has no workspace (create it with --workspace DIR)");
   }
   const store::WorkspaceRecord& w = *wsrec;
-  std::vector<std::string> lines;
-  for (const auto& l : w.excludes) {
-    if (l.is_string()) lines.push_back(l.get<std::string>());
-  }
-  ASSIGN_OR_RETURN(ws::ExcludeList excludes, ws::ExcludesFromLines(lines));
-  ASSIGN_OR_RETURN(ws::Manifest before, ws::ManifestFromJson(w.manifest));
   if (!opts.branch_id.empty()) RETURN_IF_ERROR(ValidateName("branch id", opts.branch_id));
-
-  std::optional<TempDir> temp;
-  std::string staging = opts.into;
-  if (!opts.into.empty()) {
-    struct stat st;
-    if (::lstat(opts.into.c_str(), &st) == 0) {
-      return Status(Code::kAlreadyExists,
-                    opts.into + " already exists; collect into a new directory");
-    }
-  } else {
-    std::string parent = state_dir_ + "/collect";
-    RETURN_IF_ERROR(MakeDirs(parent, 0700));
-    ASSIGN_OR_RETURN(TempDir t, TempDir::Make(parent, id + "-"));
-    temp.emplace(std::move(t));
-    staging = temp->path();
-  }
+  // A collect may commit into the user's repository: it does not start unless its row can be
+  // written, so that nothing lands in a history with no record of how it got there.
+  RETURN_IF_ERROR(store_.CheckWritable());
 
   CollectOutcome out;
   store::CollectRecord& rec = out.record;
   rec.vm_id = id;
   rec.collected_at = store::NowSeconds();
   if (auto last = store_.LastExecId(id); last.ok()) rec.exec_id = *last;
-  auto failed = [&](const Status& st) -> Status {
-    if (!opts.into.empty()) (void)RemoveTree(opts.into);
+  // From here on every failure is recorded (outcome "error"), including one before any
+  // staging exists (a full state directory, an unreadable exclude list).
+  auto failed_before_into = [&](const Status& st) -> Status {
     rec.outcome = "error";
     rec.error = st.message();
     (void)store_.InsertCollect(rec);
     return st.Annotate("collect the workspace of VM " + id);
   };
+  auto failed = [&](const Status& st) -> Status {
+    if (!opts.into.empty()) (void)RemoveTree(opts.into);
+    return failed_before_into(st);
+  };
+
+  std::vector<std::string> lines;
+  for (const auto& l : w.excludes) {
+    if (l.is_string()) lines.push_back(l.get<std::string>());
+  }
+  auto excludes_read = ws::ExcludesFromLines(lines);
+  if (!excludes_read.ok()) return failed_before_into(excludes_read.status());
+  const ws::ExcludeList excludes = std::move(*excludes_read);
+  auto before_read = ws::ManifestFromJson(w.manifest);
+  if (!before_read.ok()) return failed_before_into(before_read.status());
+  const ws::Manifest before = std::move(*before_read);
+
+  // The collect's own leftovers (its staging tree, its object quarantine's marker) live in
+  // collect/, named after the VM: the next daemon, or a prune, removes what a crash left.
+  const std::string collect_dir = state_dir_ + "/collect";
+  Status made = MakeDirs(collect_dir, 0700);
+  if (!made.ok()) return failed_before_into(made);
+  std::optional<TempDir> temp;
+  std::string staging = opts.into;
+  if (!opts.into.empty()) {
+    // Someone else's directory is never removed: an existing one is refused before anything.
+    struct stat st;
+    if (::lstat(opts.into.c_str(), &st) == 0) {
+      return failed_before_into(Status(
+          Code::kAlreadyExists, opts.into + " already exists; collect into a new directory"));
+    }
+  } else {
+    auto t = TempDir::Make(collect_dir, id + "-");
+    if (!t.ok()) return failed_before_into(t.status());
+    temp.emplace(std::move(*t));
+    staging = temp->path();
+  }
 
   std::vector<std::string> guest_excludes;
   for (const auto& n : excludes.PlainDirNames()) guest_excludes.push_back(n + "/*");
@@ -226,6 +245,8 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
                                                  report.skipped, report.skipped_unlisted})};
     // The daemon's own directories never appear in a user's history.
     ci.private_paths = {state_dir_};
+    ci.quarantine_marker =
+        collect_dir + "/" + id + "-" + RandomHex(6) + std::string(ws::kQuarantineMarkerSuffix);
     auto c = ws::CommitCollected(ci);
     if (!c.ok()) return failed(c.status());
     commit = *c;

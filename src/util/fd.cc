@@ -1,5 +1,6 @@
 #include "util/fd.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -109,6 +110,18 @@ Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mo
     return st;
   }
   return Status::Ok();
+}
+
+Result<std::vector<std::string>> ListDir(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return ErrnoError("open directory " + dir);
+  std::vector<std::string> out;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(std::move(name));
+  }
+  ::closedir(d);
+  return out;
 }
 
 Status RemoveTree(const std::string& path) {

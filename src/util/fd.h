@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "util/status.h"
 
@@ -52,6 +53,10 @@ Status WriteFileAtomic(const std::string& path, std::string_view data, mode_t mo
                        bool durable = true);
 
 Result<UniqueFd> OpenFile(const std::string& path, int flags, mode_t mode = 0);
+
+// The names in a directory, without . and ..; unordered. A directory that cannot be opened
+// is an error (ENOENT included).
+Result<std::vector<std::string>> ListDir(const std::string& dir);
 
 // Removes a tree like `rm -rf`; a missing path is OK.
 Status RemoveTree(const std::string& path);

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -95,6 +96,7 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   const std::string gid_map =
       std::to_string(::getegid()) + " " + std::to_string(::getegid()) + " 1\n";
 
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     Status st = ErrnoError("fork");
@@ -117,6 +119,10 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
       ::close(fd);
       return ok;
     };
+    if (opts.die_with_parent) {
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(9);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before the line above
+    }
     int keep_tmp[kMaxKeep];
     if (nkeep > 0) {
       ep = ::fcntl(err_pipe[1], F_DUPFD_CLOEXEC, kHighFd);
@@ -177,13 +183,18 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   Track(pid);
   if (n == static_cast<ssize_t>(sizeof e)) {
     (void)child.Wait();
-    static const char* kStage[] = {"",           "setpgid",
-                                   "dup2",       "chdir",
-                                   "execve",     "unshare network namespace",
-                                   "set ids",    "map user namespace ids",
-                                   "setpriority"};
+    static const char* kStage[] = {"",
+                                   "setpgid",
+                                   "dup2",
+                                   "chdir",
+                                   "execve",
+                                   "unshare network namespace",
+                                   "set ids",
+                                   "map user namespace ids",
+                                   "setpriority",
+                                   "set the parent-death signal"};
     return ErrnoError(
-        std::string(e[0] >= 1 && e[0] <= 8 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
+        std::string(e[0] >= 1 && e[0] <= 9 ? kStage[e[0]] : "spawn") + " " + opts.argv[0], e[1]);
   }
   return child;
 }

@@ -49,6 +49,10 @@ struct SpawnOptions {
   // The child's nice value, set before exec so that every thread it starts inherits it
   // (0: left as ours).
   int nice = 0;
+  // The child gets SIGKILL when the thread that spawned it ends (PR_SET_PDEATHSIG), so a
+  // killed parent leaves no orphan still writing: for helpers whose output only the parent
+  // can use, run by a thread that waits for them.
+  bool die_with_parent = false;
 };
 
 class ChildProcess {

@@ -4,9 +4,11 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -107,6 +109,56 @@ TEST(FindProcessesTest, FindsByCommandLineAndOnlyThose) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(FindProcesses(marker).empty());
+}
+
+// A process whose spawner is killed: with die_with_parent it goes too; without, it lives on.
+pid_t GrandchildOfAKilledParent(bool die_with_parent) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  pid_t helper = ::fork();
+  if (helper == 0) {
+    ::close(fds[0]);
+    SpawnOptions o;
+    o.argv = {"/bin/sleep", "60"};
+    o.die_with_parent = die_with_parent;
+    auto c = ChildProcess::Spawn(o);
+    pid_t p = c.ok() ? c->pid() : -1;
+    (void)!::write(fds[1], &p, sizeof p);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t grandchild = -1;
+  if (::read(fds[0], &grandchild, sizeof grandchild) != sizeof grandchild) grandchild = -1;
+  ::close(fds[0]);
+  ::kill(helper, SIGKILL);
+  (void)::waitpid(helper, nullptr, 0);
+  return grandchild;
+}
+
+// Alive and not a zombie (an orphan is reaped by whoever adopts it, maybe not at once).
+bool Running(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return false;
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+TEST(SpawnTest, DieWithParentTakesTheChildWhenItsSpawnerIsKilled) {
+  pid_t orphan = GrandchildOfAKilledParent(false);
+  ASSERT_GT(orphan, 0);
+  pid_t taken = GrandchildOfAKilledParent(true);
+  ASSERT_GT(taken, 0);
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = !Running(taken);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "pid " << taken << " outlived its spawner";
+  EXPECT_TRUE(Running(orphan)) << "the control: without the option the child lives on";
+  ::kill(orphan, SIGKILL);
+  ::kill(taken, SIGKILL);
 }
 
 }  // namespace

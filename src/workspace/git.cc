@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <set>
 #include <thread>
 
 #include "util/fd.h"
+#include "util/names.h"
 #include "util/process.h"
 #include "util/utf8.h"
 
@@ -148,7 +150,15 @@ Result<std::string> GitRepo::Run(const std::vector<std::string>& args, std::stri
   SpawnOptions o;
   o.argv = HardenedGitArgs();
   o.argv.insert(o.argv.end(), args.begin(), args.end());
-  o.env = HardenedGitEnv(dir_, index_file);
+  std::vector<std::string> env = HardenedGitEnv(dir_, index_file);
+  if (!quarantine_.empty()) {
+    env.push_back("GIT_OBJECT_DIRECTORY=" + quarantine_);
+    env.push_back("GIT_ALTERNATE_OBJECT_DIRECTORIES=" + objects_);
+  }
+  o.env = std::move(env);
+  // A daemon killed mid-commit takes its git with it: none may go on writing objects into a
+  // quarantine the next daemon removes (git recreates missing object directories).
+  o.die_with_parent = true;
   o.cwd = dir_;
   o.stdin_fd = in_r.get();
   o.stdout_fd = out_w.get();
@@ -280,6 +290,111 @@ Status GitRepo::UpdateRef(const std::string& ref, const std::string& new_id,
                           const std::optional<std::string>& old_id) const {
   return Run({"update-ref", "-m", "trybox collect", ref, new_id, old_id ? *old_id : kZeroId})
       .status();
+}
+
+Result<std::string> GitRepo::ObjectsDir() const {
+  ASSIGN_OR_RETURN(std::string out, Run({"rev-parse", "--git-path", "objects"}));
+  std::string path = Trim(out);
+  if (path.empty()) return Internal("git rev-parse --git-path objects printed nothing");
+  return path[0] == '/' ? path : dir_ + "/" + path;
+}
+
+namespace {
+
+constexpr char kQuarantinePrefix[] = "incoming-trybox-";
+
+bool IsHex(const std::string& s, size_t n) {
+  return s.size() == n && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+Result<ObjectQuarantine> ObjectQuarantine::Start(GitRepo& repo, const std::string& marker) {
+  ASSIGN_OR_RETURN(std::string objects, repo.ObjectsDir());
+  std::string path = objects + "/" + kQuarantinePrefix + RandomHex(8);
+  if (!marker.empty()) RETURN_IF_ERROR(WriteFileAtomic(marker, path + "\n", 0600));
+  if (::mkdir(path.c_str(), 0700) != 0) {
+    Status st = ErrnoError("make the object quarantine " + path);
+    if (!marker.empty()) ::unlink(marker.c_str());
+    return st;
+  }
+  repo.WriteObjectsTo(path, objects);
+  return ObjectQuarantine(&repo, std::move(path), std::move(objects), marker);
+}
+
+ObjectQuarantine::ObjectQuarantine(ObjectQuarantine&& o) noexcept
+    : repo_(o.repo_),
+      path_(std::move(o.path_)),
+      objects_(std::move(o.objects_)),
+      marker_(std::move(o.marker_)) {
+  o.path_.clear();
+  o.marker_.clear();
+}
+
+ObjectQuarantine::~ObjectQuarantine() {
+  if (!path_.empty()) {
+    repo_->WriteObjectsTo("", "");
+    (void)RemoveTree(path_);
+  }
+  if (!marker_.empty()) ::unlink(marker_.c_str());
+}
+
+Status ObjectQuarantine::Finish() {
+  if (path_.empty()) return FailedPrecondition("the object quarantine has ended");
+  // Loose objects only: hash-object, write-tree and commit-tree write nothing else.
+  ASSIGN_OR_RETURN(auto fanouts, ListDir(path_));
+  for (const auto& fan : fanouts) {
+    const std::string from_dir = path_ + "/" + fan;
+    if (!IsHex(fan, 2)) return Internal("unexpected entry in the object quarantine: " + from_dir);
+    const std::string to_dir = objects_ + "/" + fan;
+    if (::mkdir(to_dir.c_str(), 0777) != 0 && errno != EEXIST) {
+      return ErrnoError("make " + to_dir);
+    }
+    ASSIGN_OR_RETURN(auto files, ListDir(from_dir));
+    for (const auto& f : files) {
+      if (!IsHex(f, 38)) {
+        return Internal("unexpected entry in the object quarantine: " + from_dir + "/" + f);
+      }
+      const std::string from = from_dir + "/" + f, to = to_dir + "/" + f;
+      // As git moves an object into place: a hard link never replaces one that is there
+      // (same name, same content); where links are refused, a rename.
+      if (::link(from.c_str(), to.c_str()) != 0 && errno != EEXIST &&
+          ::rename(from.c_str(), to.c_str()) != 0) {
+        return ErrnoError("move object " + fan + f + " into " + objects_);
+      }
+    }
+  }
+  repo_->WriteObjectsTo("", "");
+  Status st = RemoveTree(path_);
+  path_.clear();
+  if (!marker_.empty()) ::unlink(marker_.c_str());
+  marker_.clear();
+  return st;
+}
+
+Status RemoveAbandonedQuarantine(const std::string& marker) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(marker));
+  std::string path = Trim(text);
+  const size_t slash = path.rfind('/');
+  const std::string base = slash == std::string::npos ? "" : path.substr(slash + 1);
+  const std::string parent = slash == std::string::npos ? "" : path.substr(0, slash);
+  const size_t plen = sizeof(kQuarantinePrefix) - 1;
+  if (path.empty() || path[0] != '/' || base.compare(0, plen, kQuarantinePrefix) != 0 ||
+      !IsHex(base.substr(std::min(plen, base.size())), 16) || parent.size() < 8 ||
+      parent.compare(parent.size() - 8, 8, "/objects") != 0 ||
+      path.find("/../") != std::string::npos) {
+    return InvalidArgument("the quarantine marker " + marker +
+                           " names no object quarantine: " + JsonSafe(path));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return InvalidArgument(path + " is not a directory");
+    RETURN_IF_ERROR(RemoveTree(path));
+  } else if (errno != ENOENT) {
+    return ErrnoError("stat " + path);
+  }
+  if (::unlink(marker.c_str()) != 0 && errno != ENOENT) return ErrnoError("remove " + marker);
+  return Status::Ok();
 }
 
 }  // namespace trybox::workspace

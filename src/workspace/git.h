@@ -74,10 +74,64 @@ class GitRepo {
   Status UpdateRef(const std::string& ref, const std::string& new_id,
                    const std::optional<std::string>& old_id) const;
 
+  // The repository's object store, absolute (`git rev-parse --git-path objects`).
+  Result<std::string> ObjectsDir() const;
+  // While `quarantine` is not empty, objects are written there (GIT_OBJECT_DIRECTORY) and
+  // read from there and from `objects` (GIT_ALTERNATE_OBJECT_DIRECTORIES).
+  void WriteObjectsTo(const std::string& quarantine, const std::string& objects) {
+    quarantine_ = quarantine;
+    objects_ = objects;
+  }
+
  private:
   explicit GitRepo(std::string dir) : dir_(std::move(dir)) {}
   std::string dir_;
+  std::string quarantine_;
+  std::string objects_;
 };
+
+// The objects of one commit, kept apart until the commit is whole (git's receive-pack does
+// the same): a directory `objects/incoming-trybox-<hex>` inside the repository's object
+// store, where the repository's git writes while the quarantine lasts and which no other
+// git process reads. Finish moves the objects into the store; a quarantine that is not
+// finished is removed with it, so a failed commit leaves no dangling object. Before the
+// directory exists its path is written to `marker` (when given), so that a process killed
+// in between leaves something RemoveAbandonedQuarantine can find.
+class ObjectQuarantine {
+ public:
+  static Result<ObjectQuarantine> Start(GitRepo& repo, const std::string& marker);
+  ObjectQuarantine(ObjectQuarantine&& o) noexcept;
+  ObjectQuarantine& operator=(ObjectQuarantine&&) = delete;
+  ObjectQuarantine(const ObjectQuarantine&) = delete;
+  ~ObjectQuarantine();
+  const std::string& path() const { return path_; }
+  // Moves every object into the store (an object already there is kept) and ends the
+  // quarantine: the repository writes to the store again, as it does when a quarantine that
+  // was not finished is dropped. Refs may name the objects only after this.
+  Status Finish();
+
+ private:
+  ObjectQuarantine(GitRepo* repo, std::string path, std::string objects, std::string marker)
+      : repo_(repo),
+        path_(std::move(path)),
+        objects_(std::move(objects)),
+        marker_(std::move(marker)) {}
+  GitRepo* repo_;     // writes here until the quarantine ends; must outlive it
+  std::string path_;  // empty once finished or moved from
+  std::string objects_;
+  std::string marker_;
+};
+
+// Removes the quarantine a marker names (only a directory named incoming-trybox-<hex> in a
+// directory named objects), then the marker. A marker naming anything else is an error and
+// is left as it is.
+Status RemoveAbandonedQuarantine(const std::string& marker);
+// The name a daemon gives such a marker ends so.
+inline constexpr std::string_view kQuarantineMarkerSuffix = ".quarantine";
+inline bool IsQuarantineMarker(std::string_view name) {
+  return name.size() > kQuarantineMarkerSuffix.size() &&
+         name.substr(name.size() - kQuarantineMarkerSuffix.size()) == kQuarantineMarkerSuffix;
+}
 
 // "a\nb\n" -> {"a", "b"}: records ended (or separated) by `sep`, as git prints them.
 std::vector<std::string> SplitRecords(const std::string& s, char sep);

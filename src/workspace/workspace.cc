@@ -143,6 +143,8 @@ Result<CommitOutcome> CommitCollected(const CommitInput& in) {
     return out;
   }
   ASSIGN_OR_RETURN(GitRepo repo, GitRepo::Open(in.dir));
+  ASSIGN_OR_RETURN(ObjectQuarantine quarantine,
+                   ObjectQuarantine::Start(repo, in.quarantine_marker));
   // Tree A: the base commit as the working tree was injected. Tracked paths that were not
   // sent are dropped unless excluded (excluded paths never left, so they stay as they are)
   // or submodules (never sent).
@@ -218,6 +220,7 @@ Result<CommitOutcome> CommitCollected(const CommitInput& in) {
     }
   }
   ASSIGN_OR_RETURN(out.commit, repo.CommitTree(tree_b, parent, message));
+  RETURN_IF_ERROR(quarantine.Finish());
   RETURN_IF_ERROR(repo.UpdateRef(ref, out.commit, tip));
   out.committed = true;
   return out;

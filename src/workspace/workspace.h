@@ -58,6 +58,9 @@ struct CommitInput {
   // Host paths the message must not show (the daemon's state directory); `staging` always
   // counts. Each occurrence becomes "<host directory>".
   std::vector<std::string> private_paths;
+  // Where to note the object quarantine's path while the commit is built (ObjectQuarantine),
+  // so that a daemon killed meanwhile leaves something the next one removes; "" for none.
+  std::string quarantine_marker;
 };
 
 struct CommitOutcome {
@@ -71,6 +74,8 @@ struct CommitOutcome {
 // the working tree. When the working tree differed from HEAD at inject time, a first commit
 // records the tree as injected, so the branch's last commit holds only the VM's work. A
 // second collect builds on the branch's tip. No change: no commit, and the note says so.
+// The commit's objects enter the repository only with the commit: until the branch can be
+// moved they are kept in an ObjectQuarantine, so a commit that fails leaves none behind.
 Result<CommitOutcome> CommitCollected(const CommitInput& in);
 
 // What a collect's commit message says: where the work comes from and what changed.

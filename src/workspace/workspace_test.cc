@@ -353,5 +353,112 @@ TEST(WorkspaceTest, CommitMessageShowsGuestNamesOnOneLineEachAndCapsTheList) {
   EXPECT_EQ(lines, 7u + kCommitListedSkipped + 1) << m;
 }
 
+// Every object a collect's commit writes is kept apart until the commit is whole: after a
+// commit the repository has no object that nothing reaches, and no quarantine is left.
+TEST_F(WorkspaceGitTest, ACommitLeavesNoUnreachableObjectAndNoQuarantine) {
+  auto c = RoundTrip("echo brand-new > src/new.txt && echo changed > src/a.txt");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->committed);
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git fsck --no-reflogs --unreachable 2>&1"), "");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && ls .git/objects | grep -c incoming || true"), "0\n");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git show trybox/vm1:src/new.txt"), "brand-new\n");
+}
+
+// A commit that fails after its blobs and trees exist (git refuses a NUL in a message,
+// after both were written) leaves none of them in the repository.
+TEST_F(WorkspaceGitTest, ACommitThatFailsLeavesNoObjectBehind) {
+  auto c = RoundTrip("echo brand-new > src/new.txt", nullptr, nullptr, nullptr,
+                     std::string("trybox: test\0with a NUL\n", 25));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("NUL"), std::string::npos) << c.status().ToString();
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git fsck --no-reflogs --unreachable 2>&1"), "");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && ls .git/objects | grep -c incoming || true"), "0\n");
+}
+
+TEST_F(WorkspaceGitTest, AQuarantineNotFinishedTakesItsObjectsWithIt) {
+  auto repo = GitRepo::Open(repo_);
+  ASSERT_TRUE(repo.ok());
+  const std::string marker = tmp_->path() + "/q.quarantine";
+  std::string blob, dir;
+  {
+    auto q = ObjectQuarantine::Start(*repo, marker);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    dir = q->path();
+    auto b = repo->WriteBlob("only in the quarantine\n");
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    blob = *b;
+    // This repository reads it; any other git process does not see it.
+    EXPECT_TRUE(repo->Run({"cat-file", "-e", blob}).ok());
+    EXPECT_FALSE(GitRepo::Open(repo_)->Run({"cat-file", "-e", blob}).ok());
+    EXPECT_EQ(ReadFileToString(marker).value_or(""), dir + "\n");
+  }
+  struct stat st;
+  EXPECT_NE(::lstat(dir.c_str(), &st), 0) << dir;
+  EXPECT_NE(::lstat(marker.c_str(), &st), 0) << marker;
+  EXPECT_FALSE(GitRepo::Open(repo_)->Run({"cat-file", "-e", blob}).ok());
+}
+
+TEST_F(WorkspaceGitTest, AFinishedQuarantineMovesItsObjectsIntoTheStore) {
+  auto repo = GitRepo::Open(repo_);
+  ASSERT_TRUE(repo.ok());
+  auto q = ObjectQuarantine::Start(*repo, "");
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  const std::string dir = q->path();
+  auto fresh = repo->WriteBlob("new in the quarantine\n");
+  auto known = repo->WriteBlob("one\n");  // already in the store: src/a.txt
+  ASSERT_TRUE(fresh.ok() && known.ok());
+  ASSERT_TRUE(q->Finish().ok());
+  struct stat st;
+  EXPECT_NE(::lstat(dir.c_str(), &st), 0);
+  auto plain = GitRepo::Open(repo_);
+  EXPECT_TRUE(plain->Run({"cat-file", "-e", *fresh}).ok());
+  EXPECT_TRUE(plain->Run({"cat-file", "-e", *known}).ok());
+  // The repository writes to the store again.
+  auto after = repo->WriteBlob("after the quarantine\n");
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(plain->Run({"cat-file", "-e", *after}).ok());
+  EXPECT_EQ(
+      Sh(home_, "cd '" + repo_ + "' && git fsck --no-dangling 2>&1 | grep -v '^Checking' || true"),
+      "");
+}
+
+// What a daemon killed mid-commit leaves: the marker and the quarantine it names. The next
+// daemon removes both, and nothing else.
+TEST_F(WorkspaceGitTest, AnAbandonedQuarantineIsRemovedByItsMarkerAndNothingElseIs) {
+  auto repo = GitRepo::Open(repo_);
+  ASSERT_TRUE(repo.ok());
+  const std::string marker = tmp_->path() + "/vm-abc.quarantine";
+  std::string dir;
+  {
+    auto q = ObjectQuarantine::Start(*repo, marker);
+    ASSERT_TRUE(q.ok());
+    dir = q->path();
+    ASSERT_TRUE(repo->WriteBlob("abandoned\n").ok());
+    // A kill: neither Finish nor the destructor runs. Copy what is on disk aside.
+    ASSERT_TRUE(RunChecked({"cp", "-a", dir, dir + ".kept"}).ok());
+    ASSERT_TRUE(RunChecked({"cp", "-a", marker, marker + ".kept"}).ok());
+  }
+  ASSERT_EQ(::rename((dir + ".kept").c_str(), dir.c_str()), 0);
+  ASSERT_EQ(::rename((marker + ".kept").c_str(), marker.c_str()), 0);
+  Status st = RemoveAbandonedQuarantine(marker);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  struct stat sb;
+  EXPECT_NE(::lstat(dir.c_str(), &sb), 0);
+  EXPECT_NE(::lstat(marker.c_str(), &sb), 0);
+  EXPECT_EQ(::lstat((repo_ + "/.git/objects").c_str(), &sb), 0);
+  // A marker that names anything but a quarantine is refused and kept, its target untouched.
+  const std::string bad = tmp_->path() + "/bad.quarantine";
+  for (const std::string& target : std::vector<std::string>{
+           repo_, repo_ + "/.git/objects", "/tmp/incoming-trybox-0123456789abcdef",
+           repo_ + "/.git/objects/incoming-trybox-xyz",
+           "relative/objects/incoming-trybox-0123456789abcdef"}) {
+    ASSERT_TRUE(WriteFileAtomic(bad, target + "\n").ok());
+    Status refused = RemoveAbandonedQuarantine(bad);
+    EXPECT_EQ(refused.code(), Code::kInvalidArgument) << target;
+    EXPECT_EQ(::lstat(bad.c_str(), &sb), 0);
+  }
+  EXPECT_EQ(::lstat((repo_ + "/src/a.txt").c_str(), &sb), 0);
+}
+
 }  // namespace
 }  // namespace trybox::workspace

@@ -224,6 +224,66 @@ TEST(ManageE2E, CollectStagingLeftByAKilledDaemonIsRemovedAtStart) {
   EXPECT_NE(::access(staging.c_str(), F_OK), 0) << staging << " is still there";
 }
 
+// A daemon killed while a collect builds its commit: the commit's objects were kept in a
+// quarantine inside the user's repository, named by a marker in state/collect. The next
+// daemon removes both: the repository gains no object, no branch and no directory.
+TEST(ManageE2E, ACollectKilledWhileItCommitsLeavesNothingInTheRepository) {
+  auto h = Harness::Start({"TRYBOX_SPARES=0"});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  auto tmp = TempDir::Make("/tmp", "tbx-collect-kill-");
+  ASSERT_TRUE(tmp.ok());
+  const std::string home = tmp->path() + "/home", repo = tmp->path() + "/repo";
+  ASSERT_TRUE(MakeDirs(home).ok());
+  auto git = [&](const std::string& script) {
+    auto r = RunCommand({"env", "HOME=" + home, "sh", "-c", "cd '" + repo + "' && " + script},
+                        std::chrono::seconds(60));
+    EXPECT_TRUE(r.ok() && r->exit.exited && r->exit.code == 0)
+        << script << ": " << (r.ok() ? r->output : r.status().ToString());
+    return r.ok() ? r->output : "";
+  };
+  ASSERT_TRUE(MakeDirs(repo).ok());
+  git("git init -q -b main . && git config user.email t@t && git config user.name t && "
+      "echo one > a.txt && git add -A && git commit -qm init");
+  const std::string objects_before = git("git count-objects -v | grep -E '^(count|in-pack):'");
+  CliResult c = (*h)->Cli({"create", "--workspace", repo});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string vm = FirstLine(c.out);
+  // Enough new files that writing their blobs takes a while.
+  CliResult w = (*h)->Cli({"exec", vm, "--", "sh", "-c",
+                           "cd /workspace && mkdir d && i=0; while [ $i -lt 3000 ]; do "
+                           "echo \"file $i\" > d/f$i.txt; i=$((i+1)); done"});
+  ASSERT_EQ(w.code, 0) << w.err;
+
+  const std::string collect_dir = (*h)->home() + "/state/collect";
+  std::thread collect([&] { (void)(*h)->Cli({"collect", vm}); });
+  std::string marker;
+  for (int i = 0; i < 120000 && marker.empty(); ++i) {
+    auto names = ListDir(collect_dir);
+    for (const auto& n : names.ok() ? *names : std::vector<std::string>{}) {
+      if (n.size() > 11 && n.compare(n.size() - 11, 11, ".quarantine") == 0) {
+        marker = collect_dir + "/" + n;
+      }
+    }
+    if (marker.empty()) ::usleep(1000);
+  }
+  (*h)->CrashDaemon();
+  collect.join();
+  ASSERT_FALSE(marker.empty()) << "the collect never reached its commit";
+  auto named = ReadFileToString(marker);
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  const std::string quarantine = named->substr(0, named->find('\n'));
+  EXPECT_EQ(quarantine.rfind(repo + "/.git/objects/incoming-trybox-", 0), 0u) << quarantine;
+
+  ASSERT_TRUE((*h)->RestartDaemon().ok());
+  EXPECT_NE(::access(marker.c_str(), F_OK), 0) << marker;
+  EXPECT_NE(::access(quarantine.c_str(), F_OK), 0) << quarantine;
+  EXPECT_EQ(git("ls .git/objects | grep -c incoming || true"), "0\n");
+  EXPECT_EQ(git("git count-objects -v | grep -E '^(count|in-pack):'"), objects_before);
+  EXPECT_EQ(git("git fsck --no-reflogs --unreachable 2>&1"), "");
+  EXPECT_EQ(git("git branch --list 'trybox/*'"), "");
+  EXPECT_EQ(git("git status --porcelain"), "");
+}
+
 // A template build on a nearly full disk died of SIGBUS (QEMU's sparse memory file).
 TEST(ManageE2E, ATemplateBuildOnANearlyFullDiskSaysNoSpace) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
