@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -307,6 +308,14 @@ TEST(ManageE2E, ATemplateBuildOnANearlyFullDiskSaysNoSpace) {
   std::string note = (*r)["vm"]["start"].value("note", "");
   EXPECT_EQ((*r)["vm"]["start"]["mode"], "cold") << r->dump();
   EXPECT_NE(note.find("no_space"), std::string::npos) << note;
+  // Once there is room, the same daemon builds the template and restores from it.
+  ASSERT_TRUE((*h)->Call({{"verb", "destroy"}, {"vm", (*r)["vm"]["id"]}}).ok());
+  ASSERT_EQ(::mount("tmpfs", state.c_str(), "tmpfs", MS_REMOUNT, "size=3g,mode=0700"), 0)
+      << std::strerror(errno);
+  auto room = (*h)->Call({{"verb", "create"}});
+  ASSERT_TRUE(room.ok()) << room.status().ToString();
+  EXPECT_EQ((*room)["vm"]["start"]["mode"], "restored") << room->dump();
+  EXPECT_EQ((*room)["vm"]["start"]["template"]["built"], true) << room->dump();
   EXPECT_TRUE((*h)->StopDaemon().ok());
 }
 

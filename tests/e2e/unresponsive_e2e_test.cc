@@ -164,6 +164,31 @@ class FullDiskE2E : public ::testing::Test {
   bool mounted_ = false;
 };
 
+// A restore that fails for want of room is not the template's fault: the create fails as
+// no_space, the template stays, and once there is room the next create restores from that
+// same template (it is not rebuilt).
+TEST_F(FullDiskE2E, ARestoreOnAFullDiskFailsAsNoSpaceAndKeepsItsTemplate) {
+  auto first = h_->Call({{"verb", "create"}});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ((*first)["vm"]["start"]["mode"], "restored") << first->dump();
+  ASSERT_TRUE(h_->Call({{"verb", "destroy"}, {"vm", (*first)["vm"]["id"]}}).ok());
+  Fill();
+  auto full = h_->Call({{"verb", "create"}});
+  ASSERT_FALSE(full.ok()) << full->dump();
+  EXPECT_EQ(full.status().code(), Code::kResourceExhausted) << full.status().ToString();
+  EXPECT_NE(full.status().message().find("no_space"), std::string::npos)
+      << full.status().ToString();
+  EXPECT_NE(full.status().message().find("the template was kept"), std::string::npos)
+      << full.status().ToString();
+  ASSERT_EQ(::unlink((h_->vms_dir() + "/filler").c_str()), 0);
+  auto again = h_->Call({{"verb", "create"}});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)["vm"]["start"]["mode"], "restored") << again->dump();
+  EXPECT_EQ((*again)["vm"]["start"]["template"]["built"], false) << again->dump();
+  CliResult e = h_->Cli({"exec", (*again)["vm"]["id"].get<std::string>(), "--", "true"});
+  EXPECT_EQ(e.code, 0) << e.err;
+}
+
 TEST_F(FullDiskE2E, ACopyIntoAVmOnAFullHostDiskFailsAsNoSpaceAndWorksOnceThereIsRoom) {
   CliResult c = h_->Cli({"create"});
   ASSERT_EQ(c.code, 0) << c.err;
