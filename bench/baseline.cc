@@ -98,6 +98,25 @@ Result<Baseline> ReadBaseline(const std::string& path) {
   return b;
 }
 
+std::optional<double> MachineFactor(const std::vector<Figure>& now, const Baseline& base) {
+  std::optional<double> qga_now;
+  for (const auto& f : now) {
+    if (f.name == kQgaRoundTrip && f.value > 0) qga_now = f.value;
+  }
+  std::optional<double> qga_then;
+  if (auto it = base.figures.find(kQgaRoundTrip); it != base.figures.end()) {
+    qga_then = it->second.value;
+  } else {
+    auto ratio = base.figures.find("exec.qga_ratio");
+    auto rt = base.figures.find("exec.round_trip_p50_ms");
+    if (ratio != base.figures.end() && rt != base.figures.end()) {
+      qga_then = ratio->second.value * rt->second.value;
+    }
+  }
+  if (!qga_now || !qga_then || *qga_then <= 0) return std::nullopt;
+  return *qga_now / *qga_then;
+}
+
 std::string CompareTable(const std::vector<Figure>& now, const Baseline& base, int* worse) {
   std::string out;
   char line[512];
@@ -110,13 +129,22 @@ std::string CompareTable(const std::vector<Figure>& now, const Baseline& base, i
     double by = it == base.figures.end() ? 0 : WorseBy(f, it->second.value);
     std::string factor = by > 0 ? Format(by, "x") : "";
     std::string mark;
-    if (by > kWorseFactor) {
+    const bool peer = f.name.rfind(kPeerPrefix, 0) == 0;
+    if (by > kWorseFactor && !peer) {
       mark = "  WORSE";
       ++marked;
     }
     std::string what = f.what.size() > 52 ? f.what.substr(0, 49) + "..." : f.what;
     std::snprintf(line, sizeof line, "%-52s %14s %14s %8s%s\n", what.c_str(),
                   Format(f.value, f.unit).c_str(), b.c_str(), factor.c_str(), mark.c_str());
+    out += line;
+  }
+  if (auto m = MachineFactor(now, base)) {
+    std::snprintf(line, sizeof line,
+                  "machine: qemu-guest-agent's own exec round trip (no trybox code on its path) "
+                  "is %.2fx the baseline's:\n  this machine runs guests %.2fx %s; a figure that "
+                  "moved by about that much moved with the machine\n",
+                  *m, *m >= 1 ? *m : 1 / *m, *m >= 1 ? "slower" : "faster");
     out += line;
   }
   if (worse) *worse = marked;

@@ -15,6 +15,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,18 @@ struct Baseline {
 // A missing file is an empty baseline (the first run records one).
 Result<Baseline> ReadBaseline(const std::string& path);
 
-// The table: each figure, the baseline's, the factor, and "WORSE" past kWorseFactor.
+// A peer's figure (named "peer.*": a program trybox's code is not on the path of, measured
+// in the same guest and run) says how fast the machine is, not how fast trybox is.
+inline constexpr char kPeerPrefix[] = "peer.";
+inline constexpr char kQgaRoundTrip[] = "peer.qga_round_trip_p50_ms";
+
+// How much slower this machine runs guests than the one the baseline was recorded on:
+// qemu-guest-agent's exec round trip now over then (then: the figure, or from a baseline
+// older than it, exec.qga_ratio x exec.round_trip_p50_ms). nullopt when either is missing.
+std::optional<double> MachineFactor(const std::vector<Figure>& now, const Baseline& base);
+
+// The table: each figure, the baseline's, the factor, and "WORSE" past kWorseFactor (never
+// a peer's figure), then the machine's factor when it is known.
 // *worse receives how many were marked.
 std::string CompareTable(const std::vector<Figure>& now, const Baseline& base, int* worse);
 

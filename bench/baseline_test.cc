@@ -49,6 +49,30 @@ TEST_F(BaselineTest, OnlyFiguresPastTheFactorAreMarked) {
   EXPECT_EQ(table.substr(line, table.find('\n', line) - line).find("WORSE"), std::string::npos);
 }
 
+// The machine's speed comes from a peer in the same guest: qemu-guest-agent's round trip,
+// recorded, or derived from an older baseline's ratio and trybox's round trip. A peer's
+// figure is shown but never marked.
+TEST_F(BaselineTest, APeersFigureGivesTheMachinesFactorAndIsNeverMarked) {
+  std::vector<Figure> now = {{"exec.rt", 40, "ms", true, "exec round trip"},
+                             {kQgaRoundTrip, 52, "ms", true, "peer: qga"}};
+  Baseline older;  // before the peer figure existed
+  older.figures["exec.qga_ratio"] = {"exec.qga_ratio", 0.8, "x", false, ""};
+  older.figures["exec.round_trip_p50_ms"] = {"exec.round_trip_p50_ms", 16.25, "ms", true, ""};
+  auto m = MachineFactor(now, older);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_DOUBLE_EQ(*m, 4.0);  // 52 / (0.8 x 16.25)
+
+  Baseline base;
+  base.figures["exec.rt"] = {"exec.rt", 10, "ms", true, ""};
+  base.figures[kQgaRoundTrip] = {kQgaRoundTrip, 13, "ms", true, ""};
+  int worse = -1;
+  std::string table = CompareTable(now, base, &worse);
+  EXPECT_EQ(worse, 1);  // exec.rt (4x); the peer's 4x is not trybox's
+  EXPECT_NE(table.find("runs guests 4.00x slower"), std::string::npos) << table;
+  EXPECT_FALSE(MachineFactor({{"exec.rt", 40, "ms", true, ""}}, base).has_value());
+  EXPECT_FALSE(MachineFactor(now, Baseline{}).has_value());
+}
+
 TEST_F(BaselineTest, RecordNeedsAReasonAndKeepsItWithTheFigures) {
   std::vector<Figure> now = {{"exec.rt", 9.5, "ms", true, "exec round trip"}};
   EXPECT_EQ(Record(Path("b.json"), now, "", "1 1 1", "2026-12-01").code(), Code::kInvalidArgument);

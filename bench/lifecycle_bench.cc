@@ -328,6 +328,8 @@ int main(int argc, char** argv) {
   if (!qrt.empty()) {
     figures.Higher("exec.qga_ratio", Pct(qrt, 50) / Pct(rt, 50), "x",
                    "exec: qemu-guest-agent p50 / trybox p50");
+    figures.Lower(trybox::bench::kQgaRoundTrip, Pct(qrt, 50), "ms",
+                  "peer: qemu-guest-agent's exec round trip, p50");
   }
   figures.Lower("exec.cli_p50_ms", Pct(cli, 50), "ms", "trybox exec ID -- /bin/true (CLI), p50");
   figures.Higher("stream.stdout_mb_s", trybox_stream, "MB/s", "exec stdout streaming");
