@@ -3,7 +3,8 @@
 // the daemon's open descriptors (/proc/PID/fd), threads, RSS, the number of entries under
 // the state directory, the store's size (database + WAL) and the QEMUs left, and at the end
 // prints the growth of each per 1,000 cycles (from the first sample after the warm-up to the
-// last). Run on demand, not in CI. Prints figures; asserts nothing (a failed verb stops it).
+// last). Run on demand, not in CI. Prints figures; asserts nothing. A failed verb stops every
+// client after its cycle in flight, prints the figures so far with the failure, exits 1.
 //
 // Usage: soak_bench [--cycles N] [--clients K] [--sample-every S] [--warmup W]
 //                   [--retention-vms V] [--prune-interval SECONDS]
@@ -110,20 +111,31 @@ void Print(const Sample& s) {
 }
 
 // Runs argv; the result object of the END.
-Json Exec(trybox::cli::Client& c, const std::string& vm, const std::vector<std::string>& argv) {
-  auto s = c.Open({{"verb", "exec"}, {"vm", vm}, {"argv", argv}});
-  if (!s.ok()) Die("exec", s.status());
+trybox::Result<Json> Exec(trybox::cli::Client& c, const std::string& vm,
+                          const std::vector<std::string>& argv) {
+  ASSIGN_OR_RETURN(auto s, c.Open({{"verb", "exec"}, {"vm", vm}, {"argv", argv}}));
   for (;;) {
-    auto m = (*s)->Next();
-    if (!m.ok()) Die("exec", m.status());
-    if (m->kind == Kind::kEnd) {
-      if (!m->body.value("ok", false)) Die("exec", trybox::Internal(m->body.dump()));
-      return m->body["result"];
+    ASSIGN_OR_RETURN(auto m, s->Next());
+    if (m.kind == Kind::kEnd) {
+      if (!m.body.value("ok", false)) return trybox::Internal(m.body.dump());
+      return m.body["result"];
     }
   }
 }
 
 std::atomic<bool> g_stop{false};
+
+// The first failed verb: it stops every client after its cycle in flight, and the figures
+// so far are printed (never an exit with clients still running, nor a daemon left behind).
+std::mutex g_failure_mu;
+std::string g_failure;
+void Fail(const std::string& what, const trybox::Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(g_failure_mu);
+    if (g_failure.empty()) g_failure = what + ": " + st.ToString();
+  }
+  g_stop = true;
+}
 
 struct Latencies {
   std::mutex mu;
@@ -174,14 +186,14 @@ int main(int argc, char** argv) {
   const auto start = Clock::now();
   auto worker = [&](ClientShare& share) {
     auto client = trybox::cli::Client::Connect(trybox::Paths::FromEnvironment(), false);
-    if (!client.ok()) Die("connect", client.status());
+    if (!client.ok()) return Fail("connect", client.status());
     auto& c = **client;
     for (;;) {
       int64_t i = next.fetch_add(1);
       if (i >= cycles || g_stop.load()) return;
       auto t0 = Clock::now();
       auto r = c.Call({{"verb", "create"}, {"image", "debian-12"}});
-      if (!r.ok()) Die("create", r.status());
+      if (!r.ok()) return Fail("create", r.status());
       const std::string vm = (*r)["vm"]["id"];
       auto t1 = Clock::now();
       // The mixed workload: a command, output on both streams, a failing one, some bulk.
@@ -191,12 +203,16 @@ int main(int argc, char** argv) {
                {"sh", "-c", "echo out; echo err >&2"},
                {"sh", "-c", i % 2 ? "exit 3" : "head -c 65536 /dev/zero"}}) {
         auto e0 = Clock::now();
-        (void)Exec(c, vm, cmd);
+        auto e = Exec(c, vm, cmd);
+        if (!e.ok()) {
+          (void)c.Call({{"verb", "destroy"}, {"vm", vm}});
+          return Fail("exec", e.status());
+        }
         execs.push_back(Ms(e0, Clock::now()));
       }
       auto t2 = Clock::now();
       auto d = c.Call({{"verb", "destroy"}, {"vm", vm}});
-      if (!d.ok()) Die("destroy", d.status());
+      if (!d.ok()) return Fail("destroy", d.status());
       auto t3 = Clock::now();
       {
         std::lock_guard<std::mutex> lock(lat.mu);
@@ -222,7 +238,11 @@ int main(int argc, char** argv) {
 
   const int64_t ran = done.load();
   std::printf("\n%lld cycles in %.0f s (%.2f cycles/s)%s\n", static_cast<long long>(ran), secs,
-              static_cast<double>(ran) / secs, g_stop ? ", stopped by a signal" : "");
+              static_cast<double>(ran) / secs,
+              !g_failure.empty() ? ", stopped by a failure"
+              : g_stop           ? ", stopped by a signal"
+                                 : "");
+  if (!g_failure.empty()) std::printf("failure: %s\n", g_failure.c_str());
   std::printf(
       "latency ms  create p50 %.0f p99 %.0f | exec p50 %.0f p99 %.0f | destroy p50 %.0f "
       "p99 %.0f\n",
@@ -257,7 +277,7 @@ int main(int argc, char** argv) {
   if (!base || last.cycles <= base->cycles) {
     std::printf("too few samples after the warm-up (%lld cycles) for growth figures\n",
                 static_cast<long long>(warmup));
-    return 0;
+    return g_failure.empty() ? 0 : 1;
   }
   const double per = 1000.0 / static_cast<double>(last.cycles - base->cycles);
   auto g = [&](int64_t a, int64_t b) { return static_cast<double>(b - a) * per; };
@@ -268,5 +288,5 @@ int main(int argc, char** argv) {
       g(base->fds, last.fds), g(base->threads, last.threads), g(base->rss_kib, last.rss_kib),
       g(base->entries, last.entries), g(base->store_bytes, last.store_bytes),
       g(base->qemus, last.qemus));
-  return 0;
+  return g_failure.empty() ? 0 : 1;
 }
