@@ -1,6 +1,5 @@
 #include "image/recipe.h"
 
-#include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -158,14 +157,9 @@ Status HashTree(const std::string& path, const std::string& rel, std::string* ou
     return InvalidArgument("recipe copy: " + path + " is neither a file, a directory nor a link");
   }
   *out += "d " + rel + " " + mode + "\n";
-  DIR* d = ::opendir(path.c_str());
-  if (!d) return ErrnoError("recipe copy: opendir " + path);
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(std::move(n));
-  }
-  ::closedir(d);
+  auto listed = ListDir(path);
+  if (!listed.ok()) return listed.status().Annotate("recipe copy");
+  std::vector<std::string> names = std::move(*listed);
   std::sort(names.begin(), names.end());
   for (const auto& n : names) RETURN_IF_ERROR(HashTree(path + "/" + n, rel + "/" + n, out));
   return Status::Ok();
