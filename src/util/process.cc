@@ -166,9 +166,14 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
     }
     if (opts.nice != 0 && ::setpriority(PRIO_PROCESS, 0, opts.nice) != 0) fail(8);
     if (cwd && ::chdir(cwd) != 0) fail(3);
-    ::execve(argv[0], argv.data(), env_arr);
-    if (errno == ENOENT && std::strchr(argv[0], '/') == nullptr)
+    // A bare name is looked up in PATH only, never in the working directory: a file of that
+    // name there is not the program, and a directory the child may not search (the daemon
+    // started from /root, QEMU run as a VM's uid) must not turn the lookup into EACCES.
+    if (std::strchr(argv[0], '/') == nullptr) {
       ::execvpe(argv[0], argv.data(), env_arr);
+    } else {
+      ::execve(argv[0], argv.data(), env_arr);
+    }
     fail(4);
   }
   ::close(err_pipe[1]);

@@ -111,6 +111,27 @@ TEST(FindProcessesTest, FindsByCommandLineAndOnlyThose) {
   EXPECT_TRUE(FindProcesses(marker).empty());
 }
 
+// A bare program name is found in PATH, never in the working directory: a planted `sh`
+// there does not run (before, execve tried the name relative to the directory first).
+TEST(SpawnTest, ABareNameIsLookedUpInPathNotInTheWorkingDirectory) {
+  auto dir = TempDir::Make("/tmp", "spawn-cwd-");
+  ASSERT_TRUE(dir.ok());
+  const std::string marker = dir->path() + "/planted-ran";
+  ASSERT_TRUE(
+      WriteFileAtomic(dir->path() + "/sh", "#!/bin/sh\ntouch '" + marker + "'\nexit 7\n", 0755)
+          .ok());
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "exit 3"};
+  o.cwd = dir->path();
+  auto c = ChildProcess::Spawn(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto e = c->Wait();
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->exited);
+  EXPECT_EQ(e->code, 3);
+  EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "the planted ./sh ran";
+}
+
 // A process whose spawner is killed: with die_with_parent it goes too; without, it lives on.
 pid_t GrandchildOfAKilledParent(bool die_with_parent) {
   int fds[2];
