@@ -57,6 +57,9 @@ struct Options {
   // turns spares off.
   int spares = 1;
   int64_t spare_memory_mib = 2048;
+  // The creates of the last `spare_demand_window` set a shape's target; a spare idle for as
+  // long beyond the target is released (docs/templates.md, "Spare clones").
+  std::chrono::seconds spare_demand_window{60};
   // Bulk data (workspaces, cp) through each VM's transfer disk; false: always the channel.
   bool disk_transfers = true;
   // A vm_agent run left waiting (NEEDS_INPUT, IN_PROGRESS, ERROR) keeps its VM this long

@@ -37,6 +37,14 @@ int main(int argc, char** argv) {
                  "MiB all spare clones may take together (each counted at its memory size); "
                  "the pool grows with demand up to this (env TRYBOX_SPARE_MEMORY_MIB)")
       ->check(CLI::NonNegativeNumber);
+  int64_t demand_window_s = opts.spare_demand_window.count();
+  if (const char* n = std::getenv("TRYBOX_SPARE_DEMAND_WINDOW_S"); n && *n) {
+    demand_window_s = std::atoll(n);
+  }
+  app.add_option("--spare-demand-window", demand_window_s,
+                 "Seconds of creates that set the spare pool's target, and how long a spare "
+                 "beyond it may stay idle (env TRYBOX_SPARE_DEMAND_WINDOW_S)")
+      ->check(CLI::PositiveNumber);
   int64_t agent_idle_s = 3600;
   if (const char* n = std::getenv("TRYBOX_AGENT_IDLE_S"); n && *n) agent_idle_s = std::atoll(n);
   app.add_option("--agent-idle", agent_idle_s,
@@ -126,17 +134,20 @@ int main(int argc, char** argv) {
   opts.force_accel = accel;
   opts.disk_transfers = transfer == "disk";
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
+  opts.spare_demand_window = std::chrono::seconds(demand_window_s);
   // The environment's values bypass CLI11's checks.
   if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0 ||
       opts.retention.max_vms < 0 || opts.retention.max_runs < 0 || prune_every_s < 0 ||
       opts.disk_budget_mib < 0 || opts.disk_budget_mib > (int64_t{1} << 30) ||
       opts.disk_reserve_mib < 0 || opts.disk_reserve_mib > (int64_t{1} << 30) ||
       opts.memory_reserve_mib < 0 || opts.memory_reserve_mib > (int64_t{1} << 30) ||
-      opts.max_vms < 0 || opts.max_vms > (int64_t{1} << 20)) {
+      opts.max_vms < 0 || opts.max_vms > (int64_t{1} << 20) || demand_window_s <= 0 ||
+      demand_window_s > (int64_t{1} << 30)) {
     std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
                  "(and _VMS, _RUNS, TRYBOX_PRUNE_INTERVAL_S) not negative, TRYBOX_DISK_BUDGET_MIB "
                  "and TRYBOX_DISK_RESERVE_MIB and "
-                 "TRYBOX_MEMORY_RESERVE_MIB from 0 to 2^30, TRYBOX_MAX_VMS from 0 to 2^20\n";
+                 "TRYBOX_MEMORY_RESERVE_MIB from 0 to 2^30, TRYBOX_MAX_VMS from 0 to 2^20, "
+                 "TRYBOX_SPARE_DEMAND_WINDOW_S from 1 to 2^30\n";
     return 2;
   }
   opts.retention.max_age = std::chrono::seconds(retention_s);

@@ -91,9 +91,11 @@ TEST(SpeedE2E, TheProbesAnswerOutlivesTheDaemon) {
 }
 
 // Three creates ask for three spares (within the budget); they are prepared at a lower CPU
-// priority, and a spare handed out runs at normal priority. doctor shows the pool.
+// priority, and a spare handed out runs at normal priority. doctor shows the pool. The
+// demand window is ten minutes: with the default minute, a first create whose template
+// build took most of it under a loaded CI fell out of the window (2 of 3 counted).
 TEST(SpeedE2E, TheSparePoolGrowsWithDemandAndHandsOutSparesAtNormalPriority) {
-  auto h = Harness::Start({"TRYBOX_SPARE_MEMORY_MIB=1024"});
+  auto h = Harness::Start({"TRYBOX_SPARE_MEMORY_MIB=1024", "TRYBOX_SPARE_DEMAND_WINDOW_S=600"});
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) ids.push_back(CreateVm(**h, {"--memory", "256"}));
