@@ -439,14 +439,16 @@ void Stream::SetWriteStallLimit(std::chrono::milliseconds limit) {
 
 Result<size_t> Stream::TakeCredit(size_t want) {
   MutexLock lock(mu_);
+  auto waiting = [&]() REQUIRES(mu_) {
+    return send_credit_ == 0 && !local_done_ && !remote_done_ && conn_error_.empty();
+  };
   const bool limited = write_stall_limit_.has_value();
   const auto until = std::chrono::steady_clock::now() +
                      (limited ? *write_stall_limit_ : std::chrono::milliseconds(0));
-  while (send_credit_ == 0 && !local_done_ && !remote_done_ && conn_error_.empty()) {
+  while (waiting()) {
     if (!limited) {
       cv_.Wait(mu_);
-    } else if (!cv_.WaitUntil(mu_, until) && send_credit_ == 0 && !local_done_ && !remote_done_ &&
-               conn_error_.empty()) {
+    } else if (!cv_.WaitUntil(mu_, until) && waiting()) {
       return DeadlineExceeded(
           "the peer took none of this stream's data for " +
           std::to_string(

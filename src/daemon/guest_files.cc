@@ -15,7 +15,7 @@ using Kind = channel::Stream::Message::Kind;
 // How much of a transfer through the disk is handed on at a time.
 constexpr size_t kDiskChunk = 1 << 20;
 // A put over the channel whose guest takes none of its bytes for this long is ended
-// (docs/protocol/guest.md, "Deadlines"): trybox-init may answer heartbeats while the
+// (docs/reliability.md, "A full disk"): trybox-init may answer heartbeats while the
 // writer of one put is stuck, and a user's copy must not wait for ever.
 constexpr std::chrono::seconds kPutStallLimit{60};
 
