@@ -1,5 +1,6 @@
-// libFuzzer target for the egress proxy's parsers of guest bytes: the request head, the
-// proxy target, and hostnames. Invariants checked: no crash, and anything accepted as a
+// libFuzzer target for the egress proxy's parsers of untrusted bytes: the request head, the
+// proxy target and hostnames (from guests), and the response head an intercepted upstream
+// sends (intercept.h). Invariants checked: no crash, and anything accepted as a
 // hostname is canonical (accepting it again gives the same name).
 #include <cstdint>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include "egress/allowlist.h"
 #include "egress/hostname.h"
 #include "egress/http.h"
+#include "egress/intercept.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);
@@ -22,5 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!again.ok() || *again != *name) std::abort();
   }
   (void)trybox::egress::ParseAllowEntry(in);
+  auto response = trybox::egress::ParseResponseHead(in, 4096);
+  if (response.ok() && response->has_value() && (*response)->size > in.size()) std::abort();
   return 0;
 }

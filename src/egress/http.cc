@@ -12,17 +12,9 @@ bool IsTchar(char c) {
          std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
 }
 
-bool IsToken(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), IsTchar); }
-
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
 }
 
@@ -48,33 +40,106 @@ Result<std::pair<std::string, std::optional<int>>> SplitAuthority(std::string_vi
   return std::make_pair(std::string(host), port);
 }
 
+const char* StatusText(int status) {
+  switch (status) {
+    case 400:
+      return "Bad Request";
+    case 403:
+      return "Forbidden";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+  }
+  return "Error";
+}
+
+// The reason travels in a header, so it is kept to printable ASCII on one line.
+std::string HeaderSafe(std::string s) {
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  return s;
+}
+
 }  // namespace
 
-Result<std::optional<RequestHead>> ParseRequestHead(std::string_view buf, size_t max_head) {
+std::string RefusalResponse(int status, const std::string& reason) {
+  std::string safe = HeaderSafe(reason);
+  std::string body = "trybox egress: " + safe + "\n";
+  return "HTTP/1.1 " + std::to_string(status) + " " + StatusText(status) +
+         "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\nX-Trybox-Reason: " + safe + "\r\n\r\n" + body;
+}
+
+bool IsHttpToken(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), IsTchar);
+}
+
+bool IsHttpCtl(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return (u < 0x20 && c != '\t') || u == 0x7f;
+}
+
+std::string_view TrimOws(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+Result<std::optional<HeadLines>> SplitHead(std::string_view buf, size_t max_head,
+                                           const char* what) {
   size_t end = buf.find("\r\n\r\n");
-  if (end == std::string_view::npos) {
-    if (buf.size() >= max_head) {
-      return ResourceExhausted("request head larger than " + std::to_string(max_head) + " bytes");
-    }
-    return std::optional<RequestHead>();
+  if (end == std::string_view::npos ? buf.size() >= max_head : end + 4 > max_head) {
+    return ResourceExhausted(std::string(what) + " head larger than " + std::to_string(max_head) +
+                             " bytes");
   }
-  if (end + 4 > max_head) {
-    return ResourceExhausted("request head larger than " + std::to_string(max_head) + " bytes");
-  }
-  RequestHead h;
+  if (end == std::string_view::npos) return std::optional<HeadLines>();
+  HeadLines h;
   h.size = end + 4;
   std::string_view head = buf.substr(0, end + 2);  // every line ends in CRLF
-  std::vector<std::string_view> lines;
+  bool first = true;
   while (!head.empty()) {
     size_t crlf = head.find("\r\n");
-    std::string_view line = head.substr(0, crlf);
-    if (line.find('\n') != std::string_view::npos || line.find('\r') != std::string_view::npos) {
-      return InvalidArgument("bare CR or LF in the request head");
-    }
-    lines.push_back(line);
+    std::string_view l = head.substr(0, crlf);
     head.remove_prefix(crlf + 2);
+    if (l.find_first_of("\r\n") != std::string_view::npos) {
+      return InvalidArgument(std::string("bare CR or LF in the ") + what + " head");
+    }
+    if (first) {
+      h.start = l;
+      first = false;
+      continue;
+    }
+    if (!l.empty() && (l.front() == ' ' || l.front() == '\t')) {
+      return InvalidArgument("obsolete header line folding");
+    }
+    size_t colon = l.find(':');
+    if (colon == std::string_view::npos || !IsHttpToken(l.substr(0, colon))) {
+      return InvalidArgument("malformed header line");
+    }
+    std::string_view value = TrimOws(l.substr(colon + 1));
+    if (std::any_of(value.begin(), value.end(), IsHttpCtl)) {
+      return InvalidArgument("control byte in a header value");
+    }
+    h.headers.emplace_back(std::string(l.substr(0, colon)), std::string(value));
   }
-  std::string_view rl = lines.front();
+  return std::optional<HeadLines>(std::move(h));
+}
+
+Result<std::optional<RequestHead>> ParseRequestHead(std::string_view buf, size_t max_head) {
+  ASSIGN_OR_RETURN(auto lines, SplitHead(buf, max_head, "request"));
+  if (!lines) return std::optional<RequestHead>();
+  RequestHead h;
+  h.size = lines->size;
+  h.headers = std::move(lines->headers);
+  std::string_view rl = lines->start;
   size_t sp1 = rl.find(' ');
   size_t sp2 = sp1 == std::string_view::npos ? sp1 : rl.find(' ', sp1 + 1);
   if (sp2 == std::string_view::npos || rl.find(' ', sp2 + 1) != std::string_view::npos) {
@@ -83,7 +148,7 @@ Result<std::optional<RequestHead>> ParseRequestHead(std::string_view buf, size_t
   h.method = std::string(rl.substr(0, sp1));
   h.target = std::string(rl.substr(sp1 + 1, sp2 - sp1 - 1));
   h.version = std::string(rl.substr(sp2 + 1));
-  if (!IsToken(h.method)) return InvalidArgument("method is not a token");
+  if (!IsHttpToken(h.method)) return InvalidArgument("method is not a token");
   if (h.target.empty()) return InvalidArgument("empty request target");
   for (char c : h.target) {
     if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
@@ -92,17 +157,6 @@ Result<std::optional<RequestHead>> ParseRequestHead(std::string_view buf, size_t
   }
   if (h.version != "HTTP/1.1" && h.version != "HTTP/1.0") {
     return InvalidArgument("unsupported HTTP version");
-  }
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::string_view l = lines[i];
-    if (!l.empty() && (l.front() == ' ' || l.front() == '\t')) {
-      return InvalidArgument("obsolete header line folding");
-    }
-    size_t colon = l.find(':');
-    if (colon == std::string_view::npos || !IsToken(l.substr(0, colon))) {
-      return InvalidArgument("malformed header line");
-    }
-    h.headers.emplace_back(std::string(l.substr(0, colon)), std::string(Trim(l.substr(colon + 1))));
   }
   return std::optional<RequestHead>(std::move(h));
 }
@@ -147,7 +201,7 @@ Result<std::string> OriginRequest(const RequestHead& h, const ProxyTarget& t) {
     std::string_view rest = value;
     while (!rest.empty()) {
       size_t comma = rest.find(',');
-      std::string token = Lower(std::string(Trim(rest.substr(0, comma))));
+      std::string token = Lower(std::string(TrimOws(rest.substr(0, comma))));
       rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
       if (token.empty()) continue;
       if (token == "host" || token == "content-length" || token == "transfer-encoding") {

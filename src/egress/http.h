@@ -17,6 +17,25 @@ namespace trybox::egress {
 
 inline constexpr size_t kDefaultMaxHead = 16 * 1024;
 
+// RFC 9110's pieces, shared by the proxy's and the interception's parsers.
+bool IsHttpToken(std::string_view s);          // a method or a header name
+bool IsHttpCtl(char c);                        // a control byte other than HTAB
+std::string_view TrimOws(std::string_view s);  // spaces and tabs off both ends
+
+// A message head split strictly: CRLF line ends only (a bare CR or LF is an error), no
+// obsolete line folding, token header names, no control byte in a value. `start` is the
+// request or status line (a view into `buffered`). nullopt while no blank line has come (and
+// fewer than `max_head` bytes); kResourceExhausted past `max_head`; kInvalidArgument for a
+// malformed head. `what` ("request", "response") names the head in errors, which never quote
+// its bytes.
+struct HeadLines {
+  std::string_view start;
+  std::vector<std::pair<std::string, std::string>> headers;
+  size_t size = 0;  // bytes of the head including the blank line
+};
+Result<std::optional<HeadLines>> SplitHead(std::string_view buffered, size_t max_head,
+                                           const char* what);
+
 struct RequestHead {
   std::string method;
   std::string target;
@@ -52,5 +71,10 @@ Result<ProxyTarget> ParseProxyTarget(const RequestHead& head);
 // names Host, Content-Length or Transfer-Encoding (dropping those would change what the
 // upstream reads as the request).
 Result<std::string> OriginRequest(const RequestHead& head, const ProxyTarget& target);
+
+// A complete refusal from the proxy: status line, `X-Trybox-Reason: <reason>` and a short
+// text body, `Connection: close`. The reason is made printable ASCII on one line (it may
+// quote what a guest sent).
+std::string RefusalResponse(int status, const std::string& reason);
 
 }  // namespace trybox::egress

@@ -1,0 +1,189 @@
+#include "egress/secrets.h"
+
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace trybox::egress {
+namespace {
+
+size_t PageSize() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
+
+bool IsName(std::string_view s) {
+  if (s.empty() || s.size() > 128) return false;
+  auto head = [](char c) { return c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); };
+  auto tail = [&](char c) { return head(c) || (c >= '0' && c <= '9'); };
+  return head(s[0]) && std::all_of(s.begin() + 1, s.end(), tail);
+}
+
+Status RandomFill(unsigned char* out, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = ::getrandom(out + done, n - done, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("getrandom");
+    }
+    done += static_cast<size_t>(got);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SecretValue> SecretValue::Copy(std::string_view value) {
+  SecretValue v;
+  size_t page = PageSize();
+  v.mapped_ = std::max<size_t>(page, (value.size() + page - 1) / page * page);
+  void* p = ::mmap(nullptr, v.mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return ErrnoError("mmap for a secret");
+  v.data_ = static_cast<char*>(p);
+  // Out of core dumps always; out of swap where the limit allows (an unprivileged daemon's
+  // RLIMIT_MEMLOCK may not, and a secret is still better held than refused).
+  (void)::madvise(p, v.mapped_, MADV_DONTDUMP);
+  (void)::mlock(p, v.mapped_);
+  std::memcpy(v.data_, value.data(), value.size());
+  v.size_ = value.size();
+  return v;
+}
+
+SecretValue::SecretValue(SecretValue&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      mapped_(std::exchange(o.mapped_, 0)) {}
+
+SecretValue& SecretValue::operator=(SecretValue&& o) noexcept {
+  if (this != &o) {
+    Release();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, 0);
+  }
+  return *this;
+}
+
+SecretValue::~SecretValue() { Release(); }
+
+void SecretValue::Release() {
+  if (data_ == nullptr) return;
+  ::explicit_bzero(data_, mapped_);
+  (void)::munlock(data_, mapped_);
+  ::munmap(data_, mapped_);
+  data_ = nullptr;
+  size_ = mapped_ = 0;
+}
+
+Result<std::string> MakePlaceholder(std::string_view value) {
+  static constexpr std::string_view kLowerHex = "0123456789abcdef";
+  static constexpr std::string_view kUpperHex = "0123456789ABCDEF";
+  static constexpr std::string_view kAlnum =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  auto only = [&](std::string_view set) {
+    return std::all_of(value.begin(), value.end(),
+                       [&](char c) { return set.find(c) != std::string_view::npos; });
+  };
+  std::string_view set = only(kLowerHex) ? kLowerHex : only(kUpperHex) ? kUpperHex : kAlnum;
+  size_t n = std::max(value.size(), kMinPlaceholder);
+  std::string out(n, '\0');
+  // Rejection sampling: every character of the set equally likely.
+  const unsigned limit = 256 - 256 % set.size();
+  size_t i = 0;
+  unsigned char buf[64];
+  while (i < n) {
+    RETURN_IF_ERROR(RandomFill(buf, sizeof buf));
+    for (unsigned char b : buf) {
+      if (b >= limit || i == n) continue;
+      out[i++] = set[b % set.size()];
+    }
+  }
+  return out;
+}
+
+bool Secret::BoundTo(const std::string& canonical_host) const {
+  return std::any_of(hosts.begin(), hosts.end(),
+                     [&](const AllowEntry& e) { return e.MatchesHost(canonical_host); });
+}
+
+Result<std::shared_ptr<const SecretSet>> SecretSet::Make(std::vector<SecretInput> inputs) {
+  if (inputs.size() > kMaxSecrets) {
+    return InvalidArgument("too many secrets: " + std::to_string(inputs.size()) + " (at most " +
+                           std::to_string(kMaxSecrets) + ")");
+  }
+  auto set = std::make_shared<SecretSet>();
+  std::set<std::string> names;
+  std::set<std::string> placeholders;
+  for (auto& in : inputs) {
+    if (!IsName(in.name)) {
+      return InvalidArgument("secret name '" + in.name.substr(0, 64) +
+                             "' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    const std::string what = "secret " + in.name;
+    if (!names.insert(in.name).second) return InvalidArgument(what + " is declared twice");
+    if (in.value.empty()) return InvalidArgument(what + " has an empty value");
+    if (in.value.size() > kMaxSecretValue) {
+      return InvalidArgument(what + " is longer than " + std::to_string(kMaxSecretValue) +
+                             " bytes");
+    }
+    if (in.value.find_first_of(std::string_view("\0\r\n", 3)) != std::string::npos) {
+      return InvalidArgument(what + " contains a NUL, CR or LF byte");
+    }
+    if (in.hosts.empty()) return InvalidArgument(what + " is bound to no host");
+    Secret s;
+    s.name = in.name;
+    for (const auto& h : in.hosts) {
+      // A port would suggest a binding narrower than the one enforced (the host alone).
+      if (h.find(':') != std::string::npos) {
+        return InvalidArgument(what + ": host '" + h.substr(0, 255) +
+                               "' has a port; a secret is bound to host names only");
+      }
+      auto e = ParseAllowEntry(h);
+      if (!e.ok()) return e.status().Annotate(what);
+      s.hosts.push_back(std::move(*e));
+    }
+    ASSIGN_OR_RETURN(s.value, SecretValue::Copy(in.value));
+    ::explicit_bzero(in.value.data(), in.value.size());
+    do {
+      ASSIGN_OR_RETURN(s.placeholder, MakePlaceholder(s.value.view()));
+    } while (!placeholders.insert(s.placeholder).second ||
+             s.value.view().find(s.placeholder) != std::string_view::npos);
+    s.body = in.body;
+    s.keep_cookies = in.keep_cookies;
+    set->secrets_.push_back(std::move(s));
+  }
+  // A placeholder that contains another's would let one substitution expose the other.
+  for (const auto& a : set->secrets_) {
+    for (const auto& b : set->secrets_) {
+      if (&a != &b && a.placeholder.find(b.placeholder) != std::string::npos) {
+        return Internal("placeholders overlap; declare the secrets again");
+      }
+    }
+  }
+  return std::shared_ptr<const SecretSet>(std::move(set));
+}
+
+bool SecretSet::BindsHost(const std::string& canonical_host) const {
+  return std::any_of(secrets_.begin(), secrets_.end(),
+                     [&](const Secret& s) { return s.BoundTo(canonical_host); });
+}
+
+std::map<std::string, std::string> SecretSet::GuestEnv() const {
+  std::map<std::string, std::string> env;
+  for (const auto& s : secrets_) env[s.name] = s.placeholder;
+  return env;
+}
+
+const Secret* SecretSet::ForeignPlaceholder(std::string_view text,
+                                            const std::string& canonical_host) const {
+  for (const auto& s : secrets_) {
+    if (!s.BoundTo(canonical_host) && text.find(s.placeholder) != std::string_view::npos) {
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace trybox::egress

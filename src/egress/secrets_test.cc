@@ -1,0 +1,118 @@
+#include "egress/secrets.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <string>
+
+namespace trybox::egress {
+namespace {
+
+SecretInput Input(std::string name, std::string value, std::vector<std::string> hosts) {
+  SecretInput in;
+  in.name = std::move(name);
+  in.value = std::move(value);
+  in.hosts = std::move(hosts);
+  return in;
+}
+
+TEST(SecretsTest, APlaceholderKeepsTheValuesLengthAndCharacterClassButNotItsContent) {
+  auto hex = MakePlaceholder("0123456789abcdef0123456789abcdef");
+  ASSERT_TRUE(hex.ok());
+  EXPECT_EQ(hex->size(), 32u);
+  EXPECT_EQ(hex->find_first_not_of("0123456789abcdef"), std::string::npos);
+  auto upper = MakePlaceholder("0123456789ABCDEF0123");
+  ASSERT_TRUE(upper.ok());
+  EXPECT_EQ(upper->find_first_not_of("0123456789ABCDEF"), std::string::npos);
+  auto token = MakePlaceholder("ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789");
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(token->size(), 40u);
+  EXPECT_EQ(
+      token->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"),
+      std::string::npos);
+  // Short values still get a placeholder that cannot turn up by chance.
+  auto shortv = MakePlaceholder("pw");
+  ASSERT_TRUE(shortv.ok());
+  EXPECT_EQ(shortv->size(), kMinPlaceholder);
+  // Drawn afresh each time.
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) seen.insert(MakePlaceholder("same-value-every-time").value());
+  EXPECT_EQ(seen.size(), 100u);
+}
+
+TEST(SecretsTest, ASetGivesTheGuestPlaceholdersAndBindsEachSecretToItsHostsOnly) {
+  auto set = SecretSet::Make({Input("GH_TOKEN", "real-gh-value-123456", {"api.github.test"}),
+                              Input("NPM_TOKEN", "real-npm-value-7890ab", {"*.npm.test"})});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  const auto& s = (*set)->secrets();
+  ASSERT_EQ(s.size(), 2u);
+  auto env = (*set)->GuestEnv();
+  EXPECT_EQ(env.at("GH_TOKEN"), s[0].placeholder);
+  EXPECT_NE(env.at("GH_TOKEN"), "real-gh-value-123456");
+  EXPECT_EQ(s[0].value.view(), "real-gh-value-123456");
+  EXPECT_TRUE((*set)->BindsHost("api.github.test"));
+  EXPECT_TRUE((*set)->BindsHost("registry.npm.test"));
+  EXPECT_FALSE((*set)->BindsHost("npm.test"));  // a wildcard is subdomains only
+  EXPECT_FALSE((*set)->BindsHost("github.test"));
+  std::string header = "Authorization: Bearer " + s[0].placeholder;
+  EXPECT_EQ((*set)->ForeignPlaceholder(header, "api.github.test"), nullptr);
+  const Secret* foreign = (*set)->ForeignPlaceholder(header, "registry.npm.test");
+  ASSERT_NE(foreign, nullptr);
+  EXPECT_EQ(foreign->name, "GH_TOKEN");
+}
+
+TEST(SecretsTest, BadDeclarationsAreRefusedNamingTheSecretNeverItsValue) {
+  const std::string value = "do-not-print-this-value";
+  auto expect_refused = [&](SecretInput in, const std::string& words) {
+    std::vector<SecretInput> v;
+    v.push_back(std::move(in));
+    auto r = SecretSet::Make(std::move(v));
+    ASSERT_FALSE(r.ok()) << words;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find(value), std::string::npos) << r.status().message();
+  };
+  expect_refused(Input("1BAD", value, {"a.test"}), "is not a variable name");
+  expect_refused(Input("A-B", value, {"a.test"}), "is not a variable name");
+  expect_refused(Input("TOKEN", "", {"a.test"}), "empty value");
+  expect_refused(Input("TOKEN", value, {}), "bound to no host");
+  expect_refused(Input("TOKEN", value + "\r\nX: y", {"a.test"}), "CR or LF");
+  expect_refused(Input("TOKEN", std::string(kMaxSecretValue + 1, 'a'), {"a.test"}), "longer");
+  expect_refused(Input("TOKEN", value, {"a.test:443"}), "has a port");
+  expect_refused(Input("TOKEN", value, {"127.0.0.1"}), "TOKEN");
+  auto twice = SecretSet::Make({Input("T", value, {"a.test"}), Input("T", value, {"b.test"})});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("declared twice"), std::string::npos);
+}
+
+// The value's pages are out of core dumps: /proc/self/smaps shows the "dd" flag on them.
+TEST(SecretsTest, AValueLivesInPagesExcludedFromCoreDumps) {
+  auto v = SecretValue::Copy("a value that must stay out of core dumps");
+  ASSERT_TRUE(v.ok());
+  auto addr = reinterpret_cast<uintptr_t>(v->view().data());
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_mapping = false, found = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
+      in_mapping = addr >= lo && addr < hi;
+      continue;
+    }
+    if (in_mapping && line.rfind("VmFlags:", 0) == 0) {
+      found = true;
+      EXPECT_NE(line.find(" dd"), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(found);
+  // Moving keeps one owner; the moved-from value is empty.
+  SecretValue moved = std::move(*v);
+  EXPECT_EQ(moved.view(), "a value that must stay out of core dumps");
+  EXPECT_TRUE(v->view().empty());
+}
+
+}  // namespace
+}  // namespace trybox::egress
