@@ -23,6 +23,7 @@
 #include "cli/mcp.h"
 #include "cli/mcp_tools.h"
 #include "cli/reply.h"
+#include "cli/secret_flags.h"
 #include "cli/store_cmd.h"
 #include "cli/terminal.h"
 #include "cli/transfer.h"
@@ -85,6 +86,11 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm, NumberFlags& nf) {
       ->allow_extra_args(false);
   cmd->add_option("--profile", vm.profiles,
                   "Add a named allow-list from the daemon's egress.json (repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--secret", vm.secrets,
+                  "NAME=SOURCE@HOST[,HOST...]: the guest sees NAME set to a placeholder; the "
+                  "egress proxy puts the real value (SOURCE: env:VAR or file:PATH) in its place "
+                  "only in HTTPS requests to HOST (repeatable; docs/secrets.md)")
       ->allow_extra_args(false);
   cmd->add_option("--workspace", vm.workspace,
                   "Copy this git working tree into /workspace (the default working directory)");
@@ -313,15 +319,13 @@ Result<Json> AwaitWithProgress(channel::Stream& s, bool show, std::ostream& err)
 Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral, bool quiet,
                              std::ostream& err) {
   RETURN_IF_ERROR(BuildOnFirstUse(Paths::FromEnvironment(), vm.image, ShowProgress(quiet), err));
-  ASSIGN_OR_RETURN(auto s, client.Open({{"verb", "create"},
-                                        {"image", vm.image},
-                                        {"memory_mib", vm.memory_mib},
-                                        {"cpus", vm.cpus},
-                                        {"cold", vm.cold},
-                                        {"privileged", vm.privileged},
-                                        {"allow", vm.allow},
-                                        {"profiles", vm.profiles},
-                                        {"ephemeral", ephemeral}}));
+  Json request = {{"verb", "create"},  {"image", vm.image},       {"memory_mib", vm.memory_mib},
+                  {"cpus", vm.cpus},   {"cold", vm.cold},         {"privileged", vm.privileged},
+                  {"allow", vm.allow}, {"profiles", vm.profiles}, {"ephemeral", ephemeral}};
+  if (!vm.secrets.empty()) {
+    ASSIGN_OR_RETURN(request["secrets"], ResolveSecrets(Paths::FromEnvironment(), vm.secrets));
+  }
+  ASSIGN_OR_RETURN(auto s, client.Open(request));
   ASSIGN_OR_RETURN(Json r, AwaitWithProgress(*s, ShowProgress(quiet), err));
   ASSIGN_OR_RETURN(ReplyView v, ReplyView(r).Object("vm"));
   ASSIGN_OR_RETURN(std::string id, v.String("id"));
@@ -1152,6 +1156,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
   }
   for (const auto& p : inv.vm.profiles) RETURN_IF_ERROR(ValidateName("profile name", p));
+  for (const auto& sf : inv.vm.secrets) RETURN_IF_ERROR(ParseSecretFlag(sf).status());
   if (inv.command == "audit" && !inv.id.empty()) RETURN_IF_ERROR(ValidateName("VM id", inv.id));
   for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
   if (inv.command == "run" || inv.command == "create") {

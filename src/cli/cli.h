@@ -39,6 +39,7 @@ struct VmOptions {
   bool privileged = false;              // commands keep every capability (docs/security.md)
   std::vector<std::string> allow;       // egress allow-list entries HOST[:PORT], validated
   std::vector<std::string> profiles;    // named allow-lists from the daemon's egress.json
+  std::vector<std::string> secrets;     // --secret NAME=SOURCE@HOST[,HOST...], syntax checked
   std::string workspace;                // --workspace DIR: a git working tree copied to /workspace
   std::string workspace_quota;          // --workspace-quota SIZE (default: the daemon's, 1 GiB)
   uint64_t quota_bytes = 0;             // parsed; 0 = the daemon's default

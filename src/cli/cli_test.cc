@@ -39,6 +39,14 @@ TEST(CliParseTest, RunAndCreateTakeAllowEntriesAndProfiles) {
   EXPECT_FALSE(P({"run", "--profile", "../x", "--", "true"}).ok());
 }
 
+TEST(CliParseTest, RunAndCreateTakeSecretsAndCheckTheirSyntaxOnly) {
+  auto inv = P({"run", "--secret", "GH_TOKEN=env:MY_GH@api.github.com,*.github.test", "--secret",
+                "NPM=file:/nonexistent/yet@registry.npmjs.org", "--secret", "NAMED", "--", "true"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->vm.secrets.size(), 3u);
+  EXPECT_FALSE(P({"create", "--secret", "X=plain@a.test"}).ok());
+}
+
 // A repeatable option right before "--" once swallowed the command's own "-c".
 TEST(CliParseTest, RepeatableOptionBeforeDashesLeavesTheCommandAlone) {
   auto inv = P({"run", "-e", "A=1", "--allow", "x.test", "--", "sh", "-c", "echo $A"});

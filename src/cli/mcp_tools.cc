@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/reply.h"
+#include "cli/secret_flags.h"
 #include "egress/allowlist.h"
 #include "util/names.h"
 #include "util/utf8.h"
@@ -78,6 +79,14 @@ const std::vector<ToolSpec>& Specs() {
                    {"description",
                     "Hosts the VM may reach, as HOST[:PORT] (port 443 by default; "
                     "*.example.com for subdomains). Everything else is refused."}}},
+                 {"secrets",
+                  {{"type", "array"},
+                   {"items", {{"type", "string"}}},
+                   {"description",
+                    "Names of secrets the user declared in trybox's secrets.json. Each is "
+                    "set in the VM as an environment variable holding a placeholder; trybox "
+                    "puts the real value in only on HTTPS requests to that secret's hosts "
+                    "(which must also be in `allow`). Values are never given here."}}},
                  {"memory_mib", Int("Memory in MiB (default 512).", 128, 65536)},
                  {"cpus", Int("Virtual CPUs (default 1).", 1, 64)},
                  {"keep", Bool("Keep the VM after this MCP session ends (default false).")}},
@@ -348,6 +357,11 @@ std::optional<Json> RunCreate(const Json& args, Session& session, bool structure
   Json req = {{"verb", "create"}, {"ephemeral", !a->keep}};
   if (!a->image.empty()) req["image"] = a->image;
   if (!a->allow.empty()) req["allow"] = a->allow;
+  if (!a->secrets.empty()) {
+    auto secrets = ResolveSecrets(Paths::FromEnvironment(), a->secrets);
+    if (!secrets.ok()) return ToolError("vm_create", secrets.status().message());
+    req["secrets"] = std::move(*secrets);
+  }
   if (a->memory_mib) req["memory_mib"] = *a->memory_mib;
   if (a->cpus) req["cpus"] = *a->cpus;
   std::unique_ptr<Client> own;
@@ -636,7 +650,7 @@ Json VmToolDefinition(const std::string& name, bool structured_output) {
 }
 
 Result<CreateArgs> ParseCreate(const Json& args) {
-  Args a(args, {"image", "allow", "memory_mib", "cpus", "keep"});
+  Args a(args, {"image", "allow", "secrets", "memory_mib", "cpus", "keep"});
   RETURN_IF_ERROR(a.status());
   CreateArgs c;
   ASSIGN_OR_RETURN(c.image, a.String("image", false));
@@ -645,6 +659,16 @@ Result<CreateArgs> ParseCreate(const Json& args) {
   for (const auto& e : c.allow) {
     auto parsed = egress::ParseAllowEntry(e);
     if (!parsed.ok()) return parsed.status().Annotate("allow");
+  }
+  ASSIGN_OR_RETURN(c.secrets, a.Strings("secrets"));
+  for (const auto& name : c.secrets) {
+    // A name only: a source or a value would let the calling model choose what is read.
+    auto f = ParseSecretFlag(name);
+    if (!f.ok() || !f->source.empty()) {
+      return InvalidArgument(
+          "secrets: give the names of secrets in secrets.json, e.g. "
+          "[\"GH_TOKEN\"]");
+    }
   }
   ASSIGN_OR_RETURN(c.memory_mib, a.Int("memory_mib", 128, 65536));
   ASSIGN_OR_RETURN(c.cpus, a.Int("cpus", 1, 64));

@@ -5,6 +5,17 @@
 namespace trybox::cli::mcp {
 namespace {
 
+TEST(McpToolsTest, VmCreateTakesSecretNamesButNeverASourceOrValue) {
+  auto c = ParseCreate(Json{{"allow", {"api.github.test"}}, {"secrets", {"GH_TOKEN"}}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->secrets, std::vector<std::string>{"GH_TOKEN"});
+  for (const char* bad : {"GH=env:HOME@a.test", "GH=file:/etc/shadow@a.test", "1GH", ""}) {
+    auto r = ParseCreate(Json{{"secrets", {bad}}});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("names of secrets in secrets.json"), std::string::npos);
+  }
+}
+
 TEST(McpToolsTest, OutputKeeperKeepsEverythingUpToItsLimit) {
   OutputKeeper k(10);
   k.Add("abc");

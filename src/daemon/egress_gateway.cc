@@ -91,6 +91,11 @@ Result<std::shared_ptr<const EgressSettings>> ReadSettings(const std::string& pa
   for (const auto& o : s->config.internal_allow) {
     LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
   }
+  std::optional<std::string> ca_file;
+  if (!s->config.upstream_ca_file.empty()) ca_file = s->config.upstream_ca_file;
+  auto tls = egress::UpstreamTls::Create(ca_file);
+  if (!tls.ok()) return tls.status().Annotate(path + ": upstream_ca_file");
+  s->upstream_tls = std::move(*tls);
   return std::shared_ptr<const EgressSettings>(std::move(s));
 }
 
@@ -165,7 +170,8 @@ Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string
   return egress::AllowList::Parse(entries);
 }
 
-std::shared_ptr<EgressVm> EgressGateway::NewVm(egress::AllowList allow) const {
+Result<std::shared_ptr<EgressVm>> EgressGateway::NewVm(
+    egress::AllowList allow, std::shared_ptr<const egress::SecretSet> secrets) const {
   auto now = settings();
   auto vm = std::make_shared<EgressVm>(now->config.max_tunnels_per_vm);
   vm->settings = now;
@@ -173,6 +179,10 @@ std::shared_ptr<EgressVm> EgressGateway::NewVm(egress::AllowList allow) const {
   vm->policy.overrides = now->config.internal_allow;
   vm->policy.head_timeout = now->config.head_timeout;
   vm->policy.connect_timeout = now->config.connect_timeout;
+  if (secrets && !secrets->empty()) {
+    ASSIGN_OR_RETURN(vm->ca, egress::CertAuthority::Create("trybox egress CA"));
+    vm->secrets = std::move(secrets);
+  }
   return vm;
 }
 
@@ -223,7 +233,8 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
   }
   egress::StreamClient client(s);
   egress::Decision d = egress::ServeConnection(
-      client, {&eg.policy, eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id});
+      client, {&eg.policy, eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id,
+               eg.secrets.get(), eg.ca.get(), eg.settings->upstream_tls.get()});
   (void)s.End({{"ok", true},
                {"verdict", d.verdict},
                {"status", d.status},

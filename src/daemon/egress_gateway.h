@@ -22,6 +22,8 @@
 #include "egress/audit_limit.h"
 #include "egress/config.h"
 #include "egress/proxy.h"
+#include "egress/secrets.h"
+#include "egress/tls.h"
 #include "store/store.h"
 #include "util/mutex.h"
 
@@ -35,6 +37,8 @@ struct EgressSettings {
   egress::Config config;
   Json json;
   std::shared_ptr<egress::Resolver> resolver;
+  // TLS toward secrets' hosts, trusting config.upstream_ca_file or the system store.
+  std::shared_ptr<egress::UpstreamTls> upstream_tls;
 };
 
 // What a reload changed (egress::ConfigChanges) and which of those only apply after a
@@ -49,6 +53,10 @@ struct EgressVm {
   std::shared_ptr<const EgressSettings> settings;  // as of the VM's create
   egress::Policy policy;
   egress::TunnelSlots slots;
+  // The VM's secrets and the CA whose certificates its guest trusts (docs/secrets.md); both
+  // null when the VM has no secret. The CA's key never leaves this process.
+  std::shared_ptr<const egress::SecretSet> secrets;
+  std::unique_ptr<egress::CertAuthority> ca;
   // Streams the guest has open, decided or not: bounds the threads a guest can hold.
   std::atomic<int> streams{0};
   explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
@@ -75,7 +83,9 @@ class EgressGateway {
   // The allow-list of `allow` entries plus the named profiles'; errors name the entry.
   Result<egress::AllowList> AllowList(const std::vector<std::string>& allow,
                                       const std::vector<std::string>& profiles) const;
-  std::shared_ptr<EgressVm> NewVm(egress::AllowList allow) const;
+  // A VM's egress state; with secrets, a CA of its own for the guest to trust.
+  Result<std::shared_ptr<EgressVm>> NewVm(egress::AllowList allow,
+                                          std::shared_ptr<const egress::SecretSet> secrets) const;
   // The handler for streams VM `vm_id`'s guest opens: egress tunnels, or refusals.
   channel::Mux::OpenHandler GuestHandler(const std::string& vm_id, std::shared_ptr<EgressVm> vm);
 

@@ -47,6 +47,30 @@ Status NoNul(const std::string& s, const char* what) {
   return Status::Ok();
 }
 
+// [{"name": N, "value": V, "hosts": [H...], "body": false, "keep_cookies": false}]. Errors
+// name the secret by its index and name, never by its value.
+Result<std::vector<egress::SecretInput>> Secrets(const Json& j) {
+  std::vector<egress::SecretInput> out;
+  if (j.is_null()) return out;
+  if (!j.is_array()) return InvalidArgument("'secrets' must be an array");
+  if (j.size() > egress::kMaxSecrets) {
+    return InvalidArgument("'secrets' has more than " + std::to_string(egress::kMaxSecrets) +
+                           " entries");
+  }
+  for (size_t i = 0; i < j.size(); ++i) {
+    Fields f(j[i], "secrets[" + std::to_string(i) + "].");
+    RETURN_IF_ERROR(f.CheckObject());
+    egress::SecretInput in;
+    ASSIGN_OR_RETURN(in.name, f.String("name"));
+    ASSIGN_OR_RETURN(in.value, f.String("value"));
+    ASSIGN_OR_RETURN(in.hosts, f.StringList("hosts"));
+    ASSIGN_OR_RETURN(in.body, f.Bool("body", false));
+    ASSIGN_OR_RETURN(in.keep_cookies, f.Bool("keep_cookies", false));
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<CreateRequest> ParseCreate(const Json& j) {
@@ -63,6 +87,7 @@ Result<CreateRequest> ParseCreate(const Json& j) {
   ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
   ASSIGN_OR_RETURN(r.profiles, f.StringList("profiles"));
   ASSIGN_OR_RETURN(r.privileged, f.Bool("privileged", false));
+  ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets")));
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include "agent/model.h"
 #include "daemon/wire.h"
+#include "egress/secrets.h"
 
 namespace trybox::daemon {
 
@@ -44,6 +45,8 @@ struct CreateRequest {
   // Commands keep every capability (docs/security.md): the channel is then within a
   // command's reach, and the VM's results are the guest's word.
   bool privileged = false;
+  // Secrets the guest sees only as placeholders (docs/secrets.md). Values are never echoed.
+  std::vector<egress::SecretInput> secrets;
 };
 
 struct VmRequest {  // destroy

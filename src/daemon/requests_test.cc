@@ -29,6 +29,27 @@ TEST(DaemonRequestsTest, CreateDefaultsAndRanges) {
   EXPECT_EQ(r->allow, std::vector<std::string>{"a.com"});
 }
 
+TEST(DaemonRequestsTest, CreateTakesSecretsAndItsErrorsNeverQuoteAValue) {
+  auto r = ParseCreate(J(R"({"secrets":[{"name":"GH","value":"v-123","hosts":["a.test"]},
+                         {"name":"B","value":"w","hosts":["*.b.test"],"body":true,
+                          "keep_cookies":true}]})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->secrets.size(), 2u);
+  EXPECT_EQ(r->secrets[0].name, "GH");
+  EXPECT_EQ(r->secrets[0].value, "v-123");
+  EXPECT_EQ(r->secrets[0].hosts, std::vector<std::string>{"a.test"});
+  EXPECT_FALSE(r->secrets[0].body);
+  EXPECT_TRUE(r->secrets[1].body);
+  EXPECT_TRUE(r->secrets[1].keep_cookies);
+  ExpectInvalid(ParseCreate(J(R"({"secrets":{}})")).status(), "'secrets' must be an array");
+  ExpectInvalid(ParseCreate(J(R"({"secrets":[1]})")).status(), "secrets[0]");
+  ExpectInvalid(ParseCreate(J(R"({"secrets":[{"name":"A","hosts":["a.test"]}]})")).status(),
+                "'secrets[0].value'");
+  auto bad = ParseCreate(J(R"({"secrets":[{"name":"A","value":"sekrit-77","hosts":"a.test"}]})"));
+  ExpectInvalid(bad.status(), "'secrets[0].hosts'");
+  EXPECT_EQ(bad.status().message().find("sekrit-77"), std::string::npos);
+}
+
 TEST(DaemonRequestsTest, MemoryThatWrapsA32BitIntIsRefusedNotTruncated) {
   // 4294967808 boots 512 MiB if read as an int.
   ExpectInvalid(ParseCreate(J(R"({"memory_mib":4294967808})")).status(), "'memory_mib'");

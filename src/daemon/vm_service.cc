@@ -13,10 +13,43 @@
 
 namespace trybox::daemon {
 
+namespace {
+
+// Where the guest finds the VM's egress CA (docs/secrets.md): appended to the system
+// bundle, which most clients read, and on its own for Node's extra-CA variable.
+constexpr char kGuestBundle[] = "/etc/ssl/certs/ca-certificates.crt";
+constexpr char kGuestCaFile[] = "/etc/trybox/egress-ca.pem";
+constexpr int64_t kMaxGuestBundle = 8 << 20;
+
+Status InstallEgressCa(GuestChannel& guest, const std::string& pem) {
+  std::string bundle;
+  auto old = ReadFile(guest, kGuestBundle, kMaxGuestBundle);
+  if (old.ok()) {
+    if (old->truncated) return FailedPrecondition(std::string(kGuestBundle) + " is too large");
+    bundle = std::move(old->data);
+    if (!bundle.empty() && bundle.back() != '\n') bundle += '\n';
+  } else if (old.status().code() != Code::kNotFound) {
+    return old.status().Annotate("read the guest's CA bundle");
+  }
+  RETURN_IF_ERROR(WriteFile(guest, kGuestCaFile, pem, 0644, /*mkdirs=*/true));
+  return WriteFile(guest, kGuestBundle, bundle + pem, 0644, /*mkdirs=*/true);
+}
+
+std::map<std::string, std::string> TrustEnv() {
+  return {{"SSL_CERT_FILE", kGuestBundle},
+          {"REQUESTS_CA_BUNDLE", kGuestBundle},
+          {"CURL_CA_BUNDLE", kGuestBundle},
+          {"GIT_SSL_CAINFO", kGuestBundle},
+          {"NODE_EXTRA_CA_CERTS", kGuestCaFile}};
+}
+
+}  // namespace
+
 Status VmService::Validate(const CreateRequest& req) const {
   ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_dir_, req.image));
   RETURN_IF_ERROR(image::VerifyImage(dir));
   RETURN_IF_ERROR(egress_.AllowList(req.allow, req.profiles).status());
+  if (!req.secrets.empty()) RETURN_IF_ERROR(egress::SecretSet::Make(req.secrets).status());
   return disks_.Admit(DiskUses());
 }
 
@@ -26,6 +59,10 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   ASSIGN_OR_RETURN(std::string manifest_sha, Sha256File(dir + "/manifest.json"));
   ASSIGN_OR_RETURN(image::Manifest manifest, image::ReadManifest(dir));
   ASSIGN_OR_RETURN(egress::AllowList allow, egress_.AllowList(req.allow, req.profiles));
+  std::shared_ptr<const egress::SecretSet> secrets;
+  if (!req.secrets.empty()) {
+    ASSIGN_OR_RETURN(secrets, egress::SecretSet::Make(req.secrets));
+  }
   RETURN_IF_ERROR(disks_.Admit(DiskUses()));
   // A VM the store could not record would run unrecorded: refused before it boots.
   RETURN_IF_ERROR(store_.CheckWritable());
@@ -56,11 +93,25 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   out.allow = allow.ToStrings();
   out.start = launched->start;
   out.boot_ms = launched->vm->boot_ms();
-  auto eg = egress_.NewVm(std::move(allow));
-  launched->vm->SetGuestOpen(egress_.GuestHandler(cfg.id, eg));
-  out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), eg, rec,
+  auto eg = egress_.NewVm(std::move(allow), secrets);
+  if (!eg.ok()) {
+    (void)launched->vm->Destroy();
+    return eg.status().Annotate("set up the VM's egress");
+  }
+  launched->vm->SetGuestOpen(egress_.GuestHandler(cfg.id, *eg));
+  out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), *eg, rec,
                                         req.privileged, disk_transfers_);
-  out.entry->set_image_env(manifest.env);
+  std::map<std::string, std::string> env = manifest.env;
+  if (secrets) {
+    Status st = InstallEgressCa(*out.entry, (*eg)->ca->cert_pem());
+    if (!st.ok()) {
+      out.entry->Destroy();
+      return st.Annotate("install the VM's egress CA in the guest");
+    }
+    for (auto& [k, v] : TrustEnv()) env[k] = v;
+    for (auto& [k, v] : secrets->GuestEnv()) env[k] = v;
+  }
+  out.entry->set_image_env(std::move(env));
   Status st = store_.InsertVm(rec);
   if (!st.ok()) {
     out.entry->Destroy();

@@ -15,7 +15,7 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
       "profiles",           "max_tunnels_per_vm", "head_timeout_ms",
       "connect_timeout_ms", "internal_allow",     "resolve",
       "qemu_netns",         "qemu_drop_uid",      "qemu_uid_base",
-      "audit_max_age_days", "audit_max_rows"};
+      "audit_max_age_days", "audit_max_rows",     "upstream_ca_file"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
   }
@@ -59,6 +59,10 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
           "negative (0 keeps everything)");
     }
     c.audit_max_age = std::chrono::seconds(days * 86400);
+    c.upstream_ca_file = j.value("upstream_ca_file", std::string());
+    if (!c.upstream_ca_file.empty() && c.upstream_ca_file[0] != '/') {
+      return InvalidArgument("egress config: upstream_ca_file must be an absolute path");
+    }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("egress config: ") + e.what());
   }

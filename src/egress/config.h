@@ -33,6 +33,10 @@ struct Config {
   // oldest beyond this many, are pruned. 0 keeps everything.
   std::chrono::seconds audit_max_age{30 * 86400};
   int64_t audit_max_rows = 1'000'000;
+  // Where the proxy looks for the CAs it trusts when it opens TLS to a secret's host
+  // (docs/secrets.md): "" is the host's system store; a PEM file replaces it (tests' local
+  // upstreams). Read at start and reload.
+  std::string upstream_ca_file;
 };
 
 // A missing file gives the defaults. Unknown keys, wrong types and invalid entries fail,

@@ -14,6 +14,7 @@
 
 #include "egress/address.h"
 #include "egress/hostname.h"
+#include "egress/intercept.h"
 #include "util/utf8.h"
 
 namespace trybox::egress {
@@ -26,6 +27,10 @@ constexpr size_t kRelayChunk = 256 * 1024;
 // A stream Read re-checks for a local abort this often (Stream::Next has no other wake-up).
 constexpr auto kAbortPoll = std::chrono::milliseconds(200);
 constexpr size_t kMaxAuditHost = 255;
+// The guest's side of an intercepted TLS handshake. Not head_timeout: under TCG on a loaded
+// 2-core host a guest's curl took 6-9 s to its first request and 10 s timed some out; the
+// tunnel holds one of the VM's capped slots meanwhile, so a stalled guest only stalls itself.
+constexpr auto kGuestTlsTimeout = std::chrono::seconds(60);
 
 int PollMs(std::optional<Deadline> d) {
   if (!d) return -1;
@@ -39,34 +44,6 @@ double EpochSeconds() {
   return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6;
 }
 
-const char* StatusText(int status) {
-  switch (status) {
-    case 400:
-      return "Bad Request";
-    case 403:
-      return "Forbidden";
-    case 408:
-      return "Request Timeout";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 502:
-      return "Bad Gateway";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-  }
-  return "Error";
-}
-
-// The reason travels in a header, so it is kept to printable ASCII on one line.
-std::string HeaderSafe(std::string s) {
-  for (char& c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-  }
-  return s;
-}
-
 // The "reason" of a guest's RESET, for the audit and the log: any JSON type may come (a
 // number made json::value() throw, which ended the daemon), of any length up to a frame.
 std::string GuestReason(const nlohmann::json& body) {
@@ -77,11 +54,8 @@ std::string GuestReason(const nlohmann::json& body) {
   return r.size() <= kMax ? r : JsonSafe(r.substr(0, kMax)) + "...";
 }
 
-std::string Response(int status, const std::string& reason) {
-  std::string body = "trybox egress: " + reason + "\n";
-  return "HTTP/1.1 " + std::to_string(status) + " " + StatusText(status) +
-         "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\nConnection: close\r\nX-Trybox-Reason: " + HeaderSafe(reason) + "\r\n\r\n" + body;
+std::string PlaceholderRefusal(const Secret& s) {
+  return "the placeholder of secret " + s.name + " may go only to its hosts";
 }
 
 Result<UniqueFd> Dial(const sockaddr_storage& a, std::chrono::milliseconds timeout) {
@@ -141,7 +115,7 @@ class Connection {
     d_.reason = reason;
     Decide();
     if (status != 0) {
-      (void)client_.Write(Response(status, reason));
+      (void)client_.Write(RefusalResponse(status, reason));
       (void)client_.CloseWrite();
     }
   }
@@ -191,6 +165,14 @@ class Connection {
     d_.host = *host;
     std::string why = pol.allow.Check(*host, target->port);
     if (!why.empty()) return Refuse(403, "refused", why);
+    // A placeholder is refused wherever it is seen heading to a host not bound to it: in a
+    // request head, and in a tunnel's first bytes (plaintext protocols show it there).
+    if (ctx_.secrets) {
+      if (const Secret* s = ctx_.secrets->ForeignPlaceholder(buf, *host)) {
+        return Refuse(403, "refused", PlaceholderRefusal(*s));
+      }
+    }
+    const bool intercept = target->tunnel && ctx_.secrets && ctx_.secrets->BindsHost(*host);
     if (!ctx_.slots->TryAcquire()) {
       return Refuse(503, "refused",
                     "too many concurrent tunnels for this VM (cap " +
@@ -229,6 +211,7 @@ class Connection {
       dial_errors += (dial_errors.empty() ? "" : "; ") + fd.status().message();
     }
     if (!up.valid()) return Refuse(502, "failed", dial_errors);
+    if (intercept) return Intercept(std::move(up), *host, buf.substr(head->size));
     d_.verdict = "allowed";
     d_.status = 200;
     d_.reason = d_.override_used ? "internal address allowed by the operator's override"
@@ -241,6 +224,99 @@ class Connection {
       first = origin_head + first;
     }
     Relay(up.get(), first);
+  }
+
+  // A tunnel to a secret's host (docs/secrets.md): TLS to the real server first (verified;
+  // a bad certificate fails the CONNECT), then TLS with the guest under the VM's CA, and
+  // HTTP/1.1 between the two with the placeholders swapped (intercept.h).
+  void Intercept(UniqueFd up, const std::string& host, std::string early) {
+    const Policy& pol = *ctx_.policy;
+    if (!ctx_.ca || !ctx_.upstream_tls) {
+      return Refuse(502, "failed", "TLS interception is not set up for this VM");
+    }
+    auto upstream =
+        ctx_.upstream_tls->Connect(std::move(up), host, Clock::now() + pol.connect_timeout);
+    if (!upstream.ok()) return Refuse(502, "failed", upstream.status().message());
+    auto server = ctx_.ca->ServerContext(host);
+    if (!server.ok()) return Refuse(502, "failed", server.status().message());
+    d_.verdict = "allowed";
+    d_.status = 200;
+    d_.reason = std::string(d_.override_used ? "internal address allowed by the operator's override"
+                                             : "host and port on the allow-list") +
+                "; TLS intercepted for its secrets";
+    Decide();
+    if (!client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) return;
+    // TLS runs over a socket (tls.h) and the guest's bytes arrive on a channel stream: a
+    // socketpair joins the two, with one thread per direction.
+    int sp[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
+      client_.Abort("socketpair failed");
+      return;
+    }
+    UniqueFd inner(sp[0]);
+    UniqueFd outer(sp[1]);
+    std::atomic<bool> guest_done{false};
+    std::thread in([&] {
+      bool ok = early.empty() || WriteFull(outer.get(), early).ok();
+      while (ok) {
+        auto data = client_.Read(std::nullopt);
+        if (!data.ok()) break;
+        if (data->empty()) {
+          ::shutdown(outer.get(), SHUT_WR);
+          guest_done = true;
+          return;
+        }
+        ok = WriteFull(outer.get(), *data).ok();
+      }
+      guest_done = true;
+      ::shutdown(outer.get(), SHUT_RDWR);
+    });
+    std::thread out([&] {
+      std::string chunk(kRelayChunk, '\0');
+      for (;;) {
+        auto n = ReadSome(outer.get(), chunk.data(), chunk.size());
+        if (!n.ok()) {
+          client_.Abort("interception ended: " + n.status().message());
+          return;
+        }
+        if (*n == 0) {
+          (void)client_.CloseWrite();
+          return;
+        }
+        if (!client_.Write(std::string_view(chunk.data(), *n)).ok()) {
+          ::shutdown(outer.get(), SHUT_RDWR);
+          return;
+        }
+      }
+    });
+    InterceptResult r;
+    auto guest = TlsStream::Accept(std::move(inner), *server, Clock::now() + kGuestTlsTimeout);
+    if (guest.ok()) {
+      r = RelayHttp(**guest, **upstream, *ctx_.secrets, host);
+      (void)(*guest)->CloseWrite();
+      guest->reset();  // closes the inner socket: `out` sees the end
+    } else {
+      r.error = "TLS with the guest failed: " + guest.status().message();
+      ::shutdown(outer.get(), SHUT_RDWR);
+    }
+    upstream->reset();
+    out.join();
+    // The guest may still hold its side open after an error: end the stream to wake `in`.
+    if (!guest_done) client_.Abort(r.error.empty() ? "interception over" : r.error);
+    in.join();
+    d_.bytes_up = r.bytes_up;
+    d_.bytes_down = r.bytes_down;
+    d_.reason += "; " + std::to_string(r.requests) + " request(s)";
+    for (const auto& [name, n] : r.substitutions) {
+      d_.reason += ", " + name + " put into " + std::to_string(n);
+    }
+    if (r.refused_status != 0) {
+      d_.verdict = "refused";
+      d_.status = r.refused_status;
+      d_.reason += "; refused: " + r.refused_reason;
+    } else if (!r.error.empty()) {
+      d_.reason += "; ended: " + r.error;
+    }
   }
 
   void Relay(int up, const std::string& first) {

@@ -25,6 +25,8 @@
 #include "channel/mux.h"
 #include "egress/allowlist.h"
 #include "egress/http.h"
+#include "egress/secrets.h"
+#include "egress/tls.h"
 #include "util/fd.h"
 #include "util/status.h"
 
@@ -159,6 +161,12 @@ struct ProxyContext {
   TunnelSlots* slots;
   AuditSink* audit;  // may be null
   std::string vm_id;
+  // The VM's secrets (docs/secrets.md): tunnels to a host bound to one are TLS-intercepted
+  // with `ca`'s certificates and opened upstream with `upstream_tls`; a placeholder seen
+  // on its way anywhere else is refused. All null for a VM without secrets.
+  const SecretSet* secrets = nullptr;
+  CertAuthority* ca = nullptr;
+  UpstreamTls* upstream_tls = nullptr;
 };
 
 Decision ServeConnection(Client& client, const ProxyContext& ctx);

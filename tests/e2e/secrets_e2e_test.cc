@@ -1,0 +1,316 @@
+// End to end (issue 13): a real guest is given a secret as a placeholder, and the daemon's
+// egress proxy puts the real value in only on HTTPS requests to the secret's hosts. The
+// upstreams are TLS servers on the host's loopback with certificates from a test CA that the
+// daemon trusts through egress.json's upstream_ca_file; names resolve through the resolver
+// map and are reached through internal_allow, so nothing leaves loopback. The proof at the
+// end searches the guest's whole memory and its disk layer for the value.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "egress/tls.h"
+#include "tests/e2e/harness.h"
+#include "util/fd.h"
+#include "util/tcp.h"
+#include "vmm/qmp.h"
+
+namespace trybox::e2e {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The real values. Never printed by a passing test; the guest must never hold them.
+constexpr char kGhValue[] = "ghs-REAL-0f3c9a7e51d24b6b8a1e2d3c4b5a6978";
+constexpr char kOtherValue[] = "other-REAL-7d6c5b4a39281706f5e4d3c2b1a0";
+
+// An HTTPS origin for one name: records each request head it receives and answers "ok" with
+// a Set-Cookie, one request per connection.
+class TlsOrigin {
+ public:
+  TlsOrigin(egress::CertAuthority& ca, const std::string& name) {
+    ctx_ = ca.ServerContext(name).value();
+    l_ = ListenTcpLoopback(0, 64).value();
+    accept_ = std::thread([this] {
+      for (;;) {
+        auto c = AcceptTcp(l_.fd.get());
+        if (!c.ok()) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        conns_.emplace_back([this, fd = std::move(*c)]() mutable { Serve(std::move(fd)); });
+      }
+    });
+  }
+  ~TlsOrigin() {
+    ::shutdown(l_.fd.get(), SHUT_RDWR);
+    accept_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& t : conns_) t.join();
+  }
+  uint16_t port() const { return l_.port; }
+  std::vector<std::string> heads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heads_;
+  }
+
+ private:
+  void Serve(UniqueFd fd) {
+    auto tls =
+        egress::TlsStream::Accept(std::move(fd), ctx_, Clock::now() + std::chrono::seconds(30));
+    if (!tls.ok()) return;
+    std::string head;
+    while (head.find("\r\n\r\n") == std::string::npos) {
+      auto more = (*tls)->Read(16384, Clock::now() + std::chrono::seconds(30));
+      if (!more.ok() || more->empty()) return;
+      head += *more;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      heads_.push_back(head.substr(0, head.find("\r\n\r\n")));
+    }
+    (void)(*tls)->Write(
+        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nSet-Cookie: session=from-origin\r\n"
+        "Connection: close\r\n\r\nok\n");
+    (void)(*tls)->CloseWrite();
+  }
+
+  std::shared_ptr<SSL_CTX> ctx_;
+  TcpListener l_;
+  std::thread accept_;
+  std::mutex mu_;
+  std::vector<std::thread> conns_;
+  std::vector<std::string> heads_;
+};
+
+std::string Base64(const std::string& s) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], t[n & 63]};
+  }
+  if (i + 1 == s.size()) {
+    uint32_t n = uint8_t(s[i]) << 16;
+    out += {t[n >> 18], t[(n >> 12) & 63], '=', '='};
+  } else if (i + 2 == s.size()) {
+    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
+    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], '='};
+  }
+  return out;
+}
+
+// Occurrences of `needle` in the file at `path`, read in overlapping blocks.
+int64_t CountInFile(const std::string& path, const std::string& needle) {
+  auto fd = OpenFile(path, O_RDONLY);
+  if (!fd.ok()) return -1;
+  int64_t hits = 0;
+  std::string carry;
+  std::string block(8 << 20, '\0');
+  for (;;) {
+    auto n = ReadSome(fd->get(), block.data(), block.size());
+    if (!n.ok()) return -1;
+    if (*n == 0) break;
+    std::string hay = carry + block.substr(0, *n);
+    for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) {
+      ++hits;
+    }
+    size_t keep = std::min(hay.size(), needle.size() - 1);
+    carry = hay.substr(hay.size() - keep);
+  }
+  return hits;
+}
+
+class SecretsE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ca_ = egress::CertAuthority::Create("trybox test upstream CA").value().release();
+    rogue_ca_ = egress::CertAuthority::Create("a CA nobody trusts").value().release();
+    api_ = new TlsOrigin(*ca_, "api.secret.test");
+    other_ = new TlsOrigin(*ca_, "other.secret.test");
+    rogue_ = new TlsOrigin(*rogue_ca_, "rogue.secret.test");
+    auto h = Harness::Start();
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    h_ = h->release();
+    ASSERT_TRUE(h_->StopDaemon().ok());
+    ASSERT_TRUE(MakeDirs(h_->home() + "/config", 0700).ok());
+    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/upstream-ca.pem", ca_->cert_pem()).ok());
+    std::string api = std::to_string(api_->port()), other = std::to_string(other_->port()),
+                rogue = std::to_string(rogue_->port());
+    Json config = {
+        {"resolve",
+         {{"api.secret.test", {"127.0.0.1"}},
+          {"other.secret.test", {"127.0.0.1"}},
+          {"rogue.secret.test", {"127.0.0.1"}}}},
+        {"internal_allow", {"127.0.0.1:" + api, "127.0.0.1:" + other, "127.0.0.1:" + rogue}},
+        {"upstream_ca_file", h_->home() + "/config/upstream-ca.pem"}};
+    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/egress.json", config.dump()).ok());
+    ASSERT_TRUE(h_->RestartDaemon().ok());
+    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/gh.token", std::string(kGhValue) + "\n").ok());
+    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/other.token", kOtherValue).ok());
+    CliResult r = h_->Cli(
+        {"create", "--memory", "256", "--allow", "api.secret.test:" + api, "--allow",
+         "other.secret.test:" + other, "--allow", "rogue.secret.test:" + rogue, "--secret",
+         "GH_TOKEN=file:" + h_->home() + "/gh.token@api.secret.test", "--secret",
+         "OTHER_TOKEN=file:" + h_->home() + "/other.token@other.secret.test,rogue.secret.test"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    id_ = r.out.substr(0, r.out.find('\n'));
+  }
+  static void TearDownTestSuite() {
+    delete h_;
+    delete api_;
+    delete other_;
+    delete rogue_;
+    delete ca_;
+    delete rogue_ca_;
+    h_ = nullptr;
+  }
+  void SetUp() override { ASSERT_FALSE(id_.empty()); }
+
+  static CliResult Sh(const std::string& script) {
+    return h_->Cli({"exec", id_, "--", "bash", "-c", script});
+  }
+  static std::string Url(TlsOrigin* o, const std::string& host, const std::string& path) {
+    return "https://" + host + ":" + std::to_string(o->port()) + path;
+  }
+  static std::string Placeholder(const std::string& name) {
+    CliResult r = Sh("printf %s \"$" + name + "\"");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.out;
+  }
+
+  static Harness* h_;
+  static egress::CertAuthority* ca_;
+  static egress::CertAuthority* rogue_ca_;
+  static TlsOrigin* api_;
+  static TlsOrigin* other_;
+  static TlsOrigin* rogue_;
+  static std::string id_;
+};
+Harness* SecretsE2E::h_ = nullptr;
+egress::CertAuthority* SecretsE2E::ca_ = nullptr;
+egress::CertAuthority* SecretsE2E::rogue_ca_ = nullptr;
+TlsOrigin* SecretsE2E::api_ = nullptr;
+TlsOrigin* SecretsE2E::other_ = nullptr;
+TlsOrigin* SecretsE2E::rogue_ = nullptr;
+std::string SecretsE2E::id_;
+
+TEST_F(SecretsE2E, CurlAuthenticatesWithThePlaceholderAndTheBoundHostGetsTheRealValue) {
+  std::string ph = Placeholder("GH_TOKEN");
+  ASSERT_EQ(ph.size(), std::string(kGhValue).size());
+  EXPECT_NE(ph, kGhValue);
+  size_t before = api_->heads().size();
+  // No --cacert: the VM's CA is in the guest's trust store.
+  CliResult r = Sh("curl -sS -i -p -H \"Authorization: Bearer $GH_TOKEN\" '" +
+                   Url(api_, "api.secret.test", "/repos?token=") + "'\"$GH_TOKEN\"");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ok"), std::string::npos) << r.out;
+  // The session an origin sets lands nowhere: Set-Cookie from a secret's host is dropped.
+  EXPECT_EQ(r.out.find("Set-Cookie"), std::string::npos) << r.out;
+  auto heads = api_->heads();
+  ASSERT_EQ(heads.size(), before + 1);
+  const std::string& head = heads.back();
+  EXPECT_NE(head.find("Authorization: Bearer " + std::string(kGhValue)), std::string::npos)
+      << "the origin did not get the real value in the header";
+  EXPECT_NE(head.find("/repos?token=" + std::string(kGhValue)), std::string::npos)
+      << "the origin did not get the real value in the query string";
+  EXPECT_EQ(head.find(ph), std::string::npos) << "a placeholder reached the origin";
+}
+
+TEST_F(SecretsE2E, BasicAuthCarriesTheRealValueInsideItsBase64) {
+  size_t before = api_->heads().size();
+  CliResult r = Sh("curl -sS -p -u \"bot:$GH_TOKEN\" " + Url(api_, "api.secret.test", "/basic"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto heads = api_->heads();
+  ASSERT_EQ(heads.size(), before + 1);
+  EXPECT_NE(heads.back().find("Authorization: Basic " + Base64("bot:" + std::string(kGhValue))),
+            std::string::npos);
+}
+
+TEST_F(SecretsE2E, APlaceholderSentToAHostOfAnotherSecretIsRefusedAndAudited) {
+  size_t before = other_->heads().size();
+  CliResult r = Sh("curl -sS -i -p -H \"Authorization: Bearer $GH_TOKEN\" " +
+                   Url(other_, "other.secret.test", "/steal"));
+  EXPECT_NE(r.out.find("403"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("secret GH_TOKEN may go only to its hosts"), std::string::npos) << r.out;
+  EXPECT_EQ(other_->heads().size(), before) << "the refused request reached the origin";
+  CliResult audit = h_->Cli({"audit", "--vm", id_, "--json"});
+  ASSERT_EQ(audit.code, 0) << audit.err;
+  EXPECT_NE(audit.out.find("secret GH_TOKEN may go only to its hosts"), std::string::npos)
+      << audit.out;
+  // The other secret's own host still works.
+  r = Sh("curl -sS -p -H \"X-Key: $OTHER_TOKEN\" " + Url(other_, "other.secret.test", "/ok"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(other_->heads().size(), before + 1);
+  EXPECT_NE(other_->heads().back().find(std::string("X-Key: ") + kOtherValue), std::string::npos);
+}
+
+TEST_F(SecretsE2E, AnOriginWhoseCertificateTheHostDoesNotTrustIsRefusedWithTheReason) {
+  CliResult r = Sh("curl -sS -p -H \"X-Key: $OTHER_TOKEN\" " +
+                   Url(rogue_, "rogue.secret.test", "/") + " 2>&1; echo rc=$?");
+  EXPECT_NE(r.out.find("rc=56"), std::string::npos) << r.out;  // CONNECT answered 502
+  EXPECT_TRUE(rogue_->heads().empty());
+  CliResult audit = h_->Cli({"audit", "--vm", id_, "--json"});
+  ASSERT_EQ(audit.code, 0) << audit.err;
+  EXPECT_NE(audit.out.find("not trusted"), std::string::npos) << audit.out;
+}
+
+// Last in the file: after every use above, the value is nowhere in the guest's memory or
+// disk layer, nor in the daemon's log or store, while the placeholder is (the control that
+// shows the search would have found it).
+TEST_F(SecretsE2E, ZZTheValueIsNowhereInTheGuestsMemoryDiskOrTheDaemonsRecords) {
+  std::string ph = Placeholder("GH_TOKEN");
+  for (int i = 0; i < 5; ++i) {
+    CliResult r = Sh("curl -sS -p -H \"Authorization: Bearer $GH_TOKEN\" " +
+                     Url(api_, "api.secret.test", "/again") + " >/dev/null && echo " + ph +
+                     " > /root/placeholder-on-disk && sync");
+    ASSERT_EQ(r.code, 0) << r.err << h_->Cli({"audit", "--vm", id_}).out
+                         << ReadFileToString(h_->home() + "/tryboxd.log").value_or("");
+  }
+  std::string vm_dir = h_->vms_dir() + "/" + id_;
+  auto dump_dir = TempDir::Make("/tmp", "tbx-memdump-").value();
+  std::string dump = dump_dir.path() + "/guest.mem";
+  {
+    auto out = OpenFile(dump, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_TRUE(out.ok());
+    auto qmp = vmm::Qmp::Connect(vm_dir + "/qmp.sock", Clock::now() + std::chrono::seconds(30));
+    ASSERT_TRUE(qmp.ok()) << qmp.status().ToString();
+    ASSERT_TRUE(qmp->Execute("getfd", {{"fdname", "memdump"}}, out->get()).ok());
+    auto done = qmp->Execute("dump-guest-memory", {{"paging", false}, {"protocol", "fd:memdump"}});
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(dump.c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 200 << 20) << "the dump does not hold the guest's memory";
+  const std::string value = kGhValue;
+  for (const std::string& form : {value, Base64(value), Base64("bot:" + value)}) {
+    EXPECT_EQ(CountInFile(dump, form), 0) << "a form of the value is in the guest's memory";
+  }
+  EXPECT_GT(CountInFile(dump, ph), 0) << "the search cannot find even the placeholder";
+  // The VM's disk layer: every file of its directory (overlay, transfer disk...).
+  std::vector<std::string> files = ListDir(vm_dir).value_or(std::vector<std::string>{});
+  int64_t ph_on_disk = 0;
+  for (const auto& f : files) {
+    std::string path = vm_dir + "/" + f;
+    struct stat fs {};
+    if (::stat(path.c_str(), &fs) != 0 || !S_ISREG(fs.st_mode)) continue;
+    EXPECT_EQ(CountInFile(path, value), 0) << path;
+    ph_on_disk += std::max<int64_t>(0, CountInFile(path, ph));
+  }
+  EXPECT_GT(ph_on_disk, 0) << "the disk search cannot find even the placeholder";
+  // The trusted side's records.
+  for (const std::string& path : {h_->home() + "/tryboxd.log", h_->home() + "/state/trybox.db",
+                                  h_->home() + "/state/trybox.db-wal"}) {
+    struct stat ps {};
+    if (::stat(path.c_str(), &ps) != 0) continue;
+    EXPECT_EQ(CountInFile(path, value), 0) << path;
+  }
+}
+
+}  // namespace
+}  // namespace trybox::e2e
