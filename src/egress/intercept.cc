@@ -839,21 +839,22 @@ class Relay {
     }
   }
 
-  void RawUp(Input& in) {
-    Status s = up_out_.Add(in.buffered());
+  // After a 101: every byte from `in` to `out` as it comes, then the end of the direction.
+  static Status Raw(Input& in, Output& out) {
+    Status s = out.Add(in.buffered());
     in.Consume(in.buffered().size());
     while (s.ok()) {
       auto got = in.Next(kBodyRead);
-      if (!got.ok()) {
-        s = got.status();
-      } else if (got->empty()) {
-        s = up_out_.CloseWrite();
-        if (s.ok()) return;
-      } else {
-        s = up_out_.Add(*got);
-      }
+      if (!got.ok()) return got.status();
+      if (got->empty()) return out.CloseWrite();
+      s = out.Add(*got);
     }
-    FailUnlessEnded(s.message());
+    return s;
+  }
+
+  void RawUp(Input& in) {
+    Status s = Raw(in, up_out_);
+    if (!s.ok()) FailUnlessEnded(s.message());
   }
 
   After RefuseForeign(const Secret& s) {
@@ -1074,19 +1075,7 @@ class Relay {
   }
 
   void RawDown(Input& in) {
-    Status s = guest_out_.Add(in.buffered());
-    in.Consume(in.buffered().size());
-    while (s.ok()) {
-      auto got = in.Next(kBodyRead);
-      if (!got.ok()) {
-        s = got.status();
-      } else if (got->empty()) {
-        s = guest_out_.CloseWrite();
-        if (s.ok()) break;
-      } else {
-        s = guest_out_.Add(*got);
-      }
-    }
+    Status s = Raw(in, guest_out_);
     if (!s.ok()) FailUnlessEnded(s.message());
     MutexLock l(mu_);
     response_done_ = true;
