@@ -24,6 +24,8 @@ scripts/build.sh
 build/bin/trybox image build debian-12
 # The MCP SDK client the MCP e2e test drives `trybox mcp` with (versions pinned by the lock).
 npm ci --prefix tests/mcp --no-audit --no-fund --loglevel=error >/dev/null
+# The official E2B SDK the HTTP API's e2e test drives (tests/e2b, pinned by its lock).
+npm ci --prefix tests/e2b --no-audit --no-fund --loglevel=error >/dev/null
 
 stage "unit tests"
 (cd build && ctest --output-on-failure -L unit "$@")

@@ -1098,6 +1098,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   mcp->add_option("--model", inv.model.model, "Model name for the agent in the VM");
   AddTerminalCommands(app, inv);
   AddDaemonCommands(app, inv);
+  AddHttpCommands(app, inv);
 
   std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
   try {
@@ -1195,6 +1196,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "exec" && inv.exec.detach) return RunDetached(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "exec") return StreamExec(c, inv.id, inv.argv, inv.exec, err);
   if (IsTerminalCommand(inv.command)) return RunTerminalCommand(c, inv);
+  if (IsHttpCommand(inv.command)) return RunHttpCommand(c, inv, out, err);
   if (inv.command == "collect") {
     return CollectWorkspace(c, inv.id, inv.into, !inv.no_commit, "", inv.json, out, err);
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/agent_settings.h"
+#include "cli/http_cmd.h"
 #include "util/status.h"
 
 namespace trybox::cli {
@@ -106,6 +107,7 @@ struct Invocation {
   std::string mcp_tools;           // mcp --tools: comma-separated names, "" for all
   std::vector<std::string> tools;  // mcp: the tools chosen, in listing order
   TerminalOptions term;
+  HttpOptions http;  // serve, api-key
 };
 
 // Parses argv (including argv[0]). Errors carry CLI11's message.

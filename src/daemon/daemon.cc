@@ -101,12 +101,15 @@ Status Daemon::Init() {
                                             opts_.retention, opts_.disk_reserve_mib << 20,
                                             [this] { return agents_->LiveRunIds(); });
   if (opts_.retention.interval.count() > 0) PruneAndLog();
+  http_ = std::make_unique<HttpApi>(*store_, *vms_);
+  RETURN_IF_ERROR(http_->Init());
   services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_,
-                               *agents_, *exec_logs_, *records_});
+                               *agents_, *exec_logs_, *records_, *http_});
   AddVmVerbs(verbs_, *services_);
   AddWorkVerbs(verbs_, *services_);
   AddTerminalVerbs(verbs_, *services_);
   AddStoreVerbs(verbs_, *services_);
+  AddHttpVerbs(verbs_, *services_);
   images_ = std::make_unique<ImageService>(p, *registry_, *templates_);
   AddImageVerbs(verbs_, *images_, *services_);
   control_.started_at = static_cast<int64_t>(store::NowSeconds());
@@ -121,6 +124,10 @@ Status Daemon::Init() {
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");
   });
   RETURN_IF_ERROR(server_->Listen(p.socket()));
+  if (!opts_.http_listen.empty()) {
+    ASSIGN_OR_RETURN(api::ListenAddress where, api::ParseListenAddress(opts_.http_listen));
+    RETURN_IF_ERROR(http_->Serve(where).status());
+  }
   housekeeping_ = std::thread([this] { Housekeeping(); });
   LogInfo("daemon", "listening on " + p.socket());
   return Status::Ok();
@@ -177,6 +184,8 @@ Daemon::~Daemon() {
     housekeeping_cv_.SignalAll();
   }
   if (housekeeping_.joinable()) housekeeping_.join();
+  // No HTTP request may start a VM while the VMs are being destroyed.
+  http_.reset();
   heartbeat_.reset();
   // Background work (template rebuilds, spare refills) uses the launcher: it stops first.
   background_.reset();

@@ -11,6 +11,8 @@
 //                                 |
 //                    RecordKeeper (retention)
 //                                 |
+//                  HttpApi (the HTTP server, off until `serve`)
+//                                 |
 //                 VerbTable (verbs.h) -> ControlServer (the socket)
 //
 // Each service owns its state and its lock (see its header). Thread-safe: Stop() may be
@@ -30,6 +32,7 @@
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
 #include "daemon/heartbeat.h"
+#include "daemon/http_api.h"
 #include "daemon/image_service.h"
 #include "daemon/record_keeper.h"
 #include "daemon/running_execs.h"
@@ -81,6 +84,9 @@ struct Options {
   // VMs (0: none).
   int64_t memory_reserve_mib = 256;
   int64_t max_vms = 0;
+  // Serve the HTTP API on this loopback address from the start ("" : only when `serve` asks;
+  // docs/protocol/http.md).
+  std::string http_listen;
 };
 
 class Daemon {
@@ -117,6 +123,7 @@ class Daemon {
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<AgentRunner> agents_;
   std::unique_ptr<RecordKeeper> records_;
+  std::unique_ptr<HttpApi> http_;
   std::unique_ptr<ImageService> images_;
   std::unique_ptr<Services> services_;
   DaemonControl control_;

@@ -135,6 +135,15 @@ void ExecLog::WaitAny(int64_t out_offset, int64_t err_offset) {
   }
 }
 
+bool ExecLog::WaitAnyUntil(int64_t out_offset, int64_t err_offset,
+                           std::chrono::steady_clock::time_point deadline) {
+  MutexLock l(mu_);
+  while (!finished_ && files_[kStdout].total <= out_offset && files_[kStderr].total <= err_offset) {
+    if (!cv_.WaitUntil(mu_, deadline)) return false;
+  }
+  return true;
+}
+
 int64_t ExecLog::total(Channel ch) const {
   MutexLock l(mu_);
   return files_[ch].total;

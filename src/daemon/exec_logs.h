@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -61,6 +62,9 @@ class ExecLog : public OutputSink {
   // Blocks until stdout has bytes past `out_offset` or stderr past `err_offset`, or the exec
   // has ended.
   void WaitAny(int64_t out_offset, int64_t err_offset) EXCLUDES(mu_);
+  // The same, but returns false if `deadline` passes first.
+  bool WaitAnyUntil(int64_t out_offset, int64_t err_offset,
+                    std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);
   // Wakes every Wait, so that one whose `stop` was set returns.
   void Wake() EXCLUDES(mu_);
 

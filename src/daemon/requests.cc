@@ -115,6 +115,24 @@ Result<PruneRequest> ParsePrune(const Json& j) {
   return r;
 }
 
+Result<ServeRequest> ParseServe(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  ServeRequest r;
+  ASSIGN_OR_RETURN(r.listen, f.String("listen", r.listen));
+  ASSIGN_OR_RETURN(r.stop, f.Bool("stop", false));
+  return r;
+}
+
+Result<ApiKeyRequest> ParseApiKey(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  ApiKeyRequest r;
+  ASSIGN_OR_RETURN(r.name, f.String("name"));
+  RETURN_IF_ERROR(ValidateName("API key name", r.name));
+  return r;
+}
+
 Result<DaemonStatusRequest> ParseDaemonStatus(const Json& j) {
   RETURN_IF_ERROR(Fields(j).CheckObject());
   return DaemonStatusRequest{};

@@ -53,6 +53,15 @@ struct VmRequest {  // destroy
   std::string vm;
 };
 
+struct ServeRequest {  // serve
+  std::string listen = "127.0.0.1:0";
+  bool stop = false;
+};
+
+struct ApiKeyRequest {  // api_key_create, api_key_rm
+  std::string name;
+};
+
 struct DoctorRequest {
   bool probe = false;  // probe the acceleration again instead of using the kept answer
 };
@@ -194,6 +203,8 @@ Result<CreateRequest> ParseCreate(const Json& j);
 Result<VmRequest> ParseVmRequest(const Json& j);
 Result<DoctorRequest> ParseDoctor(const Json& j);
 Result<PruneRequest> ParsePrune(const Json& j);
+Result<ServeRequest> ParseServe(const Json& j);
+Result<ApiKeyRequest> ParseApiKey(const Json& j);
 Result<ExecRequest> ParseExec(const Json& j);
 Result<DaemonStatusRequest> ParseDaemonStatus(const Json& j);
 Result<DaemonStopRequest> ParseDaemonStop(const Json& j);

@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-vms", opts.max_vms,
                  "Live VMs at most (spare clones not counted); 0: no cap (env TRYBOX_MAX_VMS)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  if (const char* l = std::getenv("TRYBOX_HTTP_LISTEN"); l && *l) opts.http_listen = l;
+  app.add_option("--http-listen", opts.http_listen,
+                 "Serve the HTTP API (E2B-compatible) on this loopback HOST:PORT from the start; "
+                 "otherwise only once `trybox serve` asks (env TRYBOX_HTTP_LISTEN)");
   app.set_version_flag("--version", std::string("tryboxd ") + trybox::Version());
   bool debug = false;
   app.add_flag("--debug", debug, "Verbose logging");

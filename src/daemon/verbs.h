@@ -11,6 +11,7 @@
 #include "daemon/control_server.h"
 #include "daemon/egress_gateway.h"
 #include "daemon/exec_logs.h"
+#include "daemon/http_api.h"
 #include "daemon/image_service.h"
 #include "daemon/record_keeper.h"
 #include "daemon/vm_launcher.h"
@@ -30,6 +31,7 @@ struct Services {
   AgentRunner& agents;
   ExecLogs& logs;
   RecordKeeper& records;
+  HttpApi& http;
 };
 
 // create, destroy, list, exec, put, get, doctor, audit, ping.
@@ -40,6 +42,8 @@ void AddWorkVerbs(VerbTable& table, Services& s);
 void AddTerminalVerbs(VerbTable& table, Services& s);
 // prune (verbs_store.cc).
 void AddStoreVerbs(VerbTable& table, Services& s);
+// serve, api_key_create, api_key_ls, api_key_rm (verbs_http.cc).
+void AddHttpVerbs(VerbTable& table, Services& s);
 // doctor's `store` object.
 Json StoreHealthJson(const StoreHealth& h);
 

@@ -158,6 +158,13 @@ Status SchemaV2(sqlite3* db) {
   return ExecSql(db, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
 }
 
+// Version 3: the HTTP API's keys (docs/protocol/http.md): a key is kept only as its SHA-256.
+Status SchemaV3(sqlite3* db) {
+  return ExecSql(db,
+                 "CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL "
+                 "UNIQUE, hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL)");
+}
+
 struct Migration {
   int version;  // user_version once applied
   Status (*apply)(sqlite3*);
@@ -166,6 +173,7 @@ struct Migration {
 constexpr Migration kMigrations[] = {
     {1, SchemaV1},
     {2, SchemaV2},
+    {3, SchemaV3},
 };
 
 std::string WhatToDo(const std::string& path) {

@@ -523,4 +523,43 @@ Result<std::optional<int>> Store::LastExecId(const std::string& vm_id) {
   return s.OptInt(0);
 }
 
+Status Store::InsertApiKey(const ApiKeyRecord& k) {
+  MutexLock lock(mu_);
+  {
+    Stmt q(db_, "SELECT 1 FROM api_keys WHERE name = ? OR hash = ?");
+    RETURN_IF_ERROR(q.prepared());
+    q.Bind(1, k.name).Bind(2, k.hash);
+    ASSIGN_OR_RETURN(bool taken, q.Step());
+    if (taken) return Status(Code::kAlreadyExists, "an API key named " + k.name + " exists");
+  }
+  Stmt s(db_, "INSERT INTO api_keys (id, name, hash, created_at) VALUES (?,?,?,?)");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, k.id).Bind(2, k.name).Bind(3, k.hash).Bind(4, k.created_at);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return Status::Ok();
+}
+
+Result<std::vector<ApiKeyRecord>> Store::ListApiKeys() {
+  MutexLock lock(mu_);
+  Stmt s(db_, "SELECT id, name, hash, created_at FROM api_keys ORDER BY created_at, name");
+  RETURN_IF_ERROR(s.prepared());
+  std::vector<ApiKeyRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Double(3)});
+  }
+  return out;
+}
+
+Result<bool> Store::DeleteApiKey(const std::string& name) {
+  MutexLock lock(mu_);
+  Stmt s(db_, "DELETE FROM api_keys WHERE name = ?");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, name);
+  ASSIGN_OR_RETURN(int64_t changed, s.Run());
+  return changed > 0;
+}
+
 }  // namespace trybox::store

@@ -128,6 +128,14 @@ struct AgentRunRecord {
   Json transcript = Json::array();
 };
 
+// A key of the HTTP API. The key itself is never stored: only its SHA-256, as hex.
+struct ApiKeyRecord {
+  std::string id;  // short, public: names the key in logs and listings
+  std::string name;
+  std::string hash;
+  double created_at = 0;
+};
+
 double NowSeconds();
 
 // What PruneVms removed (or would remove).
@@ -241,6 +249,12 @@ class Store {
   Result<std::vector<AgentRunRecord>> ListAgentRuns(int64_t limit);
 
   // The id of the VM's newest exec, if any.
+  // ALREADY_EXISTS when the name (or, vanishingly, the hash) is taken.
+  Status InsertApiKey(const ApiKeyRecord& k);
+  Result<std::vector<ApiKeyRecord>> ListApiKeys();
+  // Whether a key of that name was there to remove.
+  Result<bool> DeleteApiKey(const std::string& name);
+
   Result<std::optional<int>> LastExecId(const std::string& vm_id);
 
  private:

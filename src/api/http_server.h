@@ -1,0 +1,97 @@
+// HttpServer: tryboxd's HTTP/1.1 listener (docs/protocol/http.md), on libmicrohttpd.
+//
+// Plain HTTP on a loopback address only: API keys travel in headers, so the listener never
+// binds an address another machine can reach (put a TLS proxy in front for that). One thread
+// per connection, so a handler may block (a create takes seconds). Every request is whole
+// before its handler runs: a body past `max_body_bytes` is refused with 413 when its
+// Content-Length says so, and the connection is closed when a chunked body grows past it.
+// Thread-safe: the handler is called from many threads at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trybox::api {
+
+struct HttpRequest {
+  std::string method;                          // as sent: "GET", "POST"...
+  std::string path;                            // decoded, without the query
+  std::map<std::string, std::string> query;    // decoded; the first of a repeated name
+  std::map<std::string, std::string> headers;  // names in lowercase
+  std::string body;
+  std::string peer;  // "127.0.0.1:41234"
+  // Set by the layer that checked the caller: the API key's id (the sandbox's owner, for an
+  // in-sandbox request), and the sandbox an in-sandbox request's access token was checked
+  // against. Empty before that.
+  std::string principal;
+  std::string sandbox;
+
+  // The header's value, or "" when absent.
+  std::string Header(const std::string& lowercase_name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  // A streamed body instead of `body` (sent chunked): called for each next piece on the
+  // connection's own thread, so it may block until there is one; false at the end. It is
+  // not called again once the peer is gone, and it is destroyed when the exchange ends.
+  std::function<bool(std::string* next)> stream;
+};
+
+struct HttpLimits {
+  size_t max_body_bytes = size_t{1} << 20;
+  unsigned max_connections = 64;
+  unsigned idle_timeout_s = 60;  // a connection that sends nothing this long is closed
+};
+
+// "HOST:PORT" with HOST a loopback address ("127.0.0.1", "localhost", "[::1]"); PORT 0 picks
+// a free port. INVALID_ARGUMENT names what is wrong, a non-loopback host among it.
+struct ListenAddress {
+  std::string host;  // numeric: "127.0.0.1" or "::1"
+  uint16_t port = 0;
+};
+Result<ListenAddress> ParseListenAddress(const std::string& text);
+
+class HttpServer {
+ public:
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+  // Binds and starts serving; UNAVAILABLE (with errno's words) when the address is taken.
+  static Result<std::unique_ptr<HttpServer>> Start(const ListenAddress& where,
+                                                   const HttpLimits& limits, Handler handler);
+  // Stops accepting and waits for the requests in flight.
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  uint16_t port() const { return port_; }
+  const std::string& host() const { return host_; }  // numeric, as bound
+  // "http://127.0.0.1:PORT"
+  std::string url() const;
+  const HttpLimits& limits() const { return limits_; }
+
+  struct Impl;
+
+ private:
+  HttpServer() = default;
+  std::unique_ptr<Impl> impl_;
+  std::string host_;
+  uint16_t port_ = 0;
+  HttpLimits limits_;
+};
+
+// A JSON error body in the shape E2B's clients read: {"code": STATUS, "message": ...}.
+HttpResponse JsonError(int status, const std::string& message);
+HttpResponse JsonReply(int status, const std::string& json_text);
+
+}  // namespace trybox::api

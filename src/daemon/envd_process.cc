@@ -1,0 +1,367 @@
+// The in-sandbox API's process service (docs/protocol/e2b.md, "In-sandbox API"): envd's
+// `process.Process` over the Connect protocol's JSON codec (api/connect.h), as E2B's SDKs
+// call it at E2B_SANDBOX_URL for `sandbox.commands`. A process is a trybox exec, started
+// detached (it outlives the request that started it, as envd's do) and recorded like any
+// other; its output is streamed from the exec's kept log (ExecLog), so `trybox logs`, `ps`
+// and `kill` see the same process. Its "pid" is the exec id.
+#include <openssl/crypto.h>
+
+#include <nlohmann/json.hpp>
+
+#include "api/connect.h"
+#include "daemon/http_api.h"
+#include "util/log.h"
+#include "util/numbers.h"
+
+namespace trybox::daemon {
+namespace {
+
+using api::HttpRequest;
+using api::HttpResponse;
+using api::PathParams;
+namespace connect = api::connect;
+using nlohmann::json;
+
+constexpr size_t kDataChunk = 32 * 1024;
+constexpr int64_t kDefaultKeepaliveS = 50;
+
+HttpResponse StreamOf(std::function<bool(std::string*)> next) {
+  HttpResponse r;
+  r.content_type = "application/connect+json";
+  r.stream = std::move(next);
+  return r;
+}
+
+// A streaming call that fails before its first message: HTTP 200 and only the end of the
+// stream, carrying the error, as the protocol has it.
+HttpResponse StreamError(const Status& st) {
+  return {200, "application/connect+json", {}, connect::EndStream(st)};
+}
+
+// The account from envd's `Authorization: Basic base64(USER:)`; E2B's default, "user",
+// when there is none.
+Result<std::string> UserOf(const HttpRequest& req) {
+  const std::string auth = req.Header("authorization");
+  if (auth.empty()) return std::string("user");
+  if (auth.rfind("Basic ", 0) != 0) return InvalidArgument("Authorization must be Basic USER:");
+  ASSIGN_OR_RETURN(std::string decoded, connect::FromBase64(auth.substr(6)));
+  const std::string user = decoded.substr(0, decoded.find(':'));
+  if (user.empty() || user.size() > 32) return InvalidArgument("no user in Authorization");
+  for (char c : user) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) {
+      return InvalidArgument("the user in Authorization is not an account name");
+    }
+  }
+  return user;
+}
+
+// envd's ProcessSelector: {"pid": N}; a tag names nothing here (none are kept).
+Result<int64_t> SelectedPid(const json& msg) {
+  auto p = msg.find("process");
+  if (p == msg.end() || !p->is_object()) return InvalidArgument("process (a selector) is required");
+  if (auto pid = p->find("pid"); pid != p->end()) {
+    if (!pid->is_number_unsigned() && !pid->is_number_integer()) {
+      return InvalidArgument("process.pid must be a number");
+    }
+    const int64_t n = pid->get<int64_t>();
+    if (n <= 0) return InvalidArgument("process.pid must be positive");
+    return n;
+  }
+  if (auto tag = p->find("tag"); tag != p->end()) {
+    return NotFound("no process has tag " + tag->dump() + " (trybox keeps no tags)");
+  }
+  return InvalidArgument("process must select a pid");
+}
+
+// Go's exec status words, which envd sends in an EndEvent's `status`.
+std::string SignalWords(int sig) {
+  switch (sig) {
+    case 9:
+      return "signal: killed";
+    case 15:
+      return "signal: terminated";
+    case 2:
+      return "signal: interrupt";
+    case 1:
+      return "signal: hangup";
+    default:
+      return "signal: " + std::to_string(sig);
+  }
+}
+
+// The EndEvent for an exec's record.
+json EndEventOf(const store::ExecRecord& rec) {
+  json end = {{"exitCode", -1}, {"exited", false}};
+  if (rec.outcome == "exited" && rec.exit_code) {
+    end["exitCode"] = *rec.exit_code;
+    end["exited"] = true;
+    end["status"] = "exit status " + std::to_string(*rec.exit_code);
+  } else if (rec.outcome == "signaled" && rec.signal) {
+    end["status"] = SignalWords(*rec.signal);
+  } else if (rec.outcome == "timed_out") {
+    end["status"] = "timed out";
+    end["error"] = "the command's timeout passed; it was killed";
+  } else {
+    end["status"] = rec.outcome;
+    end["error"] = rec.error.empty() ? "the command ended as " + rec.outcome : rec.error;
+  }
+  return end;
+}
+
+// Streams one exec's output as envd's ProcessEvents: `start` (already sent by the caller
+// when `start_pid` is 0), `data` from the log from the given offsets, `keepalive` after
+// each quiet interval, and `end` with the outcome, then the end of the stream.
+class ProcessStream {
+ public:
+  ProcessStream(VmService& vms, int64_t pid, std::shared_ptr<ExecLog> log, int64_t out_offset,
+                int64_t err_offset, std::chrono::seconds keepalive)
+      : vms_(vms), pid_(pid), log_(std::move(log)), keepalive_(keepalive) {
+    offset_[ExecLog::kStdout] = out_offset;
+    offset_[ExecLog::kStderr] = err_offset;
+  }
+
+  bool Next(std::string* out) {
+    if (!started_) {
+      started_ = true;
+      *out = connect::Envelope({{"event", {{"start", {{"pid", pid_}}}}}});
+      return true;
+    }
+    if (done_) return false;
+    while (true) {
+      const bool finished = log_->finished();  // before the reads: nothing after it is missed
+      for (ExecLog::Channel ch : {ExecLog::kStdout, ExecLog::kStderr}) {
+        if (broken_[ch]) continue;
+        auto slice = log_->Read(ch, offset_[ch], kDataChunk);
+        if (!slice.ok()) {
+          broken_[ch] = true;  // the output could not be kept: nothing to stream
+          continue;
+        }
+        if (slice->skipped_to >= 0) {
+          offset_[ch] = slice->skipped_to;  // dropped by the log's cap while we were behind
+          return Next(out);
+        }
+        if (!slice->data.empty()) {
+          offset_[ch] += static_cast<int64_t>(slice->data.size());
+          const char* name = ch == ExecLog::kStdout ? "stdout" : "stderr";
+          *out = connect::Envelope({{"event", {{"data", {{name, connect::Base64(slice->data)}}}}}});
+          return true;
+        }
+      }
+      if (finished) {
+        done_ = true;
+        auto rec = vms_.GetExec(pid_);
+        if (!rec.ok()) {
+          *out = connect::EndStream(rec.status());
+          return true;
+        }
+        *out = connect::Envelope({{"event", {{"end", EndEventOf(*rec)}}}}) +
+               connect::EndStream(Status::Ok());
+        return true;
+      }
+      if (!log_->WaitAnyUntil(offset_[ExecLog::kStdout], offset_[ExecLog::kStderr],
+                              std::chrono::steady_clock::now() + keepalive_)) {
+        *out = connect::Envelope({{"event", {{"keepalive", json::object()}}}});
+        return true;
+      }
+    }
+  }
+
+ private:
+  VmService& vms_;
+  const int64_t pid_;
+  std::shared_ptr<ExecLog> log_;
+  const std::chrono::seconds keepalive_;
+  int64_t offset_[2] = {0, 0};
+  bool broken_[2] = {false, false};
+  bool started_ = false;
+  bool done_ = false;
+};
+
+std::chrono::seconds KeepaliveOf(const HttpRequest& req) {
+  auto n =
+      ParseBoundedInt(req.Header("keepalive-ping-interval"), 1, 3600, "Keepalive-Ping-Interval");
+  return std::chrono::seconds(n.ok() ? *n : kDefaultKeepaliveS);
+}
+
+}  // namespace
+
+bool SameSecret(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// The exec `pid` if it is one of this sandbox's; NOT_FOUND otherwise, the same words
+// either way.
+Result<store::ExecRecord> HttpApi::SandboxExec(const std::string& sandbox, int64_t pid) {
+  auto rec = vms_.GetExec(pid);
+  if (!rec.ok() || rec->vm_id != sandbox) {
+    return NotFound("process " + std::to_string(pid) + " not found");
+  }
+  return *rec;
+}
+
+void HttpApi::AddEnvdRoutes() {
+  envd_router_.Add("GET", "/health", [](const HttpRequest&, const PathParams&) {
+    return HttpResponse{204, "", {}, ""};
+  });
+
+  envd_router_.Add(
+      "POST", "/process.Process/Start", [this](const HttpRequest& req, const PathParams&) {
+        auto msg = connect::ParseStreamingRequest(req.body);
+        if (!msg.ok()) return StreamError(msg.status());
+        auto sandbox = book_.Find(req.sandbox);
+        auto vm = vms_.Get(req.sandbox);
+        if (!sandbox || !vm.ok())
+          return StreamError(Unavailable("sandbox " + req.sandbox + " is gone"));
+        const json& m = *msg;
+        auto p = m.find("process");
+        if (p == m.end() || !p->is_object())
+          return StreamError(InvalidArgument("process is required"));
+        auto cmd = p->find("cmd");
+        if (cmd == p->end() || !cmd->is_string() || cmd->get_ref<const std::string&>().empty()) {
+          return StreamError(InvalidArgument("process.cmd must be a non-empty string"));
+        }
+        ExecRequest er;
+        er.vm = req.sandbox;
+        er.argv.push_back(cmd->get<std::string>());
+        if (auto args = p->find("args"); args != p->end() && !args->is_null()) {
+          if (!args->is_array())
+            return StreamError(InvalidArgument("process.args must be strings"));
+          for (const auto& a : *args) {
+            if (!a.is_string()) return StreamError(InvalidArgument("process.args must be strings"));
+            er.argv.push_back(a.get<std::string>());
+          }
+        }
+        er.env = sandbox->env;  // the sandbox's envVars, under the call's own
+        if (auto envs = p->find("envs"); envs != p->end() && !envs->is_null()) {
+          if (!envs->is_object())
+            return StreamError(InvalidArgument("process.envs must be strings"));
+          for (const auto& [k, v] : envs->items()) {
+            if (!v.is_string() || k.empty() || k.find('=') != std::string::npos) {
+              return StreamError(InvalidArgument("process.envs must map names to strings"));
+            }
+            er.env[k] = v.get<std::string>();
+          }
+        }
+        if (auto cwd = p->find("cwd"); cwd != p->end() && !cwd->is_null()) {
+          if (!cwd->is_string())
+            return StreamError(InvalidArgument("process.cwd must be a string"));
+          er.cwd = cwd->get<std::string>();
+        } else {
+          er.cwd = "";  // the account's home, as envd's default
+        }
+        if (auto pty = m.find("pty"); pty != m.end() && !pty->is_null()) {
+          return StreamError(FailedPrecondition("PTY sessions are not served by trybox yet"));
+        }
+        if (m.value("stdin", false)) {
+          return StreamError(FailedPrecondition("stdin: true is not served by trybox yet"));
+        }
+        if (auto tag = m.find("tag"); tag != m.end() && !tag->is_null()) {
+          return StreamError(FailedPrecondition("process tags are not served by trybox yet"));
+        }
+        auto user = UserOf(req);
+        if (!user.ok()) return StreamError(user.status());
+        er.user = *user == "root" ? "" : *user;
+        auto timeout = connect::TimeoutMs(req);
+        if (!timeout.ok()) return StreamError(timeout.status());
+        er.timeout_ms = std::min(*timeout, kMaxTimeoutMs);
+        ExecSpec spec = vms_.SpecFor(**vm, er);
+        auto started = vms_.ExecDetached(*vm, spec);
+        if (!started.ok()) return StreamError(started.status());
+        if (started->ended) {
+          const ExecResult& r = *started->ended;
+          return StreamError(InvalidArgument("the command did not start: " + r.error +
+                                             (r.message.empty() ? "" : ": " + r.message)));
+        }
+        auto log = vms_.OpenExecLog(started->exec_id);
+        if (!log.ok()) return StreamError(log.status());
+        auto s =
+            std::make_shared<ProcessStream>(vms_, started->exec_id, *log, 0, 0, KeepaliveOf(req));
+        return StreamOf([s](std::string* out) { return s->Next(out); });
+      });
+
+  envd_router_.Add(
+      "POST", "/process.Process/Connect", [this](const HttpRequest& req, const PathParams&) {
+        auto msg = connect::ParseStreamingRequest(req.body);
+        if (!msg.ok()) return StreamError(msg.status());
+        auto pid = SelectedPid(*msg);
+        if (!pid.ok()) return StreamError(pid.status());
+        auto rec = SandboxExec(req.sandbox, *pid);
+        if (!rec.ok()) return StreamError(rec.status());
+        if (rec->outcome != "running") {
+          return StreamError(NotFound("process " + std::to_string(*pid) + " is not running"));
+        }
+        auto log = vms_.OpenExecLog(*pid);
+        if (!log.ok()) return StreamError(log.status());
+        // From now on, as envd's Connect: what was printed before is in `trybox logs`.
+        auto s = std::make_shared<ProcessStream>(vms_, *pid, *log, (*log)->total(ExecLog::kStdout),
+                                                 (*log)->total(ExecLog::kStderr), KeepaliveOf(req));
+        return StreamOf([s](std::string* out) { return s->Next(out); });
+      });
+
+  envd_router_.Add(
+      "POST", "/process.Process/List", [this](const HttpRequest& req, const PathParams&) {
+        auto msg = connect::ParseUnaryRequest(req.body);
+        if (!msg.ok()) return connect::UnaryError(msg.status());
+        auto execs = vms_.Execs(req.sandbox);
+        if (!execs.ok()) return connect::UnaryError(execs.status());
+        json list = json::array();
+        for (const auto& e : *execs) {
+          if (e.outcome != "running" || !e.argv.is_array() || e.argv.empty()) continue;
+          json args = json::array();
+          for (size_t i = 1; i < e.argv.size(); ++i) args.push_back(e.argv[i]);
+          list.push_back(
+              {{"pid", e.id},
+               {"config",
+                {{"cmd", e.argv[0]}, {"args", args}, {"envs", json::object()}, {"cwd", e.cwd}}}});
+        }
+        return connect::UnaryReply({{"processes", list}});
+      });
+
+  envd_router_.Add("POST", "/process.Process/SendSignal",
+                   [this](const HttpRequest& req, const PathParams&) {
+                     auto msg = connect::ParseUnaryRequest(req.body);
+                     if (!msg.ok()) return connect::UnaryError(msg.status());
+                     auto pid = SelectedPid(*msg);
+                     if (!pid.ok()) return connect::UnaryError(pid.status());
+                     int sig = 0;
+                     const json sj = msg->value("signal", json());
+                     if (sj == "SIGNAL_SIGKILL" || sj == 9) sig = 9;
+                     if (sj == "SIGNAL_SIGTERM" || sj == 15) sig = 15;
+                     if (sig == 0) {
+                       return connect::UnaryError(
+                           InvalidArgument("signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM"));
+                     }
+                     auto rec = SandboxExec(req.sandbox, *pid);
+                     if (!rec.ok()) return connect::UnaryError(rec.status());
+                     Status st = vms_.SignalExec(*pid, sig);
+                     if (st.code() == Code::kFailedPrecondition) {
+                       return connect::UnaryError(
+                           NotFound("process " + std::to_string(*pid) + " is not running"));
+                     }
+                     if (!st.ok()) return connect::UnaryError(st);
+                     return connect::UnaryReply(json::object());
+                   });
+
+  // Input and terminals wait for the part of this work that carries them: say so plainly,
+  // for a process that exists, rather than pretend to deliver.
+  for (const char* rpc : {"SendInput", "CloseStdin", "Update"}) {
+    const std::string what = rpc;
+    envd_router_.Add(
+        "POST", std::string("/process.Process/") + rpc,
+        [this, what](const HttpRequest& req, const PathParams&) {
+          auto msg = connect::ParseUnaryRequest(req.body);
+          if (!msg.ok()) return connect::UnaryError(msg.status());
+          auto pid = SelectedPid(*msg);
+          if (!pid.ok()) return connect::UnaryError(pid.status());
+          auto rec = SandboxExec(req.sandbox, *pid);
+          if (!rec.ok()) return connect::UnaryError(rec.status());
+          return connect::UnaryError(FailedPrecondition(
+              what == "Update" ? "process " + std::to_string(*pid) + " has no PTY"
+                               : "process " + std::to_string(*pid) +
+                                     " was started without stdin (stdin: true is not served "
+                                     "by trybox yet)"));
+        });
+  }
+}
+
+}  // namespace trybox::daemon

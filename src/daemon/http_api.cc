@@ -1,0 +1,204 @@
+#include "daemon/http_api.h"
+
+#include <chrono>
+
+#include "api/connect.h"
+#include "util/log.h"
+
+namespace trybox::daemon {
+
+int HttpStatusFor(const Status& st) {
+  switch (st.code()) {
+    case Code::kInvalidArgument:
+      return 400;
+    case Code::kNotFound:
+      return 404;
+    case Code::kAlreadyExists:
+    case Code::kFailedPrecondition:
+      return 409;
+    case Code::kPermissionDenied:
+      return 403;
+    case Code::kResourceExhausted:
+    case Code::kUnavailable:
+      return 503;
+    case Code::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+HttpApi::HttpApi(store::Store& store, VmService& vms, HttpApiSettings settings)
+    : store_(store),
+      vms_(vms),
+      settings_(settings),
+      keys_(store),
+      rate_(settings.requests_per_second, settings.burst) {
+  AddE2bRoutes();
+  AddEnvdRoutes();
+}
+
+HttpApi::~HttpApi() { Shutdown(); }
+
+Status HttpApi::Init() {
+  RETURN_IF_ERROR(keys_.Load());
+  reaper_ = std::thread([this] { ReapLoop(); });
+  return Status::Ok();
+}
+
+Result<std::string> HttpApi::Serve(const api::ListenAddress& where) {
+  MutexLock lock(mu_);
+  if (stopping_) return Unavailable("the daemon is stopping");
+  if (server_) {
+    // Port 0 asks for any port: the one in use is as good.
+    if (where.host == server_->host() && (where.port == 0 || where.port == server_->port())) {
+      return server_->url();
+    }
+    return FailedPrecondition("already serving on " + server_->url() +
+                              "; stop it first (trybox serve --stop)");
+  }
+  ASSIGN_OR_RETURN(server_,
+                   api::HttpServer::Start(where, settings_.limits,
+                                          [this](const api::HttpRequest& r) { return Handle(r); }));
+  LogInfo("http", "serving on " + server_->url());
+  return server_->url();
+}
+
+std::optional<std::string> HttpApi::url() {
+  MutexLock lock(mu_);
+  if (!server_) return std::nullopt;
+  return server_->url();
+}
+
+bool HttpApi::StopServing() {
+  std::unique_ptr<api::HttpServer> server;
+  {
+    MutexLock lock(mu_);
+    server = std::move(server_);
+  }
+  if (!server) return false;
+  const std::string url = server->url();
+  server.reset();  // waits for the requests in flight, outside the lock they may need
+  LogInfo("http", "stopped serving on " + url);
+  return true;
+}
+
+void HttpApi::Shutdown() {
+  (void)StopServing();
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+    reaper_cv_.SignalAll();
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void HttpApi::WakeReaper() {
+  MutexLock lock(mu_);
+  book_changed_ = true;
+  reaper_cv_.SignalAll();
+}
+
+void HttpApi::EndSandbox(const std::string& id, const std::string& why) {
+  auto report = vms_.Destroy(id);
+  if (report.ok()) {
+    LogInfo("http", "sandbox " + id + " destroyed: " + why);
+  } else {
+    LogInfo("http",
+            "sandbox " + id + " (" + why + ") was already gone: " + report.status().message());
+  }
+}
+
+void HttpApi::ReapLoop() {
+  while (true) {
+    // The ends are times of day (E2B's endAt), the wait is on the steady clock, at most a
+    // minute at a time, so that a step of the wall clock is noticed within a minute.
+    WallClock::duration wait = std::chrono::minutes(1);
+    if (const auto next = book_.NextEnd()) {
+      wait = std::max(WallClock::duration::zero(), std::min(wait, *next - WallClock::now()));
+    }
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+    {
+      MutexLock lock(mu_);
+      while (!stopping_ && !book_changed_ && std::chrono::steady_clock::now() < until) {
+        (void)reaper_cv_.WaitUntil(mu_, until);
+      }
+      if (stopping_) return;
+      book_changed_ = false;
+    }
+    for (const std::string& id : book_.TakeExpired(WallClock::now())) {
+      EndSandbox(id, "its timeout passed");
+    }
+  }
+}
+
+api::HttpResponse HttpApi::HandleInSandbox(api::HttpRequest& req, std::string* who) {
+  const std::string id = req.Header("e2b-sandbox-id");
+  const std::optional<SandboxInfo> s = book_.Find(id);
+  if (req.method == "GET" && req.path == "/health") {
+    // envd's health needs no token; it says whether the sandbox is there.
+    return s && vms_.Get(id).ok()
+               ? api::HttpResponse{204, "", {}, ""}
+               : api::connect::UnaryError(NotFound("sandbox " + id + " not found"));
+  }
+  // An unknown sandbox and a wrong token get the same answer: ids cannot be probed.
+  if (!s || !SameSecret(req.Header("x-access-token"), s->access_token)) {
+    api::HttpResponse r = api::JsonError(401, "");
+    r.body = R"({"code":"unauthenticated","message":"unknown sandbox or wrong access token"})";
+    return r;
+  }
+  *who = s->owner;
+  int retry_after = 0;
+  if (!rate_.Allow(s->owner, &retry_after)) {
+    api::HttpResponse r =
+        api::connect::UnaryError(Status(Code::kResourceExhausted, "rate limit; retry later"));
+    r.headers.emplace_back("Retry-After", std::to_string(retry_after));
+    return r;
+  }
+  req.principal = s->owner;
+  req.sandbox = id;
+  return envd_router_.Dispatch(req);
+}
+
+api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  api::HttpRequest req = in;
+  api::HttpResponse resp;
+  std::string who = "-";
+  if (!req.Header("e2b-sandbox-id").empty()) {
+    resp = HandleInSandbox(req, &who);
+  } else if (req.method == "GET" && req.path == "/health") {
+    resp = {200, "application/json", {}, "{\"status\":\"ok\"}"};
+  } else {
+    std::string key = req.Header("x-api-key");
+    const std::string auth = req.Header("authorization");
+    if (key.empty() && auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+    std::optional<api::KeyIdentity> id = key.empty() ? std::nullopt : keys_.Check(key);
+    int retry_after = 0;
+    if (key.empty()) {
+      resp = api::JsonError(401, "missing API key: send it in the X-API-KEY header");
+    } else if (!id) {
+      resp = api::JsonError(401, "invalid API key");
+    } else if (!rate_.Allow(id->id, &retry_after)) {
+      who = id->id;
+      resp = api::JsonError(429, "rate limit: more than " +
+                                     std::to_string(settings_.requests_per_second) +
+                                     " requests a second for this key; retry later");
+      resp.headers.emplace_back("Retry-After", std::to_string(retry_after));
+    } else {
+      who = id->id;
+      req.principal = id->id;
+      resp = router_.Dispatch(req);
+    }
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  char took[32];
+  std::snprintf(took, sizeof(took), "%.1f", ms);
+  LogInfo("http", req.method + " " + req.path + " " + std::to_string(resp.status) + " " + took +
+                      " ms key=" + who + " peer=" + req.peer);
+  return resp;
+}
+
+}  // namespace trybox::daemon

@@ -1,0 +1,98 @@
+// HttpApi: tryboxd's HTTP server as a service (docs/protocol/http.md). Off until `serve`
+// (the verb behind `trybox serve`) starts it on a loopback address. Every request is
+// checked against the API keys (api/api_keys.h) and a per-key rate limit, routed, and
+// logged (method, path, status, time, key id; never the key). The handlers call the daemon's
+// services as the socket's verbs do: the E2B-compatible control plane (e2b_control.cc,
+// docs/protocol/e2b.md) creates and destroys VMs through VmService; the in-sandbox API
+// (envd_process.cc) runs commands as execs. A sandbox past its timeout is destroyed by this
+// service's reaper thread.
+//
+// Thread-safe. Lock order: mu_ before nothing else (the book and key ring have their own).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "api/api_keys.h"
+#include "api/http_server.h"
+#include "api/router.h"
+#include "daemon/sandbox_book.h"
+#include "daemon/vm_service.h"
+#include "store/store.h"
+#include "util/mutex.h"
+
+namespace trybox::daemon {
+
+struct HttpApiSettings {
+  api::HttpLimits limits;
+  double requests_per_second = 20;  // per key, on average
+  double burst = 40;                // per key, at once
+  int64_t max_sandbox_timeout_s = 24 * 3600;
+};
+
+// The envd version the in-sandbox API answers as (docs/protocol/e2b.md, "Versions").
+inline constexpr const char* kEnvdVersion = "0.4.0";
+
+class HttpApi {
+ public:
+  HttpApi(store::Store& store, VmService& vms, HttpApiSettings settings = {});
+  ~HttpApi();
+  HttpApi(const HttpApi&) = delete;
+  HttpApi& operator=(const HttpApi&) = delete;
+
+  // Loads the keys; starts the reaper.
+  Status Init();
+  api::KeyRing& keys() { return keys_; }
+
+  // Starts the server on `where` and returns its URL. Asking again for the address in use
+  // is a no-op; another address while serving is FAILED_PRECONDITION.
+  Result<std::string> Serve(const api::ListenAddress& where) EXCLUDES(mu_);
+  // The URL served, if any.
+  std::optional<std::string> url() EXCLUDES(mu_);
+  // Stops the server (requests in flight finish); sandboxes stay until their timeout.
+  // Whether it was serving.
+  bool StopServing() EXCLUDES(mu_);
+  // Stops the server and the reaper; the daemon then destroys every VM itself.
+  void Shutdown() EXCLUDES(mu_);
+
+  // What HttpServer calls: authentication, the rate limit, routing and the log line.
+  api::HttpResponse Handle(const api::HttpRequest& req);
+
+ private:
+  void AddE2bRoutes();   // e2b_control.cc
+  void AddEnvdRoutes();  // envd_process.cc
+  // An in-sandbox request (it names a sandbox in E2b-Sandbox-Id): its access token checked,
+  // then routed to envd's services.
+  api::HttpResponse HandleInSandbox(api::HttpRequest& req, std::string* who);
+  Result<store::ExecRecord> SandboxExec(const std::string& sandbox, int64_t pid);
+  void ReapLoop() EXCLUDES(mu_);
+  // Ends a sandbox: its VM destroyed, its entry gone. Logs what it saw.
+  void EndSandbox(const std::string& id, const std::string& why);
+  void WakeReaper() EXCLUDES(mu_);
+
+  store::Store& store_;
+  VmService& vms_;
+  const HttpApiSettings settings_;
+  api::KeyRing keys_;
+  api::RateLimiter rate_;
+  api::Router router_;       // the control plane (X-API-KEY)
+  api::Router envd_router_;  // the in-sandbox API (X-Access-Token)
+  SandboxBook book_;
+
+  Mutex mu_;
+  CondVar reaper_cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool book_changed_ GUARDED_BY(mu_) = false;
+  std::unique_ptr<api::HttpServer> server_ GUARDED_BY(mu_);
+  std::thread reaper_;
+};
+
+// Compares two secrets in time independent of where they differ.
+bool SameSecret(const std::string& a, const std::string& b);
+
+// The HTTP status for a service error: 400, 404, 409, 503, 504 or 500.
+int HttpStatusFor(const Status& st);
+
+}  // namespace trybox::daemon

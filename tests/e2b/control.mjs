@@ -1,0 +1,131 @@
+// Drives tryboxd's E2B-compatible control plane with the official, unmodified E2B SDK
+// (tests/e2e/e2b_e2e_test.cc runs it with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set
+// to a private daemon). Prints one JSON object of what it saw; exits non-zero on anything
+// the SDK did not expect.
+import { Sandbox, CommandExitError } from 'e2b'
+
+const template = process.env.TRYBOX_TEST_TEMPLATE || 'debian-12'
+const run = process.env.TRYBOX_TEST_RUN || String(Date.now())
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const out = {}
+
+let t = Date.now()
+const sbx = await Sandbox.create(template, {
+  metadata: { suite: 'e2b', run, 'with space': 'a b&c=d%' },
+  envs: { GREETING: 'hi' },
+  timeoutMs: 600_000,
+})
+out.create_ms = Date.now() - t
+out.first = sbx.sandboxId
+
+const info = await sbx.getInfo()
+out.info = {
+  sandboxId: info.sandboxId,
+  templateId: info.templateId,
+  metadata: info.metadata,
+  state: info.state,
+  startedAt: info.startedAt.toISOString(),
+  endAt: info.endAt.toISOString(),
+  cpuCount: info.cpuCount,
+  memoryMB: info.memoryMB,
+}
+
+const second = await Sandbox.create(template, { metadata: { suite: 'e2b', run }, timeoutMs: 600_000 })
+out.second = second.sandboxId
+
+// The list, one per page, filtered by metadata.
+const pager = Sandbox.list({ query: { metadata: { run } }, limit: 1 })
+out.listed = []
+out.pages = 0
+while (pager.hasNext && out.pages < 10) {
+  for (const s of await pager.nextItems()) out.listed.push(s.sandboxId)
+  out.pages++
+}
+out.filtered_none = (await Sandbox.list({ query: { metadata: { run: run + '-other' } } }).nextItems()).length
+out.filtered_odd = (
+  await Sandbox.list({ query: { metadata: { 'with space': 'a b&c=d%' } } }).nextItems()
+).map((s) => s.sandboxId)
+
+out.killed = await Sandbox.kill(second.sandboxId)
+out.killed_again = await Sandbox.kill(second.sandboxId)
+
+const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 })
+out.connected = again.sandboxId
+
+// Commands (envd's process service): output through callbacks as it is printed, an exit
+// code, the sandbox's envVars, the default user and root, a background command killed.
+const cmd = {}
+const lines = []
+let r = await sbx.commands.run('for i in 1 2 3; do echo line$i; sleep 0.4; done; echo oops >&2', {
+  onStdout: (d) => lines.push([Date.now(), d]),
+  onStderr: (d) => lines.push([Date.now(), 'ERR:' + d]),
+})
+cmd.streamed = lines.map(([, d]) => d)
+cmd.stream_gaps_ms = lines.slice(1).map(([t], i) => t - lines[i][0])
+cmd.stdout = r.stdout
+cmd.stderr = r.stderr
+cmd.exit = r.exitCode
+try {
+  await sbx.commands.run('echo partial; exit 3')
+  cmd.failing = 'no error'
+} catch (e) {
+  cmd.failing = e instanceof CommandExitError ? { exitCode: e.exitCode, stdout: e.stdout } : String(e)
+}
+cmd.env = (await sbx.commands.run('echo "$GREETING"')).stdout
+cmd.whoami = (await sbx.commands.run('whoami; pwd')).stdout
+cmd.root = (await sbx.commands.run('whoami', { user: 'root' })).stdout
+const bg = await sbx.commands.run('sleep 600', { background: true })
+cmd.bg_pid = bg.pid
+cmd.listed = (await sbx.commands.list()).map((p) => ({ pid: p.pid, cmd: p.cmd, args: p.args }))
+cmd.bg_killed = await bg.kill()
+try {
+  await bg.wait()
+  cmd.bg_wait = 'no error'
+} catch (e) {
+  cmd.bg_wait = e instanceof CommandExitError ? { exitCode: e.exitCode, error: e.error } : String(e)
+}
+cmd.bg_killed_again = await sbx.commands.kill(bg.pid)
+try {
+  await sbx.commands.run('sleep 30', { timeoutMs: 1500 })
+  cmd.timeout = 'no error'
+} catch (e) {
+  cmd.timeout = `${e.name}: ${e.message}`
+}
+try {
+  await sbx.commands.run('cat', { stdin: true })
+  cmd.stdin = 'no error'
+} catch (e) {
+  cmd.stdin = `${e.name}: ${e.message}`
+}
+out.commands = cmd
+
+// A short timeout, then the sandbox goes by itself.
+await sbx.setTimeout(2000)
+t = Date.now()
+out.expired = false
+while (Date.now() - t < 120_000) {
+  try {
+    await Sandbox.getInfo(sbx.sandboxId)
+  } catch (e) {
+    out.expired_error = `${e.name}: ${e.message}`
+    out.expired = true
+    break
+  }
+  await sleep(250)
+}
+out.expire_ms = Date.now() - t
+
+try {
+  await Sandbox.list({ apiKey: 'e2b_' + '0'.repeat(40) }).nextItems()
+  out.wrong_key = 'accepted'
+} catch (e) {
+  out.wrong_key = `${e.name}: ${e.message}`
+}
+try {
+  await Sandbox.create('no-such-image', { timeoutMs: 10_000 })
+  out.unknown_template = 'created'
+} catch (e) {
+  out.unknown_template = `${e.name}: ${e.message}`
+}
+
+console.log(JSON.stringify(out))

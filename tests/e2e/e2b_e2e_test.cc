@@ -1,0 +1,271 @@
+// End to end: tryboxd's HTTP API (docs/protocol/http.md) and its E2B-compatible control
+// plane (docs/protocol/e2b.md), driven by the official, unmodified E2B JavaScript SDK
+// (tests/e2b/control.mjs, installed by `npm ci --prefix tests/e2b`) and by raw requests
+// for what the SDK never sends, against a private tryboxd booting real guests.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "tests/e2e/harness.h"
+#include "util/fd.h"
+#include "util/process.h"
+#include "util/tcp.h"
+
+namespace trybox::e2e {
+namespace {
+
+using Json = nlohmann::json;
+
+struct HttpReply {
+  int status = 0;
+  std::string head;
+  Json body;
+};
+
+// One request on its own connection, read to the server's close.
+HttpReply Request(uint16_t port, const std::string& method, const std::string& path,
+                  const std::string& key, const std::string& body = "",
+                  const std::string& extra_headers = "") {
+  HttpReply r;
+  auto fd = ConnectTcpLoopback(port);
+  if (!fd.ok()) return r;
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (!key.empty()) req += "X-API-KEY: " + key + "\r\n";
+  if ((!body.empty() || method == "POST") &&
+      extra_headers.find("Content-Length") == std::string::npos) {
+    req +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  req += extra_headers + "\r\n" + body;
+  (void)WriteFull(fd->get(), req);
+  std::string all;
+  char buf[8192];
+  while (true) {
+    ssize_t n = ::recv(fd->get(), buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    all.append(buf, static_cast<size_t>(n));
+  }
+  const size_t end = all.find("\r\n\r\n");
+  if (all.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return r;
+  r.status = std::atoi(all.c_str() + 9);
+  r.head = all.substr(0, end);
+  r.body = Json::parse(all.substr(end + 4), nullptr, false);
+  return r;
+}
+
+class E2bE2E : public SharedHarness<E2bE2E> {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(h_, nullptr);
+    const std::string sdk = std::string(TRYBOX_SOURCE_DIR) + "/tests/e2b/node_modules/e2b";
+    ASSERT_EQ(::access(sdk.c_str(), F_OK), 0)
+        << "the E2B SDK is not installed: run npm ci --prefix tests/e2b (scripts/test.sh does)";
+    if (port_ == 0) {
+      CliResult s = h_->Cli({"serve", "--listen", "127.0.0.1:0"});
+      ASSERT_EQ(s.code, 0) << s.err;
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(s.out, m, std::regex("http://127\\.0\\.0\\.1:([0-9]+)")))
+          << s.out;
+      url_ = m[0];
+      port_ = static_cast<uint16_t>(std::stoi(m[1]));
+      key_ = NewKey("e2e");
+    }
+  }
+
+  static std::string NewKey(const std::string& name) {
+    CliResult k = h_->Cli({"api-key", "create", name});
+    EXPECT_EQ(k.code, 0) << k.err;
+    std::string key = k.out.substr(0, k.out.find('\n'));
+    EXPECT_TRUE(std::regex_match(key, std::regex("e2b_[0-9a-f]{40}"))) << key;
+    return key;
+  }
+
+  static size_t LiveVms() {
+    auto r = h_->Call({{"verb", "list"}});
+    return r.ok() && (*r)["vms"].is_array() ? (*r)["vms"].size() : 9999;
+  }
+
+  static inline uint16_t port_ = 0;
+  static inline std::string url_;
+  static inline std::string key_;
+};
+
+TEST_F(E2bE2E, OfficialSdkCreatesListsKillsAndTimesOutSandboxes) {
+  std::vector<std::string> env = h_->Env();
+  env.push_back("E2B_API_URL=" + url_);
+  env.push_back("E2B_SANDBOX_URL=" + url_);
+  env.push_back("E2B_API_KEY=" + key_);
+  env.push_back("TRYBOX_TEST_RUN=run-" + std::to_string(::getpid()));
+  CliResult r = RunProgram({FindInPath("node").value_or("node"),
+                            std::string(TRYBOX_SOURCE_DIR) + "/tests/e2b/control.mjs"},
+                           env);
+  ASSERT_EQ(r.code, 0) << "control.mjs failed; stderr:\n" << r.err << "\nstdout:\n" << r.out;
+  Json out = Json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  const std::string first = out["first"], second = out["second"];
+
+  EXPECT_EQ(out["info"]["sandboxId"], first);
+  EXPECT_EQ(out["info"]["templateId"], "debian-12");
+  EXPECT_EQ(out["info"]["state"], "running");
+  EXPECT_EQ(out["info"]["metadata"]["with space"], "a b&c=d%");
+  EXPECT_EQ(out["info"]["memoryMB"], 512);
+  EXPECT_LT(out["info"]["startedAt"].get<std::string>(), out["info"]["endAt"].get<std::string>());
+
+  // Newest first, one per page, only this run's.
+  EXPECT_EQ(out["listed"], Json::array({second, first})) << out.dump();
+  EXPECT_EQ(out["pages"], 2);
+  EXPECT_EQ(out["filtered_none"], 0);
+  EXPECT_EQ(out["filtered_odd"], Json::array({first}));
+
+  EXPECT_EQ(out["killed"], true);
+  EXPECT_EQ(out["killed_again"], false);
+  EXPECT_EQ(out["connected"], first);
+  EXPECT_EQ(out["expired"], true) << out.dump();
+  EXPECT_NE(out.value("expired_error", "").find("not found"), std::string::npos) << out.dump();
+  EXPECT_NE(out["wrong_key"].get<std::string>().find("AuthenticationError"), std::string::npos)
+      << out.dump();
+  EXPECT_NE(out["unknown_template"].get<std::string>().find("no-such-image"), std::string::npos)
+      << out.dump();
+
+  // Commands through envd's process service.
+  const Json& c = out["commands"];
+  EXPECT_EQ(c["stdout"], "line1\nline2\nline3\n") << c.dump();
+  EXPECT_EQ(c["stderr"], "oops\n");
+  EXPECT_EQ(c["exit"], 0);
+  // Each line reached its callback on its own, while the command still ran.
+  EXPECT_GE(c["streamed"].size(), 4u) << c.dump();
+  EXPECT_EQ(c["failing"]["exitCode"], 3) << c.dump();
+  EXPECT_EQ(c["failing"]["stdout"], "partial\n");
+  EXPECT_EQ(c["env"], "hi\n");
+  EXPECT_EQ(c["whoami"], "user\n/home/user\n");
+  EXPECT_EQ(c["root"], "root\n");
+  bool listed = false;
+  for (const Json& p : c["listed"]) {
+    listed |= p["pid"] == c["bg_pid"] && p["cmd"] == "/bin/bash" &&
+              p["args"] == Json::array({"-l", "-c", "sleep 600"});
+  }
+  EXPECT_TRUE(listed) << c.dump();
+  EXPECT_EQ(c["bg_killed"], true);
+  EXPECT_EQ(c["bg_wait"]["exitCode"], -1) << c.dump();
+  EXPECT_EQ(c["bg_killed_again"], false);
+  EXPECT_NE(c["timeout"].get<std::string>(), "no error") << c.dump();
+  EXPECT_NE(c["stdin"].get<std::string>().find("not served"), std::string::npos) << c.dump();
+
+  // Both VMs are gone: one killed, one past its timeout.
+  EXPECT_EQ(LiveVms(), 0u);
+  // The SDK's commands were trybox execs, recorded like any other.
+  CliResult ps = h_->Cli({"ps", first});
+  EXPECT_EQ(ps.code, 0) << ps.err;
+  EXPECT_NE(ps.out.find("sleep 600"), std::string::npos) << ps.out;
+  EXPECT_NE(ps.out.find("whoami"), std::string::npos) << ps.out;
+  const std::string log = ReadFileToString(h_->home() + "/tryboxd.log").value_or("");
+  EXPECT_NE(log.find("sandbox " + first + " destroyed: its timeout passed"), std::string::npos);
+  EXPECT_NE(log.find("POST /sandboxes 201"), std::string::npos);
+  EXPECT_EQ(log.find(key_), std::string::npos) << "the API key is in the daemon's log";
+  std::cerr << "[ figures ] SDK create " << out["create_ms"] << " ms; a 2 s timeout ended the VM "
+            << out["expire_ms"] << " ms after it was set\n";
+}
+
+TEST_F(E2bE2E, BadRequestsGetClearErrorsAndChangeNothing) {
+  const size_t before = LiveVms();
+  const std::string good = R"({"templateID":"debian-12","timeout":60})";
+
+  HttpReply r = Request(port_, "GET", "/v2/sandboxes", "");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.body["code"], 401);
+  EXPECT_NE(r.body["message"].get<std::string>().find("X-API-KEY"), std::string::npos);
+  EXPECT_EQ(Request(port_, "POST", "/sandboxes", "e2b_" + std::string(40, '1'), good).status, 401);
+  EXPECT_EQ(Request(port_, "POST", "/sandboxes", "not-a-key", good).status, 401);
+
+  r = Request(port_, "GET", "/no/such/route", key_);
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body["message"].get<std::string>().find("no route"), std::string::npos);
+  r = Request(port_, "PUT", "/sandboxes", key_, "{}");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_NE(r.head.find("Allow: "), std::string::npos) << r.head;
+
+  struct Bad {
+    std::string body;
+    std::string says;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"{not json", "not valid JSON"},
+           {"[1]", "JSON object"},
+           {"{}", "templateID is required"},
+           {R"({"templateID":"../etc"})", "templateID"},
+           {R"({"templateID":"debian-12","timeout":-1})", "negative"},
+           {R"({"templateID":"debian-12","timeout":99999999})", "at most"},
+           {R"({"templateID":"debian-12","timeout":"60"})", "whole number"},
+           {R"({"templateID":"debian-12","autoPause":true})", "autoPause"},
+           {R"({"templateID":"debian-12","metadata":{"a":1}})", "metadata.a"},
+           {R"({"templateID":"debian-12","envVars":{"1BAD":"x"}})", "envVars"},
+           {R"({"templateID":"debian-12","network":{"allowOut":["10.0.0.0/8"]}})", "10.0.0.0/8"},
+           {R"({"templateID":"debian-12","network":{"rules":{"a.example":[{}]}}})", "secrets"},
+       }) {
+    r = Request(port_, "POST", "/sandboxes", key_, b.body);
+    EXPECT_EQ(r.status, 400) << b.body << " -> " << r.body.dump();
+    EXPECT_EQ(r.body["code"], 400) << b.body;
+    EXPECT_NE(r.body.value("message", "").find(b.says), std::string::npos)
+        << b.body << " -> " << r.body.dump();
+  }
+  r = Request(port_, "POST", "/sandboxes", key_, R"({"templateID":"no-such-image"})");
+  EXPECT_EQ(r.status, 404) << r.body.dump();
+
+  // Over the body limit: refused from its Content-Length, before any of it is read.
+  r = Request(port_, "POST", "/sandboxes", key_, "", "Content-Length: 5000000\r\n");
+  EXPECT_EQ(r.status, 413) << r.head;
+
+  r = Request(port_, "GET", "/v2/sandboxes?limit=0", key_);
+  EXPECT_EQ(r.status, 400);
+  r = Request(port_, "GET", "/v2/sandboxes?state=frozen", key_);
+  EXPECT_EQ(r.status, 400);
+  r = Request(port_, "POST", "/sandboxes/nosuch/timeout", key_, R"({"timeout":5})");
+  EXPECT_EQ(r.status, 404);
+  r = Request(port_, "POST", "/sandboxes/nosuch/timeout", key_, R"({})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(LiveVms(), before);
+
+  // Another key's sandbox is not there for this one: not seen, not killed, not extended.
+  const std::string other = NewKey("other");
+  r = Request(port_, "POST", "/sandboxes", other, R"({"templateID":"debian-12","timeout":300})");
+  ASSERT_EQ(r.status, 201) << r.body.dump();
+  const std::string id = r.body["sandboxID"];
+  EXPECT_EQ(r.body["envdVersion"], "0.4.0");
+  EXPECT_EQ(Request(port_, "GET", "/sandboxes/" + id, key_).status, 404);
+  EXPECT_EQ(Request(port_, "DELETE", "/sandboxes/" + id, key_).status, 404);
+  EXPECT_EQ(
+      Request(port_, "POST", "/sandboxes/" + id + "/timeout", key_, R"({"timeout":1})").status,
+      404);
+  r = Request(port_, "GET", "/v2/sandboxes", key_);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(r.body.empty()) << r.body.dump();
+  r = Request(port_, "GET", "/sandboxes/" + id, other);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["sandboxID"], id);
+
+  // A removed key stops working at once; its sandbox is still the daemon's to end.
+  CliResult rm = h_->Cli({"api-key", "rm", "other"});
+  EXPECT_EQ(rm.code, 0) << rm.err;
+  EXPECT_EQ(Request(port_, "GET", "/sandboxes/" + id, other).status, 401);
+  CliResult ls = h_->Cli({"api-key", "ls"});
+  EXPECT_NE(ls.out.find("e2e"), std::string::npos) << ls.out;
+  EXPECT_EQ(ls.out.find("other"), std::string::npos) << ls.out;
+  EXPECT_EQ(ls.out.find("e2b_"), std::string::npos) << "a listing shows a key: " << ls.out;
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+
+  // `serve` again on the same address is a no-op; another address is refused while serving;
+  // a non-loopback address is refused outright.
+  EXPECT_EQ(h_->Cli({"serve", "--listen", url_.substr(7)}).code, 0);
+  CliResult elsewhere = h_->Cli({"serve", "--listen", "127.0.0.1:1"});
+  EXPECT_NE(elsewhere.code, 0);
+  EXPECT_NE(elsewhere.err.find("already serving"), std::string::npos) << elsewhere.err;
+  CliResult wide = h_->Cli({"serve", "--listen", "0.0.0.0:0"});
+  EXPECT_NE(wide.code, 0);
+  EXPECT_NE(wide.err.find("loopback"), std::string::npos) << wide.err;
+}
+
+}  // namespace
+}  // namespace trybox::e2e
