@@ -197,6 +197,12 @@ Result<NewSandbox> ParseNewSandbox(const json& body, int64_t max_timeout_s) {
   return n;
 }
 
+// The body of timeout and connect: {"timeout": SECONDS}, required.
+Result<int64_t> TimeoutBody(const HttpRequest& req, int64_t max_s) {
+  ASSIGN_OR_RETURN(json body, ObjectBody(req));
+  return Seconds(body, "timeout", 0, max_s, true);
+}
+
 json SandboxJson(const SandboxInfo& s) {
   return {{"templateID", s.template_id},
           {"sandboxID", s.id},
@@ -340,9 +346,7 @@ void HttpApi::AddE2bRoutes() {
   router_.Add("POST", "/sandboxes/{id}/timeout",
               [this, live](const HttpRequest& req, const PathParams& p) {
                 const std::string& id = p.at("id");
-                auto body = ObjectBody(req);
-                if (!body.ok()) return FromStatus(body.status());
-                auto t = Seconds(*body, "timeout", 0, settings_.max_sandbox_timeout_s, true);
+                auto t = TimeoutBody(req, settings_.max_sandbox_timeout_s);
                 if (!t.ok()) return FromStatus(t.status());
                 if (!live(book_.Get(req.principal, id)) ||
                     !book_.SetEnd(req.principal, id, WallClock::now() + std::chrono::seconds(*t),
@@ -356,9 +360,7 @@ void HttpApi::AddE2bRoutes() {
   router_.Add("POST", "/sandboxes/{id}/connect",
               [this, live](const HttpRequest& req, const PathParams& p) {
                 const std::string& id = p.at("id");
-                auto body = ObjectBody(req);
-                if (!body.ok()) return FromStatus(body.status());
-                auto t = Seconds(*body, "timeout", 0, settings_.max_sandbox_timeout_s, true);
+                auto t = TimeoutBody(req, settings_.max_sandbox_timeout_s);
                 if (!t.ok()) return FromStatus(t.status());
                 auto s = book_.Get(req.principal, id);
                 if (!live(s)) return JsonError(404, "sandbox " + id + " not found");

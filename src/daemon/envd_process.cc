@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/connect.h"
+#include "daemon/envd.h"
 #include "daemon/http_api.h"
 #include "util/log.h"
 #include "util/numbers.h"
@@ -36,23 +37,6 @@ HttpResponse StreamOf(std::function<bool(std::string*)> next) {
 // stream, carrying the error, as the protocol has it.
 HttpResponse StreamError(const Status& st) {
   return {200, "application/connect+json", {}, connect::EndStream(st)};
-}
-
-// The account from envd's `Authorization: Basic base64(USER:)`; E2B's default, "user",
-// when there is none.
-Result<std::string> UserOf(const HttpRequest& req) {
-  const std::string auth = req.Header("authorization");
-  if (auth.empty()) return std::string("user");
-  if (auth.rfind("Basic ", 0) != 0) return InvalidArgument("Authorization must be Basic USER:");
-  ASSIGN_OR_RETURN(std::string decoded, connect::FromBase64(auth.substr(6)));
-  const std::string user = decoded.substr(0, decoded.find(':'));
-  if (user.empty() || user.size() > 32) return InvalidArgument("no user in Authorization");
-  for (char c : user) {
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) {
-      return InvalidArgument("the user in Authorization is not an account name");
-    }
-  }
-  return user;
 }
 
 // envd's ProcessSelector: {"pid": N}; a tag names nothing here (none are kept).
@@ -200,6 +184,7 @@ Result<store::ExecRecord> HttpApi::SandboxExec(const std::string& sandbox, int64
 }
 
 void HttpApi::AddEnvdRoutes() {
+  AddFilesystemRoutes(envd_router_, vms_);
   envd_router_.Add("GET", "/health", [](const HttpRequest&, const PathParams&) {
     return HttpResponse{204, "", {}, ""};
   });
@@ -258,7 +243,7 @@ void HttpApi::AddEnvdRoutes() {
         if (auto tag = m.find("tag"); tag != m.end() && !tag->is_null()) {
           return StreamError(FailedPrecondition("process tags are not served by trybox yet"));
         }
-        auto user = UserOf(req);
+        auto user = EnvdUser(req);
         if (!user.ok()) return StreamError(user.status());
         er.user = *user == "root" ? "" : *user;
         auto timeout = connect::TimeoutMs(req);

@@ -158,7 +158,7 @@ struct ExecIo {
   channel::Stream* client = nullptr;
   // Output (stdout and stderr, interleaved) kept here, capped to its last kCaptureBytes.
   std::string* capture = nullptr;
-  // Output is also appended here as it arrives.
+  // Output is also appended here as it arrives (VmService::Exec: beside the exec's log).
   OutputSink* sink = nullptr;
   // Called with the guest stream once the exec is open: resetting it cancels the command
   // from another thread (a run being stopped); set `cancelled` first, so that the outcome

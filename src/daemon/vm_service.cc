@@ -247,7 +247,18 @@ Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec)
 ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecIo& io, Recorded r) {
   store::ExecRecord& rec = r.rec;
   ExecIo mine = io;
-  mine.sink = r.log.get();
+  // The exec's log always; the caller's own sink too, when it gave one.
+  struct Tee : OutputSink {
+    OutputSink* log;
+    OutputSink* caller;
+    void Append(uint8_t channel, std::string_view data) override {
+      log->Append(channel, data);
+      caller->Append(channel, data);
+    }
+  } tee;
+  tee.log = r.log.get();
+  tee.caller = io.sink;
+  mine.sink = io.sink ? static_cast<OutputSink*>(&tee) : r.log.get();
   mine.on_open = [&](std::shared_ptr<channel::Stream> s) {
     running_.Add(rec.id, s);
     if (io.on_open) io.on_open(std::move(s));

@@ -99,6 +99,36 @@ try {
 }
 out.commands = cmd
 
+// Files (envd's filesystem service and GET /files), as the default account.
+const fs = {}
+const err = async (f) => {
+  try {
+    return { value: await f() }
+  } catch (e) {
+    return { error: `${e.name}: ${e.message}` }
+  }
+}
+await sbx.commands.run(
+  'mkdir -p proj/sub && printf hello > proj/a.txt && ln -s a.txt proj/link && printf \'<b>x</b>\' > "proj/we ird.txt"'
+)
+fs.made = await sbx.files.makeDir('proj/new')
+fs.made_again = await sbx.files.makeDir('proj/new')
+fs.list = (await sbx.files.list('proj')).map((e) => ({ name: e.name, type: e.type, size: e.size, path: e.path }))
+fs.deep = (await sbx.files.list('proj', { depth: 2 })).length
+const finfo = await sbx.files.getInfo('proj/a.txt')
+fs.info = { name: finfo.name, type: finfo.type, size: finfo.size, owner: finfo.owner, path: finfo.path, permissions: finfo.permissions }
+fs.read = await sbx.files.read('proj/a.txt')
+fs.read_missing = await err(() => sbx.files.read('proj/none.txt'))
+fs.read_root_only = await err(() => sbx.files.read('/root/.bashrc'))
+fs.list_file = await err(() => sbx.files.list('proj/a.txt'))
+fs.renamed = (await sbx.files.rename('proj/a.txt', 'proj/b.txt')).path
+fs.read_renamed = await sbx.files.read('proj/b.txt')
+await sbx.files.remove('proj/sub')
+fs.exists_removed = await sbx.files.exists('proj/sub')
+fs.exists_kept = await sbx.files.exists('proj/b.txt')
+fs.write = await err(() => sbx.files.write('proj/w.txt', 'data'))
+out.files = fs
+
 // A short timeout, then the sandbox goes by itself.
 await sbx.setTimeout(2000)
 t = Date.now()

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -153,6 +154,34 @@ TEST_F(E2bE2E, OfficialSdkCreatesListsKillsAndTimesOutSandboxes) {
   EXPECT_EQ(c["bg_killed_again"], false);
   EXPECT_NE(c["timeout"].get<std::string>(), "no error") << c.dump();
   EXPECT_NE(c["stdin"].get<std::string>().find("not served"), std::string::npos) << c.dump();
+
+  // Files through envd's filesystem service and GET /files, as `user`.
+  const Json& f = out["files"];
+  EXPECT_EQ(f["made"], true) << f.dump();
+  EXPECT_EQ(f["made_again"], false);
+  std::map<std::string, Json> by_name;
+  for (const Json& e : f["list"]) by_name[e["name"]] = e;
+  EXPECT_EQ(by_name.size(), 5u) << f.dump();  // a.txt, link, new, sub, "we ird.txt"
+  EXPECT_EQ(by_name["a.txt"]["type"], "file");
+  EXPECT_EQ(by_name["a.txt"]["size"], 5);
+  EXPECT_EQ(by_name["a.txt"]["path"], "/home/user/proj/a.txt");
+  EXPECT_EQ(by_name["sub"]["type"], "dir");
+  EXPECT_EQ(by_name["we ird.txt"]["size"], 8);
+  EXPECT_EQ(f["deep"], 5) << "sub is empty, so depth 2 adds nothing";
+  EXPECT_EQ(f["info"]["size"], 5);
+  EXPECT_EQ(f["info"]["owner"], "user");
+  EXPECT_EQ(f["info"]["permissions"], "-rw-r--r--");
+  EXPECT_EQ(f["read"], "hello");
+  EXPECT_NE(f["read_missing"].value("error", "").find("NotFound"), std::string::npos) << f.dump();
+  EXPECT_NE(f["read_root_only"].value("error", "").find("ermission denied"), std::string::npos)
+      << f.dump();
+  EXPECT_NE(f["list_file"].value("error", "").find("not a directory"), std::string::npos)
+      << f.dump();
+  EXPECT_EQ(f["renamed"], "/home/user/proj/b.txt");
+  EXPECT_EQ(f["read_renamed"], "hello");
+  EXPECT_EQ(f["exists_removed"], false);
+  EXPECT_EQ(f["exists_kept"], true);
+  EXPECT_TRUE(f["write"].contains("error")) << "POST /files is not served yet: " << f.dump();
 
   // Both VMs are gone: one killed, one past its timeout.
   EXPECT_EQ(LiveVms(), 0u);

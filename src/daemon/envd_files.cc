@@ -1,0 +1,328 @@
+// envd's `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove) and `GET /files`,
+// over the Connect protocol's JSON codec (api/connect.h). Each request is one exec of the
+// guest's own tools (find, mkdir, mv, rm, cat) as the request's account, with no shell
+// between the request's paths and the tools: paths are arguments, never code.
+#include <nlohmann/json.hpp>
+
+#include "api/connect.h"
+#include "channel/frame.h"
+#include "daemon/envd.h"
+#include "daemon/http_api.h"
+
+namespace trybox::daemon {
+namespace {
+
+using api::HttpRequest;
+using api::HttpResponse;
+using api::PathParams;
+namespace connect = api::connect;
+using nlohmann::json;
+
+constexpr size_t kMaxListingBytes = size_t{16} << 20;
+constexpr int64_t kFsTimeoutMs = 60000;
+constexpr int64_t kMaxDepth = 64;
+
+// One exec's stdout and stderr, each kept up to a cap.
+struct Captured : OutputSink {
+  explicit Captured(size_t cap) : cap(cap) {}
+  void Append(uint8_t channel, std::string_view data) override {
+    std::string& s = channel == channel::kChanOut ? out : err;
+    const size_t room = cap - std::min(cap, s.size());
+    if (data.size() > room) over = true;
+    s.append(data.substr(0, room));
+  }
+  size_t cap;
+  std::string out, err;
+  bool over = false;
+};
+
+struct GuestRun {
+  int exit_code = -1;
+  std::string out, err;
+  bool over = false;
+};
+
+// Runs `argv` in the sandbox's VM as `user` ("" or "root": root) in the account's home.
+Result<GuestRun> RunAs(VmService& vms, const std::string& vm_id, const std::string& user,
+                       std::vector<std::string> argv, size_t cap) {
+  ASSIGN_OR_RETURN(auto vm, vms.Get(vm_id));
+  ExecRequest er;
+  er.vm = vm_id;
+  er.argv = std::move(argv);
+  er.cwd = "";
+  er.user = user == "root" ? "" : user;
+  er.timeout_ms = kFsTimeoutMs;
+  ExecSpec spec = vms.SpecFor(*vm, er);
+  Captured cap_sink(cap);
+  ExecIo io;
+  io.sink = &cap_sink;
+  ASSIGN_OR_RETURN(ExecResult r, vms.Exec(*vm, spec, io));
+  if (r.outcome != ExecOutcome::kExited || !r.exit_code) {
+    return Unavailable(
+        "the guest could not carry out the request: " + std::string(ExecOutcomeName(r.outcome)) +
+        (r.message.empty() ? "" : ": " + r.message));
+  }
+  return GuestRun{*r.exit_code, std::move(cap_sink.out), std::move(cap_sink.err), cap_sink.over};
+}
+
+// A failed tool's stderr as the status envd would give: not_found, permission_denied, ...
+Status ToolError(const GuestRun& r, const std::string& path) {
+  std::string why = r.err;
+  while (!why.empty() && (why.back() == '\n' || why.back() == '\r')) why.pop_back();
+  if (why.empty()) why = "exit status " + std::to_string(r.exit_code);
+  if (why.find("No such file or directory") != std::string::npos) {
+    return NotFound("path " + path + " not found");
+  }
+  if (why.find("Permission denied") != std::string::npos) {
+    return Status(Code::kPermissionDenied, "permission denied: " + path);
+  }
+  if (why.find("Not a directory") != std::string::npos) {
+    return InvalidArgument("a part of " + path + " is not a directory");
+  }
+  if (why.find("Is a directory") != std::string::npos) {
+    return InvalidArgument(path + " is a directory");
+  }
+  if (why.find("File exists") != std::string::npos) {
+    return Status(Code::kAlreadyExists, path + " exists");
+  }
+  return FailedPrecondition(why);
+}
+
+// find's record: type, size, mode, symbolic permissions, owner, group, mtime, path, name,
+// link target, each NUL-terminated so that no file name can break a record.
+constexpr const char* kEntryFormat = "%y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%p\\0%f\\0%l\\0";
+constexpr size_t kEntryFields = 10;
+
+// `path` made absolute against the account's home ($PWD of the exec), by the guest.
+// Arguments of a fixed script: no path is ever shell text.
+std::vector<std::string> Script(const std::string& body, std::vector<std::string> args) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", body, "sh"};
+  for (auto& a : args) argv.push_back(std::move(a));
+  return argv;
+}
+
+Result<std::vector<json>> ParseEntries(const std::string& out) {
+  std::vector<std::string> f;
+  size_t pos = 0;
+  while (pos < out.size()) {
+    const size_t nul = out.find('\0', pos);
+    if (nul == std::string::npos) return Internal("the guest's listing ends mid-record");
+    f.push_back(out.substr(pos, nul - pos));
+    pos = nul + 1;
+  }
+  if (f.size() % kEntryFields != 0) return Internal("the guest's listing has a partial record");
+  std::vector<json> entries;
+  for (size_t i = 0; i < f.size(); i += kEntryFields) {
+    const std::string& t = f[i];
+    const char* type = t == "f"   ? "FILE_TYPE_FILE"
+                       : t == "d" ? "FILE_TYPE_DIRECTORY"
+                       : t == "l" ? "FILE_TYPE_SYMLINK"
+                                  : "FILE_TYPE_UNSPECIFIED";
+    int64_t mode = 0;
+    for (char c : f[i + 2]) mode = mode * 8 + (c >= '0' && c <= '7' ? c - '0' : 0);
+    const double mtime = std::atof(f[i + 6].c_str());
+    const auto tp = WallClock::time_point(
+        std::chrono::duration_cast<WallClock::duration>(std::chrono::duration<double>(mtime)));
+    json e = {{"name", f[i + 8]},
+              {"type", type},
+              {"path", f[i + 7]},
+              {"size", std::atoll(f[i + 1].c_str())},
+              {"mode", mode},
+              {"permissions", f[i + 3]},
+              {"owner", f[i + 4]},
+              {"group", f[i + 5]},
+              {"modifiedTime", Rfc3339(tp)}};
+    if (t == "l") e["symlinkTarget"] = f[i + 9];
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+Result<std::string> StringField(const json& m, const char* name) {
+  auto it = m.find(name);
+  if (it == m.end() || !it->is_string() || it->get_ref<const std::string&>().empty()) {
+    return InvalidArgument(std::string(name) + " must be a non-empty string");
+  }
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.find('\0') != std::string::npos) return InvalidArgument(std::string(name) + " has a NUL");
+  return s;
+}
+
+// The shell prefix that makes $1 (and $2) absolute against the home.
+constexpr const char* kAbs =
+    "abs() { case $1 in /*) printf %s \"$1\" ;; *) printf %s/%s \"$PWD\" \"$1\" ;; esac; }; ";
+
+// Runs a script whose stdout is exactly one entry record (the entry it made or found) and
+// answers {"entry": ...}; a failure as the tool reported it about `path`.
+Result<json> OneEntry(VmService& vms, const std::string& vm, const std::string& user,
+                      const std::string& script, std::vector<std::string> args,
+                      const std::string& path) {
+  ASSIGN_OR_RETURN(
+      GuestRun r,
+      RunAs(vms, vm, user, Script(std::string(kAbs) + script, std::move(args)), kMaxListingBytes));
+  if (r.exit_code != 0) return ToolError(r, path);
+  ASSIGN_OR_RETURN(auto entries, ParseEntries(r.out));
+  if (entries.size() != 1) {
+    return Internal("the guest gave " + std::to_string(entries.size()) + " entries for " + path);
+  }
+  return json{{"entry", entries[0]}};
+}
+
+using UnaryBody =
+    std::function<Result<json>(const json& msg, const std::string& user, const std::string& vm)>;
+
+}  // namespace
+
+Result<std::string> EnvdUser(const HttpRequest& req, const std::string& fallback) {
+  const std::string auth = req.Header("authorization");
+  std::string user = fallback;
+  if (!auth.empty()) {
+    if (auth.rfind("Basic ", 0) != 0) return InvalidArgument("Authorization must be Basic USER:");
+    ASSIGN_OR_RETURN(std::string decoded, connect::FromBase64(auth.substr(6)));
+    user = decoded.substr(0, decoded.find(':'));
+    if (user.empty()) return InvalidArgument("no user in Authorization");
+  }
+  if (user.empty()) return std::string("user");
+  if (user.size() > 32) return InvalidArgument("the user name is over 32 characters");
+  for (char c : user) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) {
+      return InvalidArgument("the user is not an account name");
+    }
+  }
+  return user;
+}
+
+void AddFilesystemRoutes(api::Router& router, VmService& vms) {
+  auto unary = [&router](const char* rpc, UnaryBody body) {
+    router.Add("POST", std::string("/filesystem.Filesystem/") + rpc,
+               [body](const HttpRequest& req, const PathParams&) {
+                 auto msg = connect::ParseUnaryRequest(req.body);
+                 if (!msg.ok()) return connect::UnaryError(msg.status());
+                 auto user = EnvdUser(req);
+                 if (!user.ok()) return connect::UnaryError(user.status());
+                 auto reply = body(*msg, *user, req.sandbox);
+                 if (!reply.ok()) return connect::UnaryError(reply.status());
+                 return connect::UnaryReply(*reply);
+               });
+  };
+
+  unary("Stat",
+        [&vms](const json& m, const std::string& user, const std::string& vm) -> Result<json> {
+          ASSIGN_OR_RETURN(std::string path, StringField(m, "path"));
+          return OneEntry(
+              vms, vm, user,
+              std::string("find -H \"$(abs \"$1\")\" -maxdepth 0 -printf '") + kEntryFormat + "'",
+              {path}, path);
+        });
+
+  unary("ListDir",
+        [&vms](const json& m, const std::string& user, const std::string& vm) -> Result<json> {
+          ASSIGN_OR_RETURN(std::string path, StringField(m, "path"));
+          int64_t depth = 1;
+          if (auto d = m.find("depth"); d != m.end() && !d->is_null()) {
+            if (!d->is_number_unsigned() && !d->is_number_integer())
+              return InvalidArgument("depth must be a number");
+            depth = d->get<int64_t>();
+            if (depth == 0) depth = 1;
+            if (depth < 1 || depth > kMaxDepth)
+              return InvalidArgument("depth must be 1 to " + std::to_string(kMaxDepth));
+          }
+          // The directory itself first (depth 0), so that a file or a missing path is told apart.
+          ASSIGN_OR_RETURN(GuestRun r,
+                           RunAs(vms, vm, user,
+                                 Script(std::string(kAbs) +
+                                            "find -H \"$(abs \"$1\")\" -maxdepth \"$2\" -printf '" +
+                                            kEntryFormat + "'",
+                                        {path, std::to_string(depth)}),
+                                 kMaxListingBytes));
+          if (r.over)
+            return Status(Code::kResourceExhausted, "the listing of " + path + " is over 16 MiB");
+          if (r.exit_code != 0 && r.out.empty()) return ToolError(r, path);
+          ASSIGN_OR_RETURN(auto entries, ParseEntries(r.out));
+          if (entries.empty()) return NotFound("path " + path + " not found");
+          if (entries[0]["type"] != "FILE_TYPE_DIRECTORY")
+            return InvalidArgument("path " + path + " is not a directory");
+          json list = json::array();
+          for (size_t i = 1; i < entries.size(); ++i) list.push_back(std::move(entries[i]));
+          return json{{"entries", list}};
+        });
+
+  unary("MakeDir",
+        [&vms](const json& m, const std::string& user, const std::string& vm) -> Result<json> {
+          ASSIGN_OR_RETURN(std::string path, StringField(m, "path"));
+          return OneEntry(
+              vms, vm, user,
+              std::string("p=$(abs \"$1\"); if [ -e \"$p\" ]; then echo \"$p: File "
+                          "exists\" >&2; exit 17; fi; mkdir -p -- \"$p\" && find \"$p\" "
+                          "-maxdepth 0 -printf '") +
+                  kEntryFormat + "'",
+              {path}, path);
+        });
+
+  unary("Move",
+        [&vms](const json& m, const std::string& user, const std::string& vm) -> Result<json> {
+          ASSIGN_OR_RETURN(std::string from, StringField(m, "source"));
+          ASSIGN_OR_RETURN(std::string to, StringField(m, "destination"));
+          return OneEntry(vms, vm, user,
+                          std::string("s=$(abs \"$1\"); d=$(abs \"$2\"); mv -T -- \"$s\" \"$d\" && "
+                                      "find \"$d\" -maxdepth 0 -printf '") +
+                              kEntryFormat + "'",
+                          {from, to}, from);
+        });
+
+  unary(
+      "Remove",
+      [&vms](const json& m, const std::string& user, const std::string& vm) -> Result<json> {
+        ASSIGN_OR_RETURN(std::string path, StringField(m, "path"));
+        ASSIGN_OR_RETURN(
+            GuestRun r,
+            RunAs(
+                vms, vm, user,
+                Script(
+                    std::string(kAbs) +
+                        "p=$(abs \"$1\"); [ -e \"$p\" ] || [ -L \"$p\" ] || "
+                        "{ echo \"$p: No such file or directory\" >&2; exit 2; }; rm -rf -- \"$p\"",
+                    {path}),
+                64 * 1024));
+        if (r.exit_code != 0) return ToolError(r, path);
+        return json::object();
+      });
+
+  // The rest of the service (watching) waits for its part of this work.
+  for (const char* rpc : {"WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher"}) {
+    router.Add("POST", std::string("/filesystem.Filesystem/") + rpc,
+               [](const HttpRequest&, const PathParams&) {
+                 return connect::UnaryError(
+                     FailedPrecondition("watching a directory is not served by trybox yet"));
+               });
+  }
+
+  router.Add("GET", "/files", [&vms](const HttpRequest& req, const PathParams&) {
+    auto path = req.query.find("path");
+    if (path == req.query.end() || path->second.empty()) {
+      return api::JsonError(400, "path is required");
+    }
+    auto name = req.query.find("username");
+    auto user = EnvdUser(req, name == req.query.end() ? "" : name->second);
+    if (!user.ok()) return api::JsonError(400, user.status().message());
+    auto r = RunAs(vms, req.sandbox, *user,
+                   Script(std::string(kAbs) + "p=$(abs \"$1\"); if [ -d \"$p\" ]; then echo \"$p: "
+                                              "Is a directory\" >&2; exit 21; fi; "
+                                              "exec cat -- \"$p\"",
+                          {path->second}),
+                   kMaxFileReadBytes);
+    if (!r.ok()) return api::JsonError(HttpStatusFor(r.status()), r.status().message());
+    if (r->exit_code != 0) {
+      Status st = ToolError(*r, path->second);
+      return api::JsonError(HttpStatusFor(st), st.message());
+    }
+    if (r->over) {
+      return api::JsonError(413, path->second + " is over " +
+                                     std::to_string(kMaxFileReadBytes >> 20) +
+                                     " MiB: copy it with `trybox cp`");
+    }
+    return HttpResponse{200, "application/octet-stream", {}, std::move(r->out)};
+  });
+}
+
+}  // namespace trybox::daemon
