@@ -28,8 +28,37 @@ std::string Lowercase(std::string s) {
 // One request's state between libmicrohttpd's calls of the access handler.
 struct Exchange {
   HttpRequest req;
-  bool answered = false;  // a response was queued before the body was read (413)
+  size_t limit = 0;                   // the body's limit for this request
+  size_t received = 0;                // body bytes so far (multipart too)
+  bool answered = false;              // a response was queued before the body was read (413)
+  MHD_PostProcessor* form = nullptr;  // multipart/form-data only
+  bool form_failed = false;
+  ~Exchange() {
+    if (form != nullptr) MHD_destroy_post_processor(form);
+  }
 };
+
+// libmicrohttpd's post processor hands over each part of a form piece by piece.
+MHD_Result FormPiece(void* cls, MHD_ValueKind, const char* key, const char* filename, const char*,
+                     const char*, const char* data, uint64_t off, size_t size) {
+  auto* ex = static_cast<Exchange*>(cls);
+  const std::string field = key ? key : "";
+  if (filename != nullptr) {
+    auto& files = ex->req.files;
+    // A new part starts at offset 0 (a part split over pieces continues the last one).
+    // libmicrohttpd may announce a part with an empty piece at offset 0 and then give its
+    // first bytes at offset 0 again: that is the same part.
+    const bool same =
+        !files.empty() && files.back().field == field && files.back().filename == filename;
+    if (!same || (off == 0 && !files.back().data.empty())) {
+      files.push_back({field, filename, ""});
+    }
+    files.back().data.append(data, size);
+  } else {
+    ex->req.form[field].append(data, size);
+  }
+  return MHD_YES;
+}
 
 std::string PeerOf(MHD_Connection* c) {
   const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -141,13 +170,22 @@ struct HttpServer::Impl {
       ex->req.peer = PeerOf(c);
       MHD_get_connection_values(c, MHD_HEADER_KIND, CollectHeader, &ex->req.headers);
       MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectInto, &ex->req.query);
+      ex->limit =
+          self->limits.body_limit ? self->limits.body_limit(ex->req) : self->limits.max_body_bytes;
       const std::string length = ex->req.Header("content-length");
       if (!length.empty()) {
         auto n = ParseBoundedInt(length, 0, INT64_MAX, "Content-Length");
-        if (n.ok() && static_cast<uint64_t>(*n) > self->limits.max_body_bytes) {
+        if (n.ok() && static_cast<uint64_t>(*n) > ex->limit) {
           ex->answered = true;
           return Queue(c, JsonError(413, "the request body is " + length + " bytes; the limit is " +
-                                             std::to_string(self->limits.max_body_bytes)));
+                                             std::to_string(ex->limit)));
+        }
+      }
+      if (ex->req.Header("content-type").rfind("multipart/form-data", 0) == 0) {
+        ex->form = MHD_create_post_processor(c, 64 * 1024, &FormPiece, ex);
+        if (ex->form == nullptr) {
+          ex->answered = true;
+          return Queue(c, JsonError(400, "a multipart/form-data body without a usable boundary"));
         }
       }
       return MHD_YES;
@@ -157,17 +195,31 @@ struct HttpServer::Impl {
         *upload_size = 0;
         return MHD_YES;
       }
-      if (ex->req.body.size() + *upload_size > self->limits.max_body_bytes) {
+      if (ex->received + *upload_size > ex->limit) {
         LogWarn("http", "closing " + ex->req.peer + ": a chunked body grew past " +
-                            std::to_string(self->limits.max_body_bytes) + " bytes");
+                            std::to_string(ex->limit) + " bytes");
         return MHD_NO;
       }
-      ex->req.body.append(upload_data, *upload_size);
+      ex->received += *upload_size;
+      if (ex->form != nullptr) {
+        if (!ex->form_failed && MHD_post_process(ex->form, upload_data, *upload_size) != MHD_YES) {
+          ex->form_failed = true;
+        }
+      } else {
+        ex->req.body.append(upload_data, *upload_size);
+      }
       *upload_size = 0;
       return MHD_YES;
     }
     if (ex->answered) return MHD_YES;
     ex->answered = true;
+    if (ex->form != nullptr) {
+      // Its end: false when the body stopped before the closing boundary.
+      if (MHD_destroy_post_processor(ex->form) != MHD_YES) ex->form_failed = true;
+      ex->form = nullptr;
+    }
+    if (ex->form_failed)
+      return Queue(c, JsonError(400, "the multipart/form-data body is malformed"));
     HttpResponse r;
     try {
       r = self->handler(ex->req);

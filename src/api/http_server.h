@@ -20,13 +20,24 @@
 
 namespace trybox::api {
 
+// One part of a multipart/form-data body that carried a file name (an upload).
+struct FormFile {
+  std::string field;     // the part's name ("file")
+  std::string filename;  // as the client sent it
+  std::string data;
+};
+
 struct HttpRequest {
   std::string method;                          // as sent: "GET", "POST"...
   std::string path;                            // decoded, without the query
   std::map<std::string, std::string> query;    // decoded; the first of a repeated name
   std::map<std::string, std::string> headers;  // names in lowercase
+  // The body as sent, except for multipart/form-data: that is parsed (by libmicrohttpd's
+  // post processor) into `files` and `form` instead, and `body` stays empty.
   std::string body;
-  std::string peer;  // "127.0.0.1:41234"
+  std::vector<FormFile> files;
+  std::map<std::string, std::string> form;  // the parts without a file name
+  std::string peer;                         // "127.0.0.1:41234"
   // Set by the layer that checked the caller: the API key's id (the sandbox's owner, for an
   // in-sandbox request), and the sandbox an in-sandbox request's access token was checked
   // against. Empty before that.
@@ -50,6 +61,9 @@ struct HttpResponse {
 
 struct HttpLimits {
   size_t max_body_bytes = size_t{1} << 20;
+  // A larger limit for some requests (uploads), chosen from the method, path and headers;
+  // unset: max_body_bytes for all.
+  std::function<size_t(const HttpRequest&)> body_limit;
   unsigned max_connections = 64;
   unsigned idle_timeout_s = 60;  // a connection that sends nothing this long is closed
 };

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "api/router.h"
 #include "util/tcp.h"
@@ -124,6 +125,73 @@ TEST_F(HttpServerTest, RequestCutInHalfIsNeverHandled) {
 TEST_F(HttpServerTest, GarbageIsRefusedByTheParser) {
   std::string resp = Exchange(server_->port(), "NOT A REQUEST AT ALL\r\n\r\n");
   EXPECT_EQ(resp.find("HTTP/1.1 2"), std::string::npos) << resp;
+  EXPECT_EQ(calls_, 0);
+}
+
+TEST_F(HttpServerTest, MultipartFormIsParsedIntoFiles) {
+  const std::string body =
+      "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a/b.txt\"\r\n"
+      "Content-Type: application/octet-stream\r\n\r\nline one\r\nline two\r\n"
+      "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"c.bin\"\r\n\r\n"
+      "\x01\x02\r\n"
+      "--XyZ\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n--XyZ--\r\n";
+  std::string resp = Exchange(server_->port(),
+                              "POST /files HTTP/1.1\r\nHost: h\r\nConnection: close\r\n"
+                              "Content-Type: multipart/form-data; boundary=XyZ\r\n"
+                              "Content-Length: " +
+                                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(resp.rfind("HTTP/1.1 201", 0), 0u) << resp;
+  ASSERT_EQ(last_.files.size(), 2u);
+  EXPECT_EQ(last_.files[0].field, "file");
+  EXPECT_EQ(last_.files[0].filename, "a/b.txt");
+  EXPECT_EQ(last_.files[0].data, "line one\r\nline two");
+  EXPECT_EQ(last_.files[1].filename, "c.bin");
+  EXPECT_EQ(last_.files[1].data, "\x01\x02");
+  EXPECT_EQ(last_.form["note"], "hello");
+  EXPECT_TRUE(last_.body.empty());
+}
+
+// As undici (node's fetch) sends a form: chunked, each part's head, its data and the CRLF
+// before the next boundary in chunks of their own.
+TEST_F(HttpServerTest, MultipartPartArrivingInPiecesIsOnePart) {
+  const std::vector<std::string> pieces = {
+      "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n"
+      "Content-Type: application/octet-stream\r\n\r\n",
+      "abc", "\r\n", "--XyZ--\r\n"};
+  auto fd = ConnectTcpLoopback(server_->port());
+  ASSERT_TRUE(fd.ok());
+  std::string wire =
+      "POST /files HTTP/1.1\r\nHost: h\r\nConnection: close\r\n"
+      "Content-Type: multipart/form-data; boundary=XyZ\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  ASSERT_EQ(::send(fd->get(), wire.data(), wire.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(wire.size()));
+  for (std::string piece : pieces) {
+    char size[16];
+    std::snprintf(size, sizeof(size), "%zx\r\n", piece.size());
+    piece = size + piece + "\r\n";
+    ASSERT_EQ(::send(fd->get(), piece.data(), piece.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(piece.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  ASSERT_EQ(::send(fd->get(), "0\r\n\r\n", 5, MSG_NOSIGNAL), 5);
+  char buf[4096];
+  while (::recv(fd->get(), buf, sizeof(buf), 0) > 0) {
+  }
+  ASSERT_EQ(last_.files.size(), 1u);
+  EXPECT_EQ(last_.files[0].data, "abc");
+}
+
+TEST_F(HttpServerTest, MultipartCutBeforeItsEndIsRefused) {
+  const std::string body =
+      "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n"
+      "no closing boundary";
+  std::string resp = Exchange(server_->port(),
+                              "POST /files HTTP/1.1\r\nHost: h\r\nConnection: close\r\n"
+                              "Content-Type: multipart/form-data; boundary=XyZ\r\n"
+                              "Content-Length: " +
+                                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(resp.rfind("HTTP/1.1 400", 0), 0u) << resp;
   EXPECT_EQ(calls_, 0);
 }
 

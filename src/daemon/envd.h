@@ -11,8 +11,10 @@
 
 namespace trybox::daemon {
 
-// The most `GET /files` returns; larger files are refused (use `trybox cp`).
+// The most `GET /files` returns and `POST /files` takes; larger files are refused (use
+// `trybox cp`).
 inline constexpr size_t kMaxFileReadBytes = size_t{64} << 20;
+inline constexpr size_t kMaxFileWriteBytes = size_t{64} << 20;
 
 void AddFilesystemRoutes(api::Router& router, VmService& vms);
 

@@ -7,7 +7,9 @@
 #include "api/connect.h"
 #include "channel/frame.h"
 #include "daemon/envd.h"
+#include "daemon/guest_ops.h"
 #include "daemon/http_api.h"
+#include "util/names.h"
 
 namespace trybox::daemon {
 namespace {
@@ -168,6 +170,43 @@ Result<json> OneEntry(VmService& vms, const std::string& vm, const std::string& 
   return json{{"entry", entries[0]}};
 }
 
+// Writes `data` to `path` as `user`: the bytes go to a root-only temporary file (the
+// guest's put, which is root's), that file is given to the account, and the account copies
+// it into place, so that the account's permissions decide where it may write and the file
+// is its own. The entry written, as envd's /files answers it.
+Result<json> WriteAs(VmService& vms, const std::string& vm_id, const std::string& user,
+                     const std::string& path, std::string_view data) {
+  ASSIGN_OR_RETURN(auto vm, vms.Get(vm_id));
+  const std::string tmp = "/tmp/.trybox-upload-" + RandomHex(8);
+  RETURN_IF_ERROR(WriteFile(*vm, tmp, data, 0600, /*mkdirs=*/false));
+  auto drop_tmp = [&] { (void)RunAs(vms, vm_id, "root", {"rm", "-f", "--", tmp}, 4096); };
+  if (user != "root") {
+    auto given = RunAs(vms, vm_id, "root", {"chown", "--", user + ":", tmp}, 4096);
+    if (!given.ok() || given->exit_code != 0) {
+      drop_tmp();
+      if (!given.ok()) return given.status();
+      return InvalidArgument("no account " + user + " in the sandbox");
+    }
+  }
+  auto r =
+      RunAs(vms, vm_id, user,
+            Script(std::string(kAbs) +
+                       "p=$(abs \"$2\"); mkdir -p -- \"$(dirname -- \"$p\")\" && cat -- \"$1\" > "
+                       "\"$p\"; s=$?; rm -f -- \"$1\"; [ $s -eq 0 ] && find \"$p\" -maxdepth 0 "
+                       "-printf '" +
+                       kEntryFormat + "'",
+                   {tmp, path}),
+            kMaxListingBytes);
+  if (!r.ok() || r->exit_code != 0) {
+    drop_tmp();  // the account may have failed before removing it
+    if (!r.ok()) return r.status();
+    return ToolError(*r, path);
+  }
+  ASSIGN_OR_RETURN(auto entries, ParseEntries(r->out));
+  if (entries.size() != 1) return Internal("the guest gave no entry for " + path);
+  return json{{"name", entries[0]["name"]}, {"type", "file"}, {"path", entries[0]["path"]}};
+}
+
 using UnaryBody =
     std::function<Result<json>(const json& msg, const std::string& user, const std::string& vm)>;
 
@@ -296,6 +335,45 @@ void AddFilesystemRoutes(api::Router& router, VmService& vms) {
                      FailedPrecondition("watching a directory is not served by trybox yet"));
                });
   }
+
+  router.Add("POST", "/files", [&vms](const HttpRequest& req, const PathParams&) {
+    auto name = req.query.find("username");
+    auto user = EnvdUser(req, name == req.query.end() ? "" : name->second);
+    if (!user.ok()) return api::JsonError(400, user.status().message());
+    if (!req.Header("content-encoding").empty()) {
+      return api::JsonError(400, "Content-Encoding " + req.Header("content-encoding") +
+                                     " is not accepted: send the bytes as they are");
+    }
+    const auto path = req.query.find("path");
+    const std::string given = path == req.query.end() ? "" : path->second;
+    std::vector<std::pair<std::string, std::string_view>> uploads;
+    const std::string type = req.Header("content-type");
+    if (type.rfind("multipart/form-data", 0) == 0) {
+      for (const api::FormFile& f : req.files) {
+        const std::string target = given.empty() ? f.filename : given;
+        if (target.empty()) return api::JsonError(400, "a file part has no path");
+        uploads.emplace_back(target, f.data);
+      }
+      if (uploads.empty()) return api::JsonError(400, "the form holds no file");
+    } else if (type.rfind("application/octet-stream", 0) == 0) {
+      if (given.empty()) return api::JsonError(400, "path is required");
+      uploads.emplace_back(given, req.body);
+    } else {
+      return api::JsonError(400,
+                            "Content-Type must be multipart/form-data or application/octet-stream");
+    }
+    json written = json::array();
+    for (const auto& [target, data] : uploads) {
+      auto e = WriteAs(vms, req.sandbox, *user, target, data);
+      if (!e.ok()) {
+        const Status& st = e.status();
+        const int code = st.code() == Code::kResourceExhausted ? 507 : HttpStatusFor(st);
+        return api::JsonError(code, st.message());
+      }
+      written.push_back(*e);
+    }
+    return api::JsonReply(200, written.dump(-1, ' ', false, json::error_handler_t::replace));
+  });
 
   router.Add("GET", "/files", [&vms](const HttpRequest& req, const PathParams&) {
     auto path = req.query.find("path");

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "api/connect.h"
+#include "daemon/envd.h"
 #include "util/log.h"
 
 namespace trybox::daemon {

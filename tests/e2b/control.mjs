@@ -126,7 +126,19 @@ fs.read_renamed = await sbx.files.read('proj/b.txt')
 await sbx.files.remove('proj/sub')
 fs.exists_removed = await sbx.files.exists('proj/sub')
 fs.exists_kept = await sbx.files.exists('proj/b.txt')
-fs.write = await err(() => sbx.files.write('proj/w.txt', 'data'))
+const w = await sbx.files.write('proj/deep/w.txt', 'written\n')
+fs.write = { name: w.name, path: w.path, type: w.type }
+fs.read_written = await sbx.files.read('proj/deep/w.txt')
+fs.written_owner = (await sbx.commands.run('stat -c %U proj/deep/w.txt proj/deep')).stdout
+const many = await sbx.files.write([
+  { path: '/home/user/m1.txt', data: 'one' },
+  { path: 'm2.bin', data: new Uint8Array([0, 1, 2, 255]) },
+])
+fs.write_many = many.map((e) => e.path)
+fs.read_m2 = Array.from(await sbx.files.read('m2.bin', { format: 'bytes' }))
+fs.write_root_only = await err(() => sbx.files.write('/root/nope.txt', 'x'))
+fs.write_as_root = (await sbx.files.write('/root/yes.txt', 'x', { user: 'root' })).path
+fs.tmp_left = (await sbx.commands.run('ls -a /tmp | grep -c trybox-upload || true', { user: 'root' })).stdout
 out.files = fs
 
 // A short timeout, then the sandbox goes by itself.

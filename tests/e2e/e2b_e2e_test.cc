@@ -181,7 +181,16 @@ TEST_F(E2bE2E, OfficialSdkCreatesListsKillsAndTimesOutSandboxes) {
   EXPECT_EQ(f["read_renamed"], "hello");
   EXPECT_EQ(f["exists_removed"], false);
   EXPECT_EQ(f["exists_kept"], true);
-  EXPECT_TRUE(f["write"].contains("error")) << "POST /files is not served yet: " << f.dump();
+  EXPECT_EQ(f["write"]["path"], "/home/user/proj/deep/w.txt") << f.dump();
+  EXPECT_EQ(f["write"]["name"], "w.txt");
+  EXPECT_EQ(f["read_written"], "written\n");
+  EXPECT_EQ(f["written_owner"], "user\nuser\n") << "the file and the directory made for it";
+  EXPECT_EQ(f["write_many"], Json::array({"/home/user/m1.txt", "/home/user/m2.bin"}));
+  EXPECT_EQ(f["read_m2"], Json::array({0, 1, 2, 255}));
+  EXPECT_NE(f["write_root_only"].value("error", "").find("ermission denied"), std::string::npos)
+      << f.dump();
+  EXPECT_EQ(f["write_as_root"], "/root/yes.txt");
+  EXPECT_EQ(f["tmp_left"], "0\n") << "an upload's temporary file was left in /tmp";
 
   // Both VMs are gone: one killed, one past its timeout.
   EXPECT_EQ(LiveVms(), 0u);
