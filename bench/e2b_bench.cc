@@ -1,8 +1,10 @@
-// The HTTP API's cost (docs/protocol/e2b.md): a sandbox create through the E2B SDK against
-// `trybox create`, and the same create as a raw HTTP request against the socket's verb, all
-// against one private tryboxd, in alternated rounds. Prints figures; asserts nothing.
+// The HTTP API's cost (docs/protocol/e2b.md), against one private tryboxd, in alternated
+// rounds: a sandbox create through the E2B SDK against `trybox create` and the same create
+// as a raw HTTP request against the socket's verb; `commands.run('true')` through the SDK
+// against `trybox exec` and the exec verb on the same VM; a file written and read through
+// the SDK's /files against `trybox cp` both ways. Prints figures; asserts nothing.
 //
-// Usage: e2b_bench [--rounds R] [--per-round K] [--figures FILE]
+// Usage: e2b_bench [--rounds R] [--per-round K] [--mib M] [--figures FILE]
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -53,7 +55,7 @@ void Print(const char* what, const std::vector<double>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 3, per_round = 5;
+  int rounds = 3, per_round = 5, mib = 8;
   std::string figures_path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -61,10 +63,13 @@ int main(int argc, char** argv) {
       rounds = std::atoi(argv[++i]);
     } else if (a == "--per-round" && i + 1 < argc) {
       per_round = std::atoi(argv[++i]);
+    } else if (a == "--mib" && i + 1 < argc) {
+      mib = std::atoi(argv[++i]);
     } else if (a == "--figures" && i + 1 < argc) {
       figures_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: e2b_bench [--rounds R] [--per-round K] [--figures FILE]\n");
+      std::fprintf(stderr,
+                   "usage: e2b_bench [--rounds R] [--per-round K] [--mib M] [--figures FILE]\n");
       return 2;
     }
   }
@@ -122,13 +127,59 @@ int main(int argc, char** argv) {
     }
     // The SDK's creates, timed inside node (its start-up is not a create's).
     auto s = trybox::e2e::RunProgram(
-        {trybox::FindInPath("node").value_or("node"), script, std::to_string(per_round)}, env);
+        {trybox::FindInPath("node").value_or("node"), script, "create", std::to_string(per_round)},
+        env);
     Json j = Json::parse(s.out, nullptr, false);
     if (s.code != 0 || !j.is_object()) Die("bench.mjs", trybox::Internal(s.err));
     for (double ms : j["create_ms"]) sdk.push_back(ms);
     for (double ms : j["kill_ms"]) sdk_kill.push_back(ms);
     (void)(*h)->WaitForSparePoolIdle();
   }
+
+  // Commands and files, all in one sandbox made through the API.
+  auto [cs, made] =
+      Http(port, "POST", "/sandboxes", key, R"({"templateID":"debian-12","timeout":3600})");
+  if (cs != 201) Die("POST /sandboxes", trybox::Internal(made.dump()));
+  const std::string id = made["sandboxID"];
+  const std::string local = (*h)->home() + "/bench.bin";
+  {
+    std::string data(static_cast<size_t>(mib) << 20, '\0');
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) & 255);
+    if (auto st = trybox::WriteFileAtomic(local, data, 0600); !st.ok()) Die("write", st);
+  }
+  std::vector<double> run_cli, run_verb, run_sdk, put_mbs, get_mbs, write_mbs, read_mbs;
+  const double mb = static_cast<double>(static_cast<size_t>(mib) << 20) / 1e6;
+  for (int r = 0; r < rounds; ++r) {
+    for (int i = 0; i < per_round; ++i) {
+      auto t = Clock::now();
+      auto c = (*h)->Cli({"exec", id, "--", "true"});
+      run_cli.push_back(Ms(t, Clock::now()));
+      if (c.code != 0) Die("trybox exec", trybox::Internal(c.err));
+      t = Clock::now();
+      auto v = (*h)->Call({{"verb", "exec"}, {"vm", id}, {"argv", {"true"}}});
+      run_verb.push_back(Ms(t, Clock::now()));
+      if (!v.ok()) Die("exec verb", v.status());
+    }
+    auto t = Clock::now();
+    auto put = (*h)->Cli({"cp", local, id + ":/tmp/cp.bin"});
+    put_mbs.push_back(mb / (Ms(t, Clock::now()) / 1000));
+    if (put.code != 0) Die("trybox cp in", trybox::Internal(put.err));
+    t = Clock::now();
+    auto get = (*h)->Cli({"cp", id + ":/tmp/cp.bin", local + ".back"});
+    get_mbs.push_back(mb / (Ms(t, Clock::now()) / 1000));
+    if (get.code != 0) Die("trybox cp out", trybox::Internal(get.err));
+    ::unlink((local + ".back").c_str());
+
+    auto s = trybox::e2e::RunProgram({trybox::FindInPath("node").value_or("node"), script, "exec",
+                                      id, std::to_string(per_round), std::to_string(mib)},
+                                     env);
+    Json j = Json::parse(s.out, nullptr, false);
+    if (s.code != 0 || !j.is_object()) Die("bench.mjs exec", trybox::Internal(s.err));
+    for (double ms : j["run_ms"]) run_sdk.push_back(ms);
+    write_mbs.push_back(mb / (j["write_ms"].get<double>() / 1000));
+    read_mbs.push_back(mb / (j["read_ms"].get<double>() / 1000));
+  }
+  (void)Http(port, "DELETE", "/sandboxes/" + id, key, "");
 
   std::printf("sandbox create, %d rounds of %d, TCG, spares on (each create takes a spare)\n",
               rounds, per_round);
@@ -139,11 +190,26 @@ int main(int argc, char** argv) {
   Print("E2B SDK Sandbox.kill", sdk_kill);
   std::printf("ratios (p50): SDK/CLI %.2fx, raw HTTP/socket verb %.2fx\n",
               Pct(sdk, 50) / Pct(cli, 50), Pct(http, 50) / Pct(verb, 50));
+  std::printf("`true` in one VM, %d rounds of %d\n", rounds, per_round);
+  Print("`trybox exec` (CLI process)", run_cli);
+  Print("exec verb (socket, in process)", run_verb);
+  Print("E2B SDK commands.run('true')", run_sdk);
+  std::printf("ratios (p50): SDK/exec verb %.2fx, SDK/CLI %.2fx\n",
+              Pct(run_sdk, 50) / Pct(run_verb, 50), Pct(run_sdk, 50) / Pct(run_cli, 50));
+  std::printf("a %d MiB file, %d rounds (MB/s, median)\n", mib, rounds);
+  std::printf("  `trybox cp` in %.1f, out %.1f; SDK files.write %.1f, files.read %.1f\n",
+              Pct(put_mbs, 50), Pct(get_mbs, 50), Pct(write_mbs, 50), Pct(read_mbs, 50));
   trybox::bench::FiguresFile figures(figures_path);
   figures.Lower("e2b.sdk_create_p50_ms", Pct(sdk, 50), "ms", "E2B SDK Sandbox.create p50");
   figures.Lower("e2b.sdk_create_p99_ms", Pct(sdk, 99), "ms", "E2B SDK Sandbox.create p99");
   figures.Lower("e2b.http_over_verb_create_ratio", Pct(http, 50) / Pct(verb, 50), "x",
                 "POST /sandboxes p50 over the create verb's");
+  figures.Lower("e2b.sdk_run_true_p50_ms", Pct(run_sdk, 50), "ms",
+                "E2B SDK commands.run('true') p50");
+  figures.Lower("e2b.sdk_over_verb_exec_ratio", Pct(run_sdk, 50) / Pct(run_verb, 50), "x",
+                "commands.run('true') p50 over the exec verb's");
+  figures.Higher("e2b.files_write_mbs", Pct(write_mbs, 50), "MB/s", "SDK files.write");
+  figures.Higher("e2b.files_read_mbs", Pct(read_mbs, 50), "MB/s", "SDK files.read");
   (void)figures.Write();
   return 0;
 }

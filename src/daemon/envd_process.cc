@@ -6,6 +6,8 @@
 // and `kill` see the same process. Its "pid" is the exec id.
 #include <openssl/crypto.h>
 
+#include <algorithm>
+#include <atomic>
 #include <nlohmann/json.hpp>
 
 #include "api/connect.h"
@@ -92,14 +94,21 @@ json EndEventOf(const store::ExecRecord& rec) {
   return end;
 }
 
-// Streams one exec's output as envd's ProcessEvents: `start` (already sent by the caller
-// when `start_pid` is 0), `data` from the log from the given offsets, `keepalive` after
-// each quiet interval, and `end` with the outcome, then the end of the stream.
+// How long a quiet stream waits at a time before it looks at `stop`: it bounds how long a
+// server that is stopping waits for a stream whose command prints nothing. Output is
+// streamed as it arrives whatever this is.
+constexpr auto kStopCheck = std::chrono::seconds(1);
+
+// Streams one exec's output as envd's ProcessEvents: `start`, `data` from the log from the
+// given offsets, `keepalive` after each quiet interval, and `end` with the outcome, then the
+// end of the stream; or, once `stop` is set (the server is stopping), an end of the stream
+// with `unavailable`, which the client sees only if its connection is still open (the
+// process runs on: `trybox logs` has its output).
 class ProcessStream {
  public:
   ProcessStream(VmService& vms, int64_t pid, std::shared_ptr<ExecLog> log, int64_t out_offset,
-                int64_t err_offset, std::chrono::seconds keepalive)
-      : vms_(vms), pid_(pid), log_(std::move(log)), keepalive_(keepalive) {
+                int64_t err_offset, std::chrono::seconds keepalive, const std::atomic<bool>& stop)
+      : vms_(vms), pid_(pid), log_(std::move(log)), keepalive_(keepalive), stop_(stop) {
     offset_[ExecLog::kStdout] = out_offset;
     offset_[ExecLog::kStderr] = err_offset;
   }
@@ -142,11 +151,21 @@ class ProcessStream {
                connect::EndStream(Status::Ok());
         return true;
       }
-      if (!log_->WaitAnyUntil(offset_[ExecLog::kStdout], offset_[ExecLog::kStderr],
-                              std::chrono::steady_clock::now() + keepalive_)) {
+      if (stop_) {
+        done_ = true;
+        *out = connect::EndStream(Unavailable("the HTTP API is stopping; process " +
+                                              std::to_string(pid_) + " runs on (trybox logs " +
+                                              std::to_string(pid_) + " has its output)"));
+        return true;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= keepalive_due_) {
+        keepalive_due_ = now + keepalive_;
         *out = connect::Envelope({{"event", {{"keepalive", json::object()}}}});
         return true;
       }
+      (void)log_->WaitAnyUntil(offset_[ExecLog::kStdout], offset_[ExecLog::kStderr],
+                               std::min(keepalive_due_, now + kStopCheck));
     }
   }
 
@@ -155,6 +174,9 @@ class ProcessStream {
   const int64_t pid_;
   std::shared_ptr<ExecLog> log_;
   const std::chrono::seconds keepalive_;
+  const std::atomic<bool>& stop_;
+  std::chrono::steady_clock::time_point keepalive_due_ =
+      std::chrono::steady_clock::now() + keepalive_;
   int64_t offset_[2] = {0, 0};
   bool broken_[2] = {false, false};
   bool started_ = false;
@@ -259,8 +281,8 @@ void HttpApi::AddEnvdRoutes() {
         }
         auto log = vms_.OpenExecLog(started->exec_id);
         if (!log.ok()) return StreamError(log.status());
-        auto s =
-            std::make_shared<ProcessStream>(vms_, started->exec_id, *log, 0, 0, KeepaliveOf(req));
+        auto s = std::make_shared<ProcessStream>(vms_, started->exec_id, *log, 0, 0,
+                                                 KeepaliveOf(req), streams_stop_);
         return StreamOf([s](std::string* out) { return s->Next(out); });
       });
 
@@ -279,7 +301,8 @@ void HttpApi::AddEnvdRoutes() {
         if (!log.ok()) return StreamError(log.status());
         // From now on, as envd's Connect: what was printed before is in `trybox logs`.
         auto s = std::make_shared<ProcessStream>(vms_, *pid, *log, (*log)->total(ExecLog::kStdout),
-                                                 (*log)->total(ExecLog::kStderr), KeepaliveOf(req));
+                                                 (*log)->total(ExecLog::kStderr), KeepaliveOf(req),
+                                                 streams_stop_);
         return StreamOf([s](std::string* out) { return s->Next(out); });
       });
 

@@ -79,7 +79,9 @@ bool HttpApi::StopServing() {
   }
   if (!server) return false;
   const std::string url = server->url();
-  server.reset();  // waits for the requests in flight, outside the lock they may need
+  streams_stop_ = true;  // open streams end: the server's stop waits for them
+  server.reset();        // waits for the requests in flight, outside the lock they may need
+  streams_stop_ = false;
   LogInfo("http", "stopped serving on " + url);
   return true;
 }

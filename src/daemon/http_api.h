@@ -10,6 +10,7 @@
 // Thread-safe. Lock order: mu_ before nothing else (the book and key ring have their own).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,6 +82,8 @@ class HttpApi {
   api::Router envd_router_;  // the in-sandbox API (X-Access-Token)
   SandboxBook book_;
 
+  // Set while the server stops: open process streams end within a second (envd_process.cc).
+  std::atomic<bool> streams_stop_{false};
   Mutex mu_;
   CondVar reaper_cv_;
   bool stopping_ GUARDED_BY(mu_) = false;

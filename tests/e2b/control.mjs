@@ -65,6 +65,18 @@ cmd.stream_gaps_ms = lines.slice(1).map(([t], i) => t - lines[i][0])
 cmd.stdout = r.stdout
 cmd.stderr = r.stderr
 cmd.exit = r.exitCode
+// Live output, deterministically: the command waits for a file that is made only once its
+// first line has reached the callback; were output held until the end, it would give up
+// after 60 s and never print go-seen.
+let sawReady
+const ready = new Promise((resolve) => (sawReady = resolve))
+const live = await sbx.commands.run(
+  'echo ready; for i in $(seq 600); do [ -e /tmp/go ] && break; sleep 0.1; done; [ -e /tmp/go ] && echo go-seen',
+  { background: true, onStdout: (d) => d.includes('ready') && sawReady() }
+)
+await Promise.race([ready, new Promise((r) => setTimeout(r, 90_000).unref())])
+await sbx.commands.run('touch /tmp/go')
+cmd.live = (await live.wait()).stdout
 try {
   await sbx.commands.run('echo partial; exit 3')
   cmd.failing = 'no error'
