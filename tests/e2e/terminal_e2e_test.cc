@@ -216,6 +216,14 @@ TEST_F(TerminalE2E, ShellEditsLinesFollowsTheWindowTakesCtrlCAndCtrlZAndReturnsT
   tmux.Type("kill -9 %1");
   tmux.Keys({"Enter"});
   ASSERT_TRUE(Eventually([] { return Sh("pgrep -fx 'sleep 200'").code != 0; }));
+  // The process is gone, but bash updates its job table only when it reaps the child and
+  // says so at a prompt; an `exit` typed before that is refused ("There are stopped
+  // jobs"), which a loaded host once showed. Empty lines until bash reports the job killed.
+  ASSERT_TRUE(Eventually([&] {
+    tmux.Keys({"Enter"});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return tmux.Screen().find("Killed") != std::string::npos;
+  })) << tmux.Screen();
 
   tmux.Type("exit 3");
   tmux.Keys({"Enter"});
