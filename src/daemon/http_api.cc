@@ -58,8 +58,13 @@ Result<std::string> HttpApi::Serve(const api::ListenAddress& where) {
     return FailedPrecondition("already serving on " + server_->url() +
                               "; stop it first (trybox serve --stop)");
   }
+  api::HttpLimits limits = settings_.limits;
+  // Uploads to a sandbox may be larger than any other request.
+  limits.body_limit = [max = limits.max_body_bytes](const api::HttpRequest& r) {
+    return r.method == "POST" && r.path == "/files" ? kMaxFileWriteBytes : max;
+  };
   ASSIGN_OR_RETURN(server_,
-                   api::HttpServer::Start(where, settings_.limits,
+                   api::HttpServer::Start(where, limits,
                                           [this](const api::HttpRequest& r) { return Handle(r); }));
   LogInfo("http", "serving on " + server_->url());
   return server_->url();

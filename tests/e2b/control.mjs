@@ -148,6 +148,12 @@ const many = await sbx.files.write([
 ])
 fs.write_many = many.map((e) => e.path)
 fs.read_m2 = Array.from(await sbx.files.read('m2.bin', { format: 'bytes' }))
+// Past the 1 MiB limit of other requests: uploads have their own (64 MiB).
+const big = new Uint8Array(3 << 20)
+for (let i = 0; i < big.length; i++) big[i] = (i * 31 + (i >> 13)) & 255
+await sbx.files.write('big.bin', big)
+const bigBack = await sbx.files.read('big.bin', { format: 'bytes' })
+fs.big_ok = bigBack.length === big.length && bigBack.every((b, i) => b === big[i])
 fs.write_root_only = await err(() => sbx.files.write('/root/nope.txt', 'x'))
 fs.write_as_root = (await sbx.files.write('/root/yes.txt', 'x', { user: 'root' })).path
 fs.tmp_left = (await sbx.commands.run('ls -a /tmp | grep -c trybox-upload || true', { user: 'root' })).stdout

@@ -191,6 +191,7 @@ TEST_F(E2bE2E, OfficialSdkCreatesListsKillsAndTimesOutSandboxes) {
   EXPECT_NE(f["write_root_only"].value("error", "").find("ermission denied"), std::string::npos)
       << f.dump();
   EXPECT_EQ(f["write_as_root"], "/root/yes.txt");
+  EXPECT_EQ(f["big_ok"], true) << "a 3 MiB file did not come back byte for byte";
   EXPECT_EQ(f["tmp_left"], "0\n") << "an upload's temporary file was left in /tmp";
 
   // Both VMs are gone: one killed, one past its timeout.
