@@ -1,8 +1,7 @@
 #include "api/connect.h"
 
-#include <openssl/evp.h>
-
 #include "util/numbers.h"
+#include "util/utf8.h"
 
 namespace trybox::api::connect {
 
@@ -128,33 +127,17 @@ Result<int64_t> TimeoutMs(const HttpRequest& req) {
   return ParseBoundedInt(t, 0, 9999999999, "Connect-Timeout-Ms");
 }
 
-std::string Base64(std::string_view data) {
-  std::string out(4 * ((data.size() + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(data.data()),
-                                static_cast<int>(data.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
+std::string Base64(std::string_view data) { return Base64Encode(data); }
 
 Result<std::string> FromBase64(std::string_view text) {
-  // Protobuf's JSON accepts both alphabets, padded or not.
+  // Protobuf's JSON accepts both alphabets, padded or not: made standard, then decoded.
   std::string s(text);
   for (char& c : s) {
     if (c == '-') c = '+';
     if (c == '_') c = '/';
   }
   while (s.size() % 4 != 0) s += '=';
-  std::string out(3 * (s.size() / 4), '\0');
-  const int n =
-      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
-  if (n < 0) return InvalidArgument("not base64");
-  size_t pad = 0;
-  if (!s.empty() && s.back() == '=') ++pad;
-  if (s.size() > 1 && s[s.size() - 2] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
+  return Base64Decode(s);
 }
 
 }  // namespace trybox::api::connect
