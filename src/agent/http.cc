@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "util/ascii.h"
+
 namespace trybox::agent {
 namespace {
 
@@ -52,9 +54,7 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
   }
   size_t colon = line.find(':');
   if (colon == std::string::npos) return line.size();
-  std::string name = line.substr(0, colon);
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::string name = AsciiLower(line.substr(0, colon));
   sink->resp->headers[name] = Trim(line.substr(colon + 1));
   return line.size();
 }

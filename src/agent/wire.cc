@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "util/ascii.h"
+
 namespace trybox::agent {
 
 const Json* Member(const Json& j, const char* name) {
@@ -27,9 +29,7 @@ std::string Printable(std::string_view s, size_t max) {
 }
 
 bool MentionsContextOverflow(std::string_view text) {
-  std::string t(text);
-  std::transform(t.begin(), t.end(), t.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string t = AsciiLower(text);
   auto has = [&t](const char* s) { return t.find(s) != std::string::npos; };
   // Anthropic: "prompt is too long: 210000 tokens > 200000 maximum". OpenAI:
   // "context_length_exceeded" / "This model's maximum context length is ...". llama.cpp:

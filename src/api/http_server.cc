@@ -13,17 +13,13 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "util/ascii.h"
 #include "util/fd.h"
 #include "util/log.h"
 #include "util/numbers.h"
 
 namespace trybox::api {
 namespace {
-
-std::string Lowercase(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 // One request's state between libmicrohttpd's calls of the access handler.
 struct Exchange {
@@ -86,7 +82,7 @@ MHD_Result CollectInto(void* cls, MHD_ValueKind, const char* key, const char* va
 
 MHD_Result CollectHeader(void* cls, MHD_ValueKind, const char* key, const char* value) {
   auto* out = static_cast<std::map<std::string, std::string>*>(cls);
-  if (key != nullptr) out->emplace(Lowercase(key), value ? value : "");
+  if (key != nullptr) out->emplace(AsciiLower(key), value ? value : "");
   return MHD_YES;
 }
 

@@ -27,13 +27,6 @@ std::string DaemonBinary() {
   return FindInPath("tryboxd").value_or("tryboxd");
 }
 
-Code CodeFromName(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(Code::kInternal); ++c) {
-    if (name == CodeName(static_cast<Code>(c))) return static_cast<Code>(c);
-  }
-  return Code::kInternal;
-}
-
 // The runtime directory, checked (and with `autostart` created) before anything is
 // connected to inside it.
 Status PrepareRuntimeDir(const Paths& paths, bool autostart) {
@@ -86,7 +79,9 @@ Status StatusFromReply(const Json& reply) {
   if (!error) return MalformedReply("ok", "is not true and there is no 'error' object");
   ASSIGN_OR_RETURN(std::string code, error->StringOr("code", "INTERNAL"));
   ASSIGN_OR_RETURN(std::string message, error->StringOr("message", "unknown error"));
-  return Status(CodeFromName(code), message);
+  const Code c = CodeFromName(code);
+  // An error that names no error ("OK") is still an error, never a success.
+  return Status(c == Code::kOk ? Code::kInternal : c, message);
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(const Paths& paths, bool autostart) {

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <vector>
 
+#include "util/ascii.h"
+
 namespace trybox::egress {
 namespace {
 
@@ -51,9 +53,7 @@ Result<std::string> CanonicalHostname(std::string_view raw) {
                              "' is not allowed in a hostname");
     }
   }
-  std::string name(raw);
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::string name = AsciiLower(raw);
   // One trailing dot is the fully qualified spelling of the same name.
   if (name.back() == '.') name.pop_back();
   if (name.empty()) return Refuse(raw, "empty hostname");

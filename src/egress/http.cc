@@ -4,18 +4,14 @@
 #include <cctype>
 #include <set>
 
+#include "util/ascii.h"
+
 namespace trybox::egress {
 namespace {
 
 bool IsTchar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) ||
          std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-std::string Lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
 }
 
 Result<int> Port(std::string_view s) {
@@ -172,7 +168,7 @@ Result<ProxyTarget> ParseProxyTarget(const RequestHead& h) {
     t.port = *a->second;
     return t;
   }
-  std::string lower = Lower(h.target.substr(0, std::min<size_t>(h.target.size(), 8)));
+  std::string lower = AsciiLower(h.target.substr(0, std::min<size_t>(h.target.size(), 8)));
   if (lower.rfind("https://", 0) == 0) {
     return InvalidArgument("https:// requests must use CONNECT");
   }
@@ -197,11 +193,11 @@ Result<std::string> OriginRequest(const RequestHead& h, const ProxyTarget& t) {
   std::set<std::string> drop = {"host", "connection", "keep-alive", "proxy-connection",
                                 "te",   "trailer",    "upgrade"};
   for (const auto& [name, value] : h.headers) {
-    if (Lower(name) != "connection") continue;
+    if (AsciiLower(name) != "connection") continue;
     std::string_view rest = value;
     while (!rest.empty()) {
       size_t comma = rest.find(',');
-      std::string token = Lower(std::string(TrimOws(rest.substr(0, comma))));
+      std::string token = AsciiLower(TrimOws(rest.substr(0, comma)));
       rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
       if (token.empty()) continue;
       if (token == "host" || token == "content-length" || token == "transfer-encoding") {
@@ -214,7 +210,7 @@ Result<std::string> OriginRequest(const RequestHead& h, const ProxyTarget& t) {
   std::string out = h.method + " " + t.path + " " + h.version + "\r\n";
   out += "Host: " + t.host + (t.port == 80 ? "" : ":" + std::to_string(t.port)) + "\r\n";
   for (const auto& [name, value] : h.headers) {
-    std::string n = Lower(name);
+    std::string n = AsciiLower(name);
     if (drop.count(n) || n.rfind("proxy-", 0) == 0) continue;
     out += name + ": " + value + "\r\n";
   }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "egress/hostname.h"
+#include "util/ascii.h"
 #include "util/mutex.h"
 #include "util/utf8.h"
 
@@ -31,34 +32,21 @@ bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-bool IEquals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 size_t CountHeaders(const Headers& h, std::string_view name) {
-  return static_cast<size_t>(
-      std::count_if(h.begin(), h.end(), [&](const auto& f) { return IEquals(f.first, name); }));
+  return static_cast<size_t>(std::count_if(
+      h.begin(), h.end(), [&](const auto& f) { return AsciiEqualsIgnoreCase(f.first, name); }));
 }
 
 // The comma-separated elements of every `name` field, trimmed and lowercased; empty ones skipped.
 std::vector<std::string> Elements(const Headers& h, std::string_view name) {
   std::vector<std::string> out;
   for (const auto& [n, value] : h) {
-    if (!IEquals(n, name)) continue;
+    if (!AsciiEqualsIgnoreCase(n, name)) continue;
     std::string_view rest = value;
     while (!rest.empty()) {
       size_t comma = rest.find(',');
       std::string_view e = TrimOws(rest.substr(0, comma));
-      if (!e.empty()) out.push_back(Lower(e));
+      if (!e.empty()) out.push_back(AsciiLower(e));
       rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
     }
   }
@@ -86,7 +74,7 @@ struct Framing {
 Result<std::optional<uint64_t>> ContentLength(const Headers& h) {
   std::optional<uint64_t> len;
   for (const auto& [name, value] : h) {
-    if (!IEquals(name, "content-length")) continue;
+    if (!AsciiEqualsIgnoreCase(name, "content-length")) continue;
     std::string_view rest = value;
     for (;;) {
       size_t comma = rest.find(',');
@@ -138,7 +126,8 @@ Result<std::string> HostOf(std::string_view v) {
 // scheme or credentials that are not base64 (missing padding is tolerated).
 std::optional<std::pair<std::string, std::string>> DecodeBasic(std::string_view value) {
   size_t sp = value.find(' ');
-  if (sp == std::string_view::npos || !IEquals(value.substr(0, sp), "basic")) return std::nullopt;
+  if (sp == std::string_view::npos || !AsciiEqualsIgnoreCase(value.substr(0, sp), "basic"))
+    return std::nullopt;
   std::string b64(TrimOws(value.substr(sp + 1)));
   if (b64.size() % 4 == 1) return std::nullopt;
   while (b64.size() % 4 != 0) b64 += '=';
@@ -643,7 +632,7 @@ class Relay {
       return Refuse(400, "a request needs exactly one Host header");
     }
     for (const auto& [name, value] : head.headers) {
-      if (!IEquals(name, "host")) continue;
+      if (!AsciiEqualsIgnoreCase(name, "host")) continue;
       auto named = HostOf(value);
       if (!named.ok() || *named != host_) {
         return Refuse(
@@ -749,7 +738,8 @@ class Relay {
     e.target = head_subst_.Apply(head.target, Into::kTarget, used).value_or(head.target);
     for (const auto& [name, value] : head.headers) {
       std::optional<std::string> v = head_subst_.Apply(value, Into::kText, used);
-      if (!v && (IEquals(name, "authorization") || IEquals(name, "proxy-authorization"))) {
+      if (!v && (AsciiEqualsIgnoreCase(name, "authorization") ||
+                 AsciiEqualsIgnoreCase(name, "proxy-authorization"))) {
         if (auto basic = DecodeBasic(value)) {
           if (const Secret* f = secrets_.ForeignPlaceholder(basic->second, host_)) {
             *foreign = f;
@@ -774,8 +764,9 @@ class Relay {
     out.append("\r\n");
     bool length_written = false;
     for (const auto& [name, value] : e.headers) {
-      if (drop_expect && IEquals(name, "expect")) continue;
-      if (length && (IEquals(name, "content-length") || IEquals(name, "transfer-encoding"))) {
+      if (drop_expect && AsciiEqualsIgnoreCase(name, "expect")) continue;
+      if (length && (AsciiEqualsIgnoreCase(name, "content-length") ||
+                     AsciiEqualsIgnoreCase(name, "transfer-encoding"))) {
         if (!length_written) out.append("Content-Length: ").append(std::to_string(*length));
         if (!length_written) out.append("\r\n");
         length_written = true;
@@ -974,7 +965,8 @@ class Relay {
       std::string out(raw.substr(0, raw.find("\r\n") + 2));  // the status line as it came
       for (const auto& [name, value] : head->headers) {
         // A session won with the secret would let the guest act with it, without it.
-        if (!keep_cookies_ && (IEquals(name, "set-cookie") || IEquals(name, "set-cookie2"))) {
+        if (!keep_cookies_ && (AsciiEqualsIgnoreCase(name, "set-cookie") ||
+                               AsciiEqualsIgnoreCase(name, "set-cookie2"))) {
           continue;
         }
         out.append(name).append(": ").append(value).append("\r\n");

@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "util/ascii.h"
 #include "util/names.h"
 
 namespace trybox::guest {
@@ -64,9 +65,7 @@ std::optional<std::string> NormalizeMachineId(std::string_view value) {
       value.find_first_not_of('0') == std::string_view::npos) {
     return std::nullopt;
   }
-  std::string id(value);
-  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return id;
+  return AsciiLower(value);
 }
 
 KernelCmdline ParseKernelCmdline(std::string_view text) {

@@ -23,6 +23,7 @@
 
 #include "image/image.h"
 #include "image/kernel.h"
+#include "util/ascii.h"
 #include "util/fd.h"
 #include "util/log.h"
 #include "util/names.h"
@@ -116,8 +117,7 @@ bool Deb822ServesSuite(const std::string& content, const std::string& suite) {
     } else if (line[0] == ' ' || line[0] == '\t') {
       if (!last.empty()) fields[last] += " " + line;
     } else if (size_t colon = line.find(':'); colon != std::string::npos) {
-      last = line.substr(0, colon);
-      std::transform(last.begin(), last.end(), last.begin(), ::tolower);
+      last = AsciiLower(line.substr(0, colon));
       fields[last] = line.substr(colon + 1);
     }
   }

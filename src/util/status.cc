@@ -32,6 +32,13 @@ const char* CodeName(Code code) {
   return "UNKNOWN";
 }
 
+Code CodeFromName(std::string_view name) {
+  for (int c = 0; c <= static_cast<int>(Code::kCancelled); ++c) {
+    if (name == CodeName(static_cast<Code>(c))) return static_cast<Code>(c);
+  }
+  return Code::kInternal;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   return std::string(CodeName(code_)) + ": " + message_;

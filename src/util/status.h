@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -27,6 +28,9 @@ enum class Code {
 };
 
 const char* CodeName(Code code);
+// The inverse of CodeName ("NOT_FOUND" -> kNotFound); kInternal for a name it does not know
+// (a peer newer than this build).
+Code CodeFromName(std::string_view name);
 
 class [[nodiscard]] Status {
  public:

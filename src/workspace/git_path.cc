@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "util/ascii.h"
+
 namespace trybox::workspace {
 namespace {
 
@@ -12,13 +14,11 @@ constexpr const char* kHfsDotGit =
     "a spelling of '.git' that macOS opens as the repository (git refuses it)";
 constexpr const char* kGitmodulesLink = "a symbolic link named .gitmodules (git refuses it)";
 
-char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
 // ASCII case-insensitive: does `s` start with `lower` (given in lower case)?
 bool StartsWithFolded(std::string_view s, std::string_view lower) {
   if (s.size() < lower.size()) return false;
   for (size_t i = 0; i < lower.size(); ++i) {
-    if (Lower(s[i]) != lower[i]) return false;
+    if (AsciiLower(s[i]) != lower[i]) return false;
   }
   return true;
 }
@@ -88,7 +88,7 @@ bool HfsDotName(std::string_view s, std::string_view needle) {
   if (next() != '.') return false;
   for (char n : needle) {
     int64_t c = next();
-    if (c <= 0 || c > 127 || Lower(static_cast<char>(c)) != n) return false;
+    if (c <= 0 || c > 127 || AsciiLower(static_cast<char>(c)) != n) return false;
   }
   int64_t c = next();
   return c <= 0 || c == '/';
@@ -143,7 +143,7 @@ bool NtfsDotGitmodules(std::string_view s) {
       ++i;
       if (i >= s.size() || s[i] < '1' || s[i] > '9') return false;
       tilde = true;
-    } else if (i >= 6 || (static_cast<unsigned char>(c) & 0x80) || Lower(c) != kPrefix[i]) {
+    } else if (i >= 6 || (static_cast<unsigned char>(c) & 0x80) || AsciiLower(c) != kPrefix[i]) {
       return false;
     }
   }
