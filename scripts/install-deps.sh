@@ -29,6 +29,11 @@ done
 if ! command -v node >/dev/null 2>&1; then
   missing+=(nodejs npm)
 fi
+# The REST e2e test runs a Python `requests` script (tests/rest); any python3 with requests
+# importable will do.
+if ! python3 -c 'import requests' >/dev/null 2>&1; then
+  missing+=(python3 python3-requests)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
   exit 0

@@ -21,13 +21,17 @@ bool LooksLikeApiKey(const std::string& text) {
   return true;
 }
 
-Result<NewKey> MakeApiKey(const std::string& name) {
+Result<NewKey> MakeApiKey(const std::string& name, const std::string& scope) {
   RETURN_IF_ERROR(ValidateName("API key name", name));
+  if (scope != "sandboxes" && scope != "operator") {
+    return InvalidArgument("an API key's scope is sandboxes or operator, not " + scope);
+  }
   NewKey k;
   k.key = kPrefix + RandomHex(kHexDigits / 2);
   k.record.hash = Sha256Hex(k.key);
   k.record.id = "key-" + RandomHex(4);
   k.record.name = name;
+  k.record.scope = scope;
   k.record.created_at = store::NowSeconds();
   return k;
 }
@@ -36,15 +40,15 @@ Status KeyRing::Load() {
   ASSIGN_OR_RETURN(std::vector<store::ApiKeyRecord> keys, store_.ListApiKeys());
   MutexLock lock(mu_);
   by_hash_.clear();
-  for (const auto& k : keys) by_hash_[k.hash] = {k.id, k.name};
+  for (const auto& k : keys) by_hash_[k.hash] = {k.id, k.name, k.scope == "operator"};
   return Status::Ok();
 }
 
-Result<NewKey> KeyRing::Create(const std::string& name) {
-  ASSIGN_OR_RETURN(NewKey k, MakeApiKey(name));
+Result<NewKey> KeyRing::Create(const std::string& name, const std::string& scope) {
+  ASSIGN_OR_RETURN(NewKey k, MakeApiKey(name, scope));
   RETURN_IF_ERROR(store_.InsertApiKey(k.record));
   MutexLock lock(mu_);
-  by_hash_[k.record.hash] = {k.record.id, k.record.name};
+  by_hash_[k.record.hash] = {k.record.id, k.record.name, k.record.scope == "operator"};
   return k;
 }
 

@@ -21,6 +21,7 @@ namespace trybox::api {
 struct KeyIdentity {
   std::string id;  // public: names the key in logs, listings and ownership
   std::string name;
+  bool operator_scope = false;  // scope "operator" (store::ApiKeyRecord::scope)
 };
 
 struct NewKey {
@@ -29,7 +30,8 @@ struct NewKey {
 };
 
 // A fresh key named `name` (a name as names.h checks it).
-Result<NewKey> MakeApiKey(const std::string& name);
+// `scope`: "sandboxes" or "operator".
+Result<NewKey> MakeApiKey(const std::string& name, const std::string& scope = "sandboxes");
 // Whether `text` has a key's shape (a cheap check before any lookup).
 bool LooksLikeApiKey(const std::string& text);
 
@@ -39,7 +41,8 @@ class KeyRing {
   explicit KeyRing(store::Store& store) : store_(store) {}
   Status Load() EXCLUDES(mu_);
   // Creates and records a key; ALREADY_EXISTS for a name in use.
-  Result<NewKey> Create(const std::string& name) EXCLUDES(mu_);
+  Result<NewKey> Create(const std::string& name, const std::string& scope = "sandboxes")
+      EXCLUDES(mu_);
   // NOT_FOUND when no key has that name.
   Status Remove(const std::string& name) EXCLUDES(mu_);
   Result<std::vector<store::ApiKeyRecord>> List();

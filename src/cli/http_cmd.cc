@@ -22,6 +22,10 @@ void AddHttpCommands(CLI::App& app, Invocation& inv) {
   key->require_subcommand(1);
   auto* create = key->add_subcommand("create", "Make a key; it is printed once, never again");
   create->add_option("name", inv.http.key_name, "A name for the key")->required();
+  create->add_flag("--operator", inv.http.key_operator,
+                   "Also trybox's own REST routes (/trybox/v1: every VM's audit, workspaces, "
+                   "agent runs), with the authority of this CLI; without it, a key reaches only "
+                   "the sandboxes it creates through E2B's API");
   create->add_flag("--json", inv.json, "JSON output");
   create->callback([&inv] { inv.command = "api-key-create"; });
   auto* ls = key->add_subcommand("ls", "List the keys (names and ids, never the keys)");
@@ -79,7 +83,9 @@ int RunHttpCommand(Client& c, const Invocation& inv, std::ostream& out, std::ost
     return 0;
   }
   if (inv.command == "api-key-create") {
-    auto r = c.Call({{"verb", "api_key_create"}, {"name", inv.http.key_name}});
+    auto r = c.Call({{"verb", "api_key_create"},
+                     {"name", inv.http.key_name},
+                     {"scope", inv.http.key_operator ? "operator" : "sandboxes"}});
     if (!r.ok()) return Fail(err, r.status());
     ReplyView reply(*r);
     auto key = reply.String("key");
@@ -91,7 +97,8 @@ int RunHttpCommand(Client& c, const Invocation& inv, std::ostream& out, std::ost
       return 0;
     }
     out << *key << "\n";
-    err << "API key " << inv.http.key_name << " (" << *id
+    err << "API key " << inv.http.key_name << " (" << *id << ", "
+        << (inv.http.key_operator ? "operator: every VM and run" : "its own sandboxes")
         << ") made. It is shown this once; tryboxd keeps only its hash.\n";
     return 0;
   }
@@ -105,12 +112,14 @@ int RunHttpCommand(Client& c, const Invocation& inv, std::ostream& out, std::ost
     ReplyView reply(*r);
     auto keys = reply.Array("keys");
     if (!keys.ok()) return Fail(err, keys.status());
-    out << "NAME                 ID            CREATED\n";
+    out << "NAME                 ID            SCOPE      CREATED\n";
     for (const nlohmann::json& item : **keys) {
       ReplyView k(item);
       auto name = k.String("name");
       auto id = k.String("id");
       auto created = k.Number("created_at");
+      std::string scope = k.String("scope").value_or("sandboxes");
+      scope.resize(std::max<size_t>(scope.size() + 1, 11), ' ');
       if (!name.ok()) return Fail(err, name.status());
       if (!id.ok()) return Fail(err, id.status());
       if (!created.ok()) return Fail(err, created.status());
@@ -118,7 +127,7 @@ int RunHttpCommand(Client& c, const Invocation& inv, std::ostream& out, std::ost
       line.resize(std::max<size_t>(line.size() + 1, 21), ' ');
       std::string idcol = *id;
       idcol.resize(std::max<size_t>(idcol.size() + 1, 14), ' ');
-      out << line << idcol << Date(*created) << "\n";
+      out << line << idcol << scope << Date(*created) << "\n";
     }
     return 0;
   }

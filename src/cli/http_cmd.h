@@ -14,6 +14,7 @@ struct HttpOptions {
   std::string listen = "127.0.0.1:0";
   bool stop = false;
   std::string key_name;
+  bool key_operator = false;  // api-key create --operator
 };
 
 struct Invocation;

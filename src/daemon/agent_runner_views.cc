@@ -134,6 +134,8 @@ Json AgentRunner::List(int64_t limit) {
                    {"vm", r.vm_id},
                    {"created_at", r.created_at},
                    {"updated_at", r.updated_at}});
+    // A run waiting for a person (NEEDS_INPUT): what it asks.
+    if (s.question) out.back()["question"] = *s.question;
   }
   return {{"ok", true}, {"runs", out}};
 }

@@ -1,5 +1,6 @@
 #include "daemon/control_server.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <future>
@@ -93,6 +94,19 @@ Status ControlServer::Serve() {
       HandleClient(std::move(fd), uid);
     }).detach();
   }
+}
+
+Result<UniqueFd> ControlServer::Attach() {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    return ErrnoError("socketpair for an in-daemon connection");
+  }
+  UniqueFd ours(pair[0]);
+  UniqueFd theirs(pair[1]);
+  std::thread([this, fd = std::move(theirs)]() mutable {
+    HandleClient(std::move(fd), ::geteuid());
+  }).detach();
+  return ours;
 }
 
 void ControlServer::Stop() {

@@ -75,6 +75,10 @@ class ControlServer {
   Status Serve();
   // From any thread.
   void Stop();
+  // A connection from inside the daemon (the HTTP API's REST routes, rest_api.cc): one end
+  // of a socket pair, whose other end is served as any client's, as the daemon's own uid.
+  // The caller runs a channel::Mux (Role::kHost) on it; closing it ends the connection.
+  Result<UniqueFd> Attach();
 
  private:
   void HandleClient(UniqueFd fd, uid_t uid);

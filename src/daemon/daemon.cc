@@ -124,6 +124,9 @@ Status Daemon::Init() {
       LogInfo("daemon", "destroyed ephemeral VM " + id + " of a closed connection");
   });
   RETURN_IF_ERROR(server_->Listen(p.socket()));
+  // trybox's own REST routes call the verbs over a connection from inside.
+  ASSIGN_OR_RETURN(UniqueFd verbs, server_->Attach());
+  http_->SetVerbConnection(std::move(verbs));
   if (!opts_.http_listen.empty()) {
     ASSIGN_OR_RETURN(api::ListenAddress where, api::ParseListenAddress(opts_.http_listen));
     RETURN_IF_ERROR(http_->Serve(where).status());

@@ -169,30 +169,22 @@ Result<NewSandbox> ParseNewSandbox(const json& body, int64_t max_timeout_s) {
                                 "the VM's only way out is trybox's own proxy"));
     RETURN_IF_ERROR(Unsupported(*net, "maskRequestHost", "", "the VM serves no public URL"));
   }
-  // trybox's own fields, under one key of its own.
+  // trybox's own fields, under one key of its own: those of the socket's `create` that a
+  // sandbox may set (docs/protocol/e2b.md, "Creating a sandbox"), parsed by the same code.
   if (auto tb = body.find("trybox"); tb != body.end() && !tb->is_null()) {
     if (!tb->is_object()) return InvalidArgument("trybox must be an object");
-    if (auto m = tb->find("memory_mib"); m != tb->end()) {
-      if (!m->is_number_integer() || m->get<int64_t>() < kMinMemoryMib ||
-          m->get<int64_t>() > kMaxMemoryMib) {
-        return InvalidArgument("trybox.memory_mib must be " + std::to_string(kMinMemoryMib) +
-                               " to " + std::to_string(kMaxMemoryMib));
-      }
-      n.create.memory_mib = static_cast<int>(m->get<int64_t>());
-    }
-    if (auto c = tb->find("cpus"); c != tb->end()) {
-      if (!c->is_number_integer() || c->get<int64_t>() < 1 || c->get<int64_t>() > kMaxCpus) {
-        return InvalidArgument("trybox.cpus must be 1 to " + std::to_string(kMaxCpus));
-      }
-      n.create.cpus = static_cast<int>(c->get<int64_t>());
-    }
-    if (auto p = tb->find("profiles"); p != tb->end()) {
-      if (!p->is_array()) return InvalidArgument("trybox.profiles must be an array of strings");
-      for (const auto& e : *p) {
-        if (!e.is_string()) return InvalidArgument("trybox.profiles must be an array of strings");
-        n.create.profiles.push_back(e.get<std::string>());
+    for (const auto& [key, value] : tb->items()) {
+      if (key != "memory_mib" && key != "cpus" && key != "profiles" && key != "secrets") {
+        return InvalidArgument("trybox." + key +
+                               " is not a field a sandbox takes (memory_mib, cpus, profiles, "
+                               "secrets)");
       }
     }
+    ASSIGN_OR_RETURN(CreateRequest own, ParseCreate(*tb, "trybox."));
+    n.create.memory_mib = own.memory_mib;
+    n.create.cpus = own.cpus;
+    n.create.profiles = std::move(own.profiles);
+    n.create.secrets = std::move(own.secrets);
   }
   return n;
 }

@@ -4,6 +4,8 @@
 // decide what an account may see and change, as envd's do. Each is recorded like any exec.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <string>
 
 #include "api/router.h"
@@ -16,7 +18,15 @@ namespace trybox::daemon {
 inline constexpr size_t kMaxFileReadBytes = size_t{64} << 20;
 inline constexpr size_t kMaxFileWriteBytes = size_t{64} << 20;
 
-void AddFilesystemRoutes(api::Router& router, VmService& vms);
+// `stop`: set while the server stops; a watch's stream then ends within a second.
+void AddFilesystemRoutes(api::Router& router, VmService& vms, const std::atomic<bool>& stop);
+
+// A streaming call that fails before its first message: HTTP 200 and only the end of the
+// stream, carrying the error, as the Connect protocol has it.
+api::HttpResponse EnvdStreamError(const Status& st);
+// The keepalive interval a streaming call asks for (`Keepalive-Ping-Interval`, 1 to 3600
+// seconds; 50, the SDK's, when absent or malformed).
+std::chrono::seconds EnvdKeepalive(const api::HttpRequest& req);
 
 // The account an in-sandbox request acts as: envd's `Authorization: Basic base64(USER:)`,
 // else `fallback` (a `username` query parameter, for /files), else E2B's default "user".

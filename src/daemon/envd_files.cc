@@ -10,6 +10,7 @@
 #include "daemon/guest_ops.h"
 #include "daemon/http_api.h"
 #include "util/names.h"
+#include "util/utf8.h"
 
 namespace trybox::daemon {
 namespace {
@@ -210,6 +211,121 @@ Result<json> WriteAs(VmService& vms, const std::string& vm_id, const std::string
 using UnaryBody =
     std::function<Result<json>(const json& msg, const std::string& user, const std::string& vm)>;
 
+HttpResponse WatchError(const Status& st) { return EnvdStreamError(st); }
+
+// How long the guest may take to put a watch in place.
+constexpr auto kWatchStartTimeout = std::chrono::seconds(30);
+// How long a quiet watch waits before it looks at whether the server is stopping.
+constexpr auto kWatchStopCheck = std::chrono::seconds(1);
+
+// The guest's refusal of a watch ({"ok":false,"error":KIND,"message":...}) as envd's.
+Status GuestWatchError(const json& end, const std::string& path) {
+  const std::string kind = end.value("error", "");
+  const std::string message = end.value("message", "the guest ended the watch");
+  if (kind == "not_found") return NotFound("path " + path + " not found");
+  if (kind == "not_a_directory") return InvalidArgument(path + " is not a directory");
+  if (kind == "permission_denied") return Status(Code::kPermissionDenied, message);
+  if (kind == "too_many_directories") return Status(Code::kResourceExhausted, message);
+  if (kind == "gone") return NotFound(message);
+  return Unavailable("the watch of " + path + " failed: " + message);
+}
+
+const char* EventTypeOf(const std::string& op) {
+  if (op == "create") return "EVENT_TYPE_CREATE";
+  if (op == "write") return "EVENT_TYPE_WRITE";
+  if (op == "remove") return "EVENT_TYPE_REMOVE";
+  if (op == "rename") return "EVENT_TYPE_RENAME";
+  if (op == "chmod") return "EVENT_TYPE_CHMOD";
+  return nullptr;
+}
+
+// Streams a guest watch as envd's WatchDirResponse: `start`, a `filesystem` event per
+// change ({name, type}, the name relative to the watched directory), `keepalive` after
+// each quiet interval, then the end of the stream when the guest ends the watch (the
+// directory went) or the server stops. The guest's watch is reset when the reader goes.
+class WatchStream {
+ public:
+  WatchStream(std::shared_ptr<channel::Stream> guest, std::string path,
+              std::chrono::seconds keepalive, const std::atomic<bool>& stop)
+      : guest_(std::move(guest)), path_(std::move(path)), keepalive_(keepalive), stop_(stop) {}
+  ~WatchStream() {
+    if (!guest_->finished()) (void)guest_->Reset("the watch's reader went away");
+  }
+
+  bool Next(std::string* out) {
+    if (!started_) {
+      started_ = true;
+      *out = connect::Envelope({{"start", json::object()}});
+      return true;
+    }
+    if (done_) return false;
+    for (;;) {
+      if (stop_) {
+        done_ = true;
+        *out = connect::EndStream(Unavailable("the HTTP API is stopping; the watch ends"));
+        return true;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      auto m = guest_->Next(std::min(now + kWatchStopCheck, keepalive_due_));
+      if (!m.ok()) {
+        if (m.status().code() == Code::kDeadlineExceeded) {
+          if (std::chrono::steady_clock::now() >= keepalive_due_) {
+            keepalive_due_ = std::chrono::steady_clock::now() + keepalive_;
+            *out = connect::Envelope({{"keepalive", json::object()}});
+            return true;
+          }
+          continue;
+        }
+        done_ = true;
+        *out = connect::EndStream(
+            Unavailable("the sandbox's watch was lost: " + m.status().message()));
+        return true;
+      }
+      switch (m->kind) {
+        case channel::Stream::Message::Kind::kEvent: {
+          const json& ev = m->body;
+          const char* type = EventTypeOf(ev.value("op", ""));
+          if (ev.value("type", "") != "fs" || type == nullptr) continue;  // overflow, newer
+          std::string name;
+          if (auto n = ev.find("name"); n != ev.end() && n->is_string()) {
+            name = n->get<std::string>();
+          } else if (auto b = ev.find("name_b64"); b != ev.end() && b->is_string()) {
+            auto raw = Base64Decode(b->get<std::string>());
+            if (!raw.ok()) continue;
+            name = *raw;  // not UTF-8: the envelope's JSON replaces what is not
+          } else {
+            continue;
+          }
+          *out = connect::Envelope({{"filesystem", {{"name", name}, {"type", type}}}});
+          return true;
+        }
+        case channel::Stream::Message::Kind::kEnd:
+          done_ = true;
+          *out = connect::EndStream(m->body.value("ok", false) ? Status::Ok()
+                                                               : GuestWatchError(m->body, path_));
+          return true;
+        case channel::Stream::Message::Kind::kReset:
+          done_ = true;
+          *out = connect::EndStream(Unavailable("the sandbox's watch was lost: " +
+                                                m->body.value("reason", std::string())));
+          return true;
+        default:
+          continue;
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<channel::Stream> guest_;
+  const std::string path_;
+  const std::chrono::seconds keepalive_;
+  const std::atomic<bool>& stop_;
+  std::chrono::steady_clock::time_point keepalive_due_ =
+      std::chrono::steady_clock::now() + keepalive_;
+  bool started_ = false;
+  bool done_ = false;
+};
+
 }  // namespace
 
 Result<std::string> EnvdUser(const HttpRequest& req, const std::string& fallback) {
@@ -231,7 +347,7 @@ Result<std::string> EnvdUser(const HttpRequest& req, const std::string& fallback
   return user;
 }
 
-void AddFilesystemRoutes(api::Router& router, VmService& vms) {
+void AddFilesystemRoutes(api::Router& router, VmService& vms, const std::atomic<bool>& stop) {
   auto unary = [&router](const char* rpc, UnaryBody body) {
     router.Add("POST", std::string("/filesystem.Filesystem/") + rpc,
                [body](const HttpRequest& req, const PathParams&) {
@@ -327,12 +443,67 @@ void AddFilesystemRoutes(api::Router& router, VmService& vms) {
         return json::object();
       });
 
-  // The rest of the service (watching) waits for its part of this work.
-  for (const char* rpc : {"WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher"}) {
+  // WatchDir: the guest's inotify (its "watch" request, docs/protocol/guest.md) on a
+  // directory the account can list, streamed as envd's WatchDirResponse events.
+  router.Add(
+      "POST", "/filesystem.Filesystem/WatchDir",
+      [&vms, &stop](const HttpRequest& req, const PathParams&) {
+        auto msg = connect::ParseStreamingRequest(req.body);
+        if (!msg.ok()) return WatchError(msg.status());
+        auto path = StringField(*msg, "path");
+        if (!path.ok()) return WatchError(path.status());
+        bool recursive = false;
+        if (auto r = msg->find("recursive"); r != msg->end() && !r->is_null()) {
+          if (!r->is_boolean()) return WatchError(InvalidArgument("recursive must be a boolean"));
+          recursive = r->get<bool>();
+        }
+        if (msg->value("includeEntry", false)) {
+          return WatchError(FailedPrecondition("includeEntry is not served by trybox"));
+        }
+        auto user = EnvdUser(req);
+        if (!user.ok()) return WatchError(user.status());
+        // Where it is, as the account resolves it, and that the account may list it.
+        auto where = RunAs(
+            vms, req.sandbox, *user,
+            Script(
+                std::string(kAbs) +
+                    "p=$(abs \"$1\"); if [ ! -d \"$p\" ]; then if [ -e \"$p\" ]; then "
+                    "echo \"$p: Not a directory\" >&2; else echo \"$p: No such file or "
+                    "directory\" >&2; fi; exit 2; fi; if [ ! -r \"$p\" ] || [ ! -x \"$p\" ]; then "
+                    "echo \"$p: Permission denied\" >&2; exit 13; fi; cd -- \"$p\" && "
+                    "pwd -P",
+                {*path}),
+            64 * 1024);
+        if (!where.ok()) return WatchError(where.status());
+        if (where->exit_code != 0) return WatchError(ToolError(*where, *path));
+        std::string abs = where->out;
+        while (!abs.empty() && abs.back() == '\n') abs.pop_back();
+        auto vm = vms.Get(req.sandbox);
+        if (!vm.ok()) return WatchError(vm.status());
+        auto guest = (*vm)->Open({{"op", "watch"}, {"path", abs}, {"recursive", recursive}});
+        if (!guest.ok()) return WatchError(Unavailable(guest.status().message()));
+        auto first = (*guest)->Next(std::chrono::steady_clock::now() + kWatchStartTimeout);
+        if (!first.ok()) {
+          (void)(*guest)->Reset("no start");
+          return WatchError(
+              Unavailable("the guest did not start the watch: " + first.status().message()));
+        }
+        if (first->kind != channel::Stream::Message::Kind::kEvent) {
+          return WatchError(GuestWatchError(first->body, *path));
+        }
+        auto s = std::make_shared<WatchStream>(*guest, *path, EnvdKeepalive(req), stop);
+        HttpResponse r;
+        r.content_type = "application/connect+json";
+        r.stream = [s](std::string* out) { return s->Next(out); };
+        return r;
+      });
+  // envd's polling watchers (CreateWatcher, GetWatcherEvents, RemoveWatcher), which the
+  // SDKs do not call: a clear refusal rather than a silent nothing.
+  for (const char* rpc : {"CreateWatcher", "GetWatcherEvents", "RemoveWatcher"}) {
     router.Add("POST", std::string("/filesystem.Filesystem/") + rpc,
                [](const HttpRequest&, const PathParams&) {
                  return connect::UnaryError(
-                     FailedPrecondition("watching a directory is not served by trybox yet"));
+                     FailedPrecondition("polling watchers are not served by trybox: use WatchDir"));
                });
   }
 

@@ -35,11 +35,7 @@ HttpResponse StreamOf(std::function<bool(std::string*)> next) {
   return r;
 }
 
-// A streaming call that fails before its first message: HTTP 200 and only the end of the
-// stream, carrying the error, as the protocol has it.
-HttpResponse StreamError(const Status& st) {
-  return {200, "application/connect+json", {}, connect::EndStream(st)};
-}
+HttpResponse StreamError(const Status& st) { return EnvdStreamError(st); }
 
 // envd's ProcessSelector: {"pid": N}; a tag names nothing here (none are kept).
 Result<int64_t> SelectedPid(const json& msg) {
@@ -57,6 +53,24 @@ Result<int64_t> SelectedPid(const json& msg) {
     return NotFound("no process has tag " + tag->dump() + " (trybox keeps no tags)");
   }
   return InvalidArgument("process must select a pid");
+}
+
+// envd's PTY message, {"size": {"cols": C, "rows": R}}: a terminal of that size.
+Result<TermSize> PtySize(const json& pty) {
+  if (!pty.is_object()) return InvalidArgument("pty must be an object");
+  auto size = pty.find("size");
+  if (size == pty.end() || !size->is_object()) return InvalidArgument("pty.size is required");
+  TermSize t;
+  for (auto [name, field] : {std::pair{"cols", &t.cols}, std::pair{"rows", &t.rows}}) {
+    auto v = size->find(name);
+    if (v == size->end() || !v->is_number_integer() || v->get<int64_t>() < 1 ||
+        v->get<int64_t>() > kMaxTermDimension) {
+      return InvalidArgument(std::string("pty.size.") + name + " must be a number from 1 to " +
+                             std::to_string(kMaxTermDimension));
+    }
+    *field = v->get<int>();
+  }
+  return t;
 }
 
 // Go's exec status words, which envd sends in an EndEvent's `status`.
@@ -106,9 +120,12 @@ constexpr auto kStopCheck = std::chrono::seconds(1);
 // process runs on: `trybox logs` has its output).
 class ProcessStream {
  public:
-  ProcessStream(VmService& vms, int64_t pid, std::shared_ptr<ExecLog> log, int64_t out_offset,
-                int64_t err_offset, std::chrono::seconds keepalive, const std::atomic<bool>& stop)
-      : vms_(vms), pid_(pid), log_(std::move(log)), keepalive_(keepalive), stop_(stop) {
+  // `pty`: the process runs on a terminal, whose output (merged on the log's stdout) is
+  // sent as `pty` data.
+  ProcessStream(VmService& vms, int64_t pid, bool pty, std::shared_ptr<ExecLog> log,
+                int64_t out_offset, int64_t err_offset, std::chrono::seconds keepalive,
+                const std::atomic<bool>& stop)
+      : vms_(vms), pid_(pid), pty_(pty), log_(std::move(log)), keepalive_(keepalive), stop_(stop) {
     offset_[ExecLog::kStdout] = out_offset;
     offset_[ExecLog::kStderr] = err_offset;
   }
@@ -135,7 +152,7 @@ class ProcessStream {
         }
         if (!slice->data.empty()) {
           offset_[ch] += static_cast<int64_t>(slice->data.size());
-          const char* name = ch == ExecLog::kStdout ? "stdout" : "stderr";
+          const char* name = pty_ ? "pty" : ch == ExecLog::kStdout ? "stdout" : "stderr";
           *out = connect::Envelope({{"event", {{"data", {{name, connect::Base64(slice->data)}}}}}});
           return true;
         }
@@ -172,6 +189,7 @@ class ProcessStream {
  private:
   VmService& vms_;
   const int64_t pid_;
+  const bool pty_;
   std::shared_ptr<ExecLog> log_;
   const std::chrono::seconds keepalive_;
   const std::atomic<bool>& stop_;
@@ -183,13 +201,29 @@ class ProcessStream {
   bool done_ = false;
 };
 
-std::chrono::seconds KeepaliveOf(const HttpRequest& req) {
+std::chrono::seconds KeepaliveOf(const HttpRequest& req) { return EnvdKeepalive(req); }
+
+// A refusal of the exec service, as envd words it: a process that ended meanwhile is
+// NOT_FOUND (the SDK takes that for "gone"); anything else as it is.
+Status ProcessGone(VmService& vms, int64_t pid, const Status& st) {
+  auto rec = vms.GetExec(pid);
+  if (rec.ok() && rec->outcome != "running") {
+    return NotFound("process " + std::to_string(pid) + " is not running");
+  }
+  return st;
+}
+
+}  // namespace
+
+HttpResponse EnvdStreamError(const Status& st) {
+  return {200, "application/connect+json", {}, connect::EndStream(st)};
+}
+
+std::chrono::seconds EnvdKeepalive(const HttpRequest& req) {
   auto n =
       ParseBoundedInt(req.Header("keepalive-ping-interval"), 1, 3600, "Keepalive-Ping-Interval");
   return std::chrono::seconds(n.ok() ? *n : kDefaultKeepaliveS);
 }
-
-}  // namespace
 
 bool SameSecret(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
@@ -205,8 +239,17 @@ Result<store::ExecRecord> HttpApi::SandboxExec(const std::string& sandbox, int64
   return *rec;
 }
 
+// `pid` if it is one of this sandbox's and still running; NOT_FOUND otherwise.
+Result<store::ExecRecord> HttpApi::RunningSandboxExec(const std::string& sandbox, int64_t pid) {
+  ASSIGN_OR_RETURN(store::ExecRecord rec, SandboxExec(sandbox, pid));
+  if (rec.outcome != "running") {
+    return NotFound("process " + std::to_string(pid) + " is not running");
+  }
+  return rec;
+}
+
 void HttpApi::AddEnvdRoutes() {
-  AddFilesystemRoutes(envd_router_, vms_);
+  AddFilesystemRoutes(envd_router_, vms_, streams_stop_);
   envd_router_.Add("GET", "/health", [](const HttpRequest&, const PathParams&) {
     return HttpResponse{204, "", {}, ""};
   });
@@ -257,10 +300,14 @@ void HttpApi::AddEnvdRoutes() {
           er.cwd = "";  // the account's home, as envd's default
         }
         if (auto pty = m.find("pty"); pty != m.end() && !pty->is_null()) {
-          return StreamError(FailedPrecondition("PTY sessions are not served by trybox yet"));
+          auto size = PtySize(*pty);
+          if (!size.ok()) return StreamError(size.status());
+          er.tty = *size;
         }
-        if (m.value("stdin", false)) {
-          return StreamError(FailedPrecondition("stdin: true is not served by trybox yet"));
+        if (auto in = m.find("stdin"); in != m.end() && !in->is_null()) {
+          if (!in->is_boolean()) return StreamError(InvalidArgument("stdin must be a boolean"));
+          // A terminal is its own input: stdin is for a process without one.
+          er.stdin = in->get<bool>() && !er.tty;
         }
         if (auto tag = m.find("tag"); tag != m.end() && !tag->is_null()) {
           return StreamError(FailedPrecondition("process tags are not served by trybox yet"));
@@ -281,8 +328,8 @@ void HttpApi::AddEnvdRoutes() {
         }
         auto log = vms_.OpenExecLog(started->exec_id);
         if (!log.ok()) return StreamError(log.status());
-        auto s = std::make_shared<ProcessStream>(vms_, started->exec_id, *log, 0, 0,
-                                                 KeepaliveOf(req), streams_stop_);
+        auto s = std::make_shared<ProcessStream>(vms_, started->exec_id, er.tty.has_value(), *log,
+                                                 0, 0, KeepaliveOf(req), streams_stop_);
         return StreamOf([s](std::string* out) { return s->Next(out); });
       });
 
@@ -299,10 +346,12 @@ void HttpApi::AddEnvdRoutes() {
         }
         auto log = vms_.OpenExecLog(*pid);
         if (!log.ok()) return StreamError(log.status());
+        auto input = vms_.ExecInputOf(*pid);
+        const bool pty = input.ok() && input->tty;
         // From now on, as envd's Connect: what was printed before is in `trybox logs`.
-        auto s = std::make_shared<ProcessStream>(vms_, *pid, *log, (*log)->total(ExecLog::kStdout),
-                                                 (*log)->total(ExecLog::kStderr), KeepaliveOf(req),
-                                                 streams_stop_);
+        auto s = std::make_shared<ProcessStream>(
+            vms_, *pid, pty, *log, (*log)->total(ExecLog::kStdout), (*log)->total(ExecLog::kStderr),
+            KeepaliveOf(req), streams_stop_);
         return StreamOf([s](std::string* out) { return s->Next(out); });
       });
 
@@ -350,26 +399,78 @@ void HttpApi::AddEnvdRoutes() {
                      return connect::UnaryReply(json::object());
                    });
 
-  // Input and terminals wait for the part of this work that carries them: say so plainly,
-  // for a process that exists, rather than pretend to deliver.
-  for (const char* rpc : {"SendInput", "CloseStdin", "Update"}) {
-    const std::string what = rpc;
-    envd_router_.Add(
-        "POST", std::string("/process.Process/") + rpc,
-        [this, what](const HttpRequest& req, const PathParams&) {
-          auto msg = connect::ParseUnaryRequest(req.body);
-          if (!msg.ok()) return connect::UnaryError(msg.status());
-          auto pid = SelectedPid(*msg);
-          if (!pid.ok()) return connect::UnaryError(pid.status());
-          auto rec = SandboxExec(req.sandbox, *pid);
-          if (!rec.ok()) return connect::UnaryError(rec.status());
-          return connect::UnaryError(FailedPrecondition(
-              what == "Update" ? "process " + std::to_string(*pid) + " has no PTY"
-                               : "process " + std::to_string(*pid) +
-                                     " was started without stdin (stdin: true is not served "
-                                     "by trybox yet)"));
-        });
-  }
+  // Input, its end, and a terminal's size, for a process started with `stdin: true` or a
+  // PTY (VmService::InputExec and its kin). A process of this sandbox that has ended is
+  // `not_found`, as envd has it; one that takes no such input is `failed_precondition`
+  // naming why.
+  envd_router_.Add(
+      "POST", "/process.Process/SendInput", [this](const HttpRequest& req, const PathParams&) {
+        auto msg = connect::ParseUnaryRequest(req.body);
+        if (!msg.ok()) return connect::UnaryError(msg.status());
+        auto pid = SelectedPid(*msg);
+        if (!pid.ok()) return connect::UnaryError(pid.status());
+        auto input = msg->find("input");
+        if (input == msg->end() || !input->is_object()) {
+          return connect::UnaryError(InvalidArgument("input (stdin or pty bytes) is required"));
+        }
+        auto stdin_bytes = input->find("stdin");
+        auto pty_bytes = input->find("pty");
+        const bool to_pty = pty_bytes != input->end();
+        if (to_pty == (stdin_bytes != input->end())) {
+          return connect::UnaryError(InvalidArgument("input must hold one of stdin and pty"));
+        }
+        const json& field = to_pty ? *pty_bytes : *stdin_bytes;
+        if (!field.is_string()) {
+          return connect::UnaryError(InvalidArgument("input bytes must be base64 text"));
+        }
+        auto data = connect::FromBase64(field.get_ref<const std::string&>());
+        if (!data.ok()) return connect::UnaryError(data.status());
+        auto running = RunningSandboxExec(req.sandbox, *pid);
+        if (!running.ok()) return connect::UnaryError(running.status());
+        auto takes = vms_.ExecInputOf(*pid);
+        if (!takes.ok()) return connect::UnaryError(ProcessGone(vms_, *pid, takes.status()));
+        if (to_pty != takes->tty) {
+          return connect::UnaryError(
+              FailedPrecondition("process " + std::to_string(*pid) +
+                                 (to_pty ? " has no PTY: send its input as stdin"
+                                         : " runs on a PTY: send its input as pty")));
+        }
+        Status st = vms_.InputExec(*pid, *data);
+        if (!st.ok()) return connect::UnaryError(ProcessGone(vms_, *pid, st));
+        return connect::UnaryReply(json::object());
+      });
+
+  envd_router_.Add("POST", "/process.Process/CloseStdin",
+                   [this](const HttpRequest& req, const PathParams&) {
+                     auto msg = connect::ParseUnaryRequest(req.body);
+                     if (!msg.ok()) return connect::UnaryError(msg.status());
+                     auto pid = SelectedPid(*msg);
+                     if (!pid.ok()) return connect::UnaryError(pid.status());
+                     auto running = RunningSandboxExec(req.sandbox, *pid);
+                     if (!running.ok()) return connect::UnaryError(running.status());
+                     Status st = vms_.CloseExecInput(*pid);
+                     if (!st.ok()) return connect::UnaryError(ProcessGone(vms_, *pid, st));
+                     return connect::UnaryReply(json::object());
+                   });
+
+  envd_router_.Add("POST", "/process.Process/Update",
+                   [this](const HttpRequest& req, const PathParams&) {
+                     auto msg = connect::ParseUnaryRequest(req.body);
+                     if (!msg.ok()) return connect::UnaryError(msg.status());
+                     auto pid = SelectedPid(*msg);
+                     if (!pid.ok()) return connect::UnaryError(pid.status());
+                     auto pty = msg->find("pty");
+                     if (pty == msg->end() || pty->is_null()) {
+                       return connect::UnaryReply(json::object());  // nothing to change
+                     }
+                     auto size = PtySize(*pty);
+                     if (!size.ok()) return connect::UnaryError(size.status());
+                     auto running = RunningSandboxExec(req.sandbox, *pid);
+                     if (!running.ok()) return connect::UnaryError(running.status());
+                     Status st = vms_.ResizeExec(*pid, *size);
+                     if (!st.ok()) return connect::UnaryError(ProcessGone(vms_, *pid, st));
+                     return connect::UnaryReply(json::object());
+                   });
 }
 
 }  // namespace trybox::daemon

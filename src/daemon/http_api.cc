@@ -37,6 +37,7 @@ HttpApi::HttpApi(store::Store& store, VmService& vms, HttpApiSettings settings)
       rate_(settings.requests_per_second, settings.burst) {
   AddE2bRoutes();
   AddEnvdRoutes();
+  AddRestRoutes();
 }
 
 HttpApi::~HttpApi() { Shutdown(); }
@@ -99,6 +100,12 @@ void HttpApi::Shutdown() {
     reaper_cv_.SignalAll();
   }
   if (reaper_.joinable()) reaper_.join();
+  std::shared_ptr<channel::Mux> verbs;
+  {
+    MutexLock lock(mu_);
+    verbs = std::move(verbs_);
+  }
+  if (verbs) verbs->Shutdown();
 }
 
 void HttpApi::WakeReaper() {
@@ -194,6 +201,12 @@ api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
                                      std::to_string(settings_.requests_per_second) +
                                      " requests a second for this key; retry later");
       resp.headers.emplace_back("Retry-After", std::to_string(retry_after));
+    } else if (!id->operator_scope && req.path.rfind("/trybox/", 0) == 0) {
+      who = id->id;
+      resp = api::JsonError(403,
+                            "this key reaches only its own sandboxes (scope sandboxes); trybox's "
+                            "own routes need a key made with `trybox api-key create NAME "
+                            "--operator`");
     } else {
       who = id->id;
       req.principal = id->id;

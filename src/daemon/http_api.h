@@ -19,6 +19,7 @@
 #include "api/api_keys.h"
 #include "api/http_server.h"
 #include "api/router.h"
+#include "channel/mux.h"
 #include "daemon/sandbox_book.h"
 #include "daemon/vm_service.h"
 #include "store/store.h"
@@ -34,7 +35,7 @@ struct HttpApiSettings {
 };
 
 // The envd version the in-sandbox API answers as (docs/protocol/e2b.md, "Versions").
-inline constexpr const char* kEnvdVersion = "0.4.0";
+inline constexpr const char* kEnvdVersion = "0.5.2";
 
 class HttpApi {
  public:
@@ -58,16 +59,29 @@ class HttpApi {
   // Stops the server and the reaper; the daemon then destroys every VM itself.
   void Shutdown() EXCLUDES(mu_);
 
+  // The daemon's verbs, for trybox's own REST routes (rest_api.cc): a connection from
+  // inside the daemon (ControlServer::Attach). Set once, before serving.
+  void SetVerbConnection(UniqueFd fd) EXCLUDES(mu_);
+
   // What HttpServer calls: authentication, the rate limit, routing and the log line.
   api::HttpResponse Handle(const api::HttpRequest& req);
 
  private:
   void AddE2bRoutes();   // e2b_control.cc
   void AddEnvdRoutes();  // envd_process.cc
+  void AddRestRoutes();  // rest_api.cc
+  // A verb over the in-daemon connection: its END as a JSON reply (without "ok"), or its
+  // error as an HTTP error (HttpStatusFor).
+  api::HttpResponse CallVerb(const Json& request);
+  // A streaming verb: its EVENTs as server-sent events, then `end` or `error`.
+  api::HttpResponse StreamVerb(const Json& request);
+  Result<std::shared_ptr<channel::Stream>> OpenVerb(const Json& request) EXCLUDES(mu_);
   // An in-sandbox request (it names a sandbox in E2b-Sandbox-Id): its access token checked,
   // then routed to envd's services.
   api::HttpResponse HandleInSandbox(api::HttpRequest& req, std::string* who);
   Result<store::ExecRecord> SandboxExec(const std::string& sandbox, int64_t pid);
+  // The same, and still running; NOT_FOUND if it ended.
+  Result<store::ExecRecord> RunningSandboxExec(const std::string& sandbox, int64_t pid);
   void ReapLoop() EXCLUDES(mu_);
   // Ends a sandbox: its VM destroyed, its entry gone. Logs what it saw.
   void EndSandbox(const std::string& id, const std::string& why);
@@ -89,6 +103,7 @@ class HttpApi {
   bool stopping_ GUARDED_BY(mu_) = false;
   bool book_changed_ GUARDED_BY(mu_) = false;
   std::unique_ptr<api::HttpServer> server_ GUARDED_BY(mu_);
+  std::shared_ptr<channel::Mux> verbs_ GUARDED_BY(mu_);
   std::thread reaper_;
 };
 

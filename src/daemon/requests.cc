@@ -48,17 +48,18 @@ Status NoNul(const std::string& s, const char* what) {
 }
 
 // [{"name": N, "value": V, "hosts": [H...], "body": false, "keep_cookies": false}]. Errors
-// name the secret by its index and name, never by its value.
-Result<std::vector<egress::SecretInput>> Secrets(const Json& j) {
+// name the secret by its index and name, never by its value. `what`: the prefix of the
+// field's name in messages.
+Result<std::vector<egress::SecretInput>> Secrets(const Json& j, const std::string& what) {
   std::vector<egress::SecretInput> out;
   if (j.is_null()) return out;
-  if (!j.is_array()) return InvalidArgument("'secrets' must be an array");
+  if (!j.is_array()) return InvalidArgument("'" + what + "secrets' must be an array");
   if (j.size() > egress::kMaxSecrets) {
-    return InvalidArgument("'secrets' has more than " + std::to_string(egress::kMaxSecrets) +
-                           " entries");
+    return InvalidArgument("'" + what + "secrets' has more than " +
+                           std::to_string(egress::kMaxSecrets) + " entries");
   }
   for (size_t i = 0; i < j.size(); ++i) {
-    Fields f(j[i], "secrets[" + std::to_string(i) + "].");
+    Fields f(j[i], what + "secrets[" + std::to_string(i) + "].");
     RETURN_IF_ERROR(f.CheckObject());
     egress::SecretInput in;
     ASSIGN_OR_RETURN(in.name, f.String("name"));
@@ -73,8 +74,8 @@ Result<std::vector<egress::SecretInput>> Secrets(const Json& j) {
 
 }  // namespace
 
-Result<CreateRequest> ParseCreate(const Json& j) {
-  Fields f(j);
+Result<CreateRequest> ParseCreate(const Json& j, const std::string& what) {
+  Fields f(j, what);
   RETURN_IF_ERROR(f.CheckObject());
   CreateRequest r;
   ASSIGN_OR_RETURN(r.image, ImageName(f));
@@ -87,7 +88,7 @@ Result<CreateRequest> ParseCreate(const Json& j) {
   ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
   ASSIGN_OR_RETURN(r.profiles, f.StringList("profiles"));
   ASSIGN_OR_RETURN(r.privileged, f.Bool("privileged", false));
-  ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets")));
+  ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets"), what));
   return r;
 }
 
@@ -130,6 +131,11 @@ Result<ApiKeyRequest> ParseApiKey(const Json& j) {
   ApiKeyRequest r;
   ASSIGN_OR_RETURN(r.name, f.String("name"));
   RETURN_IF_ERROR(ValidateName("API key name", r.name));
+  ASSIGN_OR_RETURN(r.scope, f.String("scope", "sandboxes"));
+  if (r.scope != "sandboxes" && r.scope != "operator") {
+    return InvalidArgument("'scope' must be \"sandboxes\" or \"operator\", got " +
+                           QuoteForMessage(r.scope));
+  }
   return r;
 }
 

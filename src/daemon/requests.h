@@ -60,6 +60,7 @@ struct ServeRequest {  // serve
 
 struct ApiKeyRequest {  // api_key_create, api_key_rm
   std::string name;
+  std::string scope = "sandboxes";  // api_key_create: "sandboxes" or "operator"
 };
 
 struct DoctorRequest {
@@ -199,7 +200,8 @@ struct RunRequest {  // agent_show, agent_cancel, agent_transcript
   bool follow = false;  // agent_show: stream the live call's events first
 };
 
-Result<CreateRequest> ParseCreate(const Json& j);
+// `what`: a prefix for the fields' names in messages ("trybox." where the fields are nested).
+Result<CreateRequest> ParseCreate(const Json& j, const std::string& what = "");
 Result<VmRequest> ParseVmRequest(const Json& j);
 Result<DoctorRequest> ParseDoctor(const Json& j);
 Result<PruneRequest> ParsePrune(const Json& j);

@@ -19,17 +19,22 @@ void AddHttpVerbs(VerbTable& t, Services& s) {
   t.AddUnary("api_key_create", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseApiKey(j);
     if (!req.ok()) return ErrorReply(req.status());
-    auto k = s.http.keys().Create(req->name);
+    auto k = s.http.keys().Create(req->name, req->scope);
     if (!k.ok()) return ErrorReply(k.status());
     // The only time the key is ever sent anywhere.
-    return {{"ok", true}, {"id", k->record.id}, {"name", k->record.name}, {"key", k->key}};
+    return {{"ok", true},
+            {"id", k->record.id},
+            {"name", k->record.name},
+            {"scope", k->record.scope},
+            {"key", k->key}};
   });
   t.AddUnary("api_key_ls", [&s](const Json&, Connection&) -> Json {
     auto keys = s.http.keys().List();
     if (!keys.ok()) return ErrorReply(keys.status());
     Json out = Json::array();
     for (const auto& k : *keys) {
-      out.push_back({{"id", k.id}, {"name", k.name}, {"created_at", k.created_at}});
+      out.push_back(
+          {{"id", k.id}, {"name", k.name}, {"scope", k.scope}, {"created_at", k.created_at}});
     }
     const auto url = s.http.url();
     return {{"ok", true}, {"keys", out}, {"serving", url ? Json(*url) : Json(nullptr)}};

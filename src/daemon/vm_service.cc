@@ -260,7 +260,9 @@ ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecI
   tee.caller = io.sink;
   mine.sink = io.sink ? static_cast<OutputSink*>(&tee) : r.log.get();
   mine.on_open = [&](std::shared_ptr<channel::Stream> s) {
-    running_.Add(rec.id, s);
+    // A detached exec's input comes from the callers that started it (the HTTP API's
+    // SendInput); one with a client takes it from the client alone.
+    running_.Add(rec.id, s, io.client ? ExecInput{} : ExecInput{spec.stdin, spec.tty.has_value()});
     if (io.on_open) io.on_open(std::move(s));
   };
   // The image's env under the exec's own (docs/images.md, "Derived images").
@@ -333,18 +335,47 @@ Result<std::shared_ptr<ExecLog>> VmService::OpenExecLog(int64_t exec_id) {
   return logs_.Open(rec.vm_id, exec_id);
 }
 
-Status VmService::SignalExec(int64_t exec_id, int sig) {
-  ASSIGN_OR_RETURN(store::ExecRecord rec, GetExec(exec_id));
-  Status st = running_.Signal(exec_id, sig);
-  if (st.ok()) return st;
+Status VmService::NotRunning(int64_t exec_id, const Status& why) {
+  if (why.code() != Code::kFailedPrecondition) return why;
   // It ended meanwhile (or before): say how, from the record.
-  auto now = GetExec(exec_id);
-  if (now.ok()) rec = *now;
-  std::string how = rec.outcome;
-  if (rec.exit_code) how += " with code " + std::to_string(*rec.exit_code);
-  if (rec.signal) how += " by signal " + std::to_string(*rec.signal);
-  return FailedPrecondition("exec " + std::to_string(exec_id) + " is not running" +
-                            (rec.outcome == "running" ? "" : " (it " + how + ")"));
+  auto rec = GetExec(exec_id);
+  if (!rec.ok()) return why;
+  if (rec->outcome == "running") return why;  // running, but not for this (no input, ...)
+  std::string how = rec->outcome;
+  if (rec->exit_code) how += " with code " + std::to_string(*rec->exit_code);
+  if (rec->signal) how += " by signal " + std::to_string(*rec->signal);
+  return FailedPrecondition("exec " + std::to_string(exec_id) + " is not running (it " + how + ")");
+}
+
+Status VmService::SignalExec(int64_t exec_id, int sig) {
+  RETURN_IF_ERROR(GetExec(exec_id).status());
+  Status st = running_.Signal(exec_id, sig);
+  return st.ok() ? st : NotRunning(exec_id, st);
+}
+
+Result<ExecInput> VmService::ExecInputOf(int64_t exec_id) {
+  RETURN_IF_ERROR(GetExec(exec_id).status());
+  auto in = running_.InputOf(exec_id);
+  if (!in.ok()) return NotRunning(exec_id, in.status());
+  return in;
+}
+
+Status VmService::InputExec(int64_t exec_id, std::string_view data) {
+  RETURN_IF_ERROR(GetExec(exec_id).status());
+  Status st = running_.Input(exec_id, data);
+  return st.ok() ? st : NotRunning(exec_id, st);
+}
+
+Status VmService::CloseExecInput(int64_t exec_id) {
+  RETURN_IF_ERROR(GetExec(exec_id).status());
+  Status st = running_.CloseInput(exec_id);
+  return st.ok() ? st : NotRunning(exec_id, st);
+}
+
+Status VmService::ResizeExec(int64_t exec_id, TermSize size) {
+  RETURN_IF_ERROR(GetExec(exec_id).status());
+  Status st = running_.Resize(exec_id, size.rows, size.cols);
+  return st.ok() ? st : NotRunning(exec_id, st);
 }
 
 Result<std::vector<store::ExecRecord>> VmService::Execs(const std::string& vm_id) {

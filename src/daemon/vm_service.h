@@ -87,6 +87,13 @@ class VmService {
   // Signals a running exec's tree (the guest's signal event). kNotFound: no such exec;
   // kFailedPrecondition: it is not running, naming how it ended.
   Status SignalExec(int64_t exec_id, int sig);
+  // The input of a running detached exec (RunningExecs): what it takes, writing to it,
+  // closing its stdin, sizing its terminal. kNotFound: no such exec; kFailedPrecondition:
+  // not running (naming how it ended), or it takes no such input.
+  Result<ExecInput> ExecInputOf(int64_t exec_id);
+  Status InputExec(int64_t exec_id, std::string_view data);
+  Status CloseExecInput(int64_t exec_id);
+  Status ResizeExec(int64_t exec_id, TermSize size);
   Result<store::ExecRecord> GetExec(int64_t exec_id);
   // The kept output of an exec (live while it runs). kNotFound for an unknown id.
   Result<std::shared_ptr<ExecLog>> OpenExecLog(int64_t exec_id);
@@ -142,6 +149,8 @@ class VmService {
     store::ExecRecord rec;
     std::shared_ptr<ExecLog> log;
   };
+  // `why` (RunningExecs' refusal) for an exec that is no longer running: how it ended.
+  Status NotRunning(int64_t exec_id, const Status& why);
   // OK unless the heartbeat finds the VM unresponsive or paused: then an error naming it.
   static Status Responsive(VmEntry& vm);
   // Inserts the exec's row and starts its log: nothing runs unrecorded.

@@ -18,6 +18,7 @@
 #include "guest/identity.h"
 #include "guest/layer.h"
 #include "guest/requests.h"
+#include "guest/watch.h"
 #include "util/log.h"
 #include "util/names.h"
 
@@ -209,8 +210,8 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       return;
     }
     op = *parsed;
-    if (!ready_ &&
-        (op == "exec" || op == "put" || op == "get" || op == "port" || op == "layer_capture")) {
+    if (!ready_ && (op == "exec" || op == "put" || op == "get" || op == "port" ||
+                    op == "layer_capture" || op == "watch")) {
       const char* why = "this clone has not been given its identity yet (identity request)";
       // Each request's own result shape, so the host reads it like any other failure.
       (void)stream->End(
@@ -237,6 +238,8 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       ServeGet(reaper_, *stream, request, boot_.transfer_disk.get());
     } else if (op == "port") {
       ServePort(*stream, request);
+    } else if (op == "watch") {
+      ServeWatch(*stream, request);
     } else if (op == "layer_size") {
       ServeLayerSize(*stream, boot_.upper_dir ? boot_.upper_dir->get() : -1);
     } else if (op == "layer_capture") {

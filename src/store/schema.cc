@@ -165,6 +165,16 @@ Status SchemaV3(sqlite3* db) {
                  "UNIQUE, hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL)");
 }
 
+// Version 4: a key's scope (docs/protocol/http.md, "Keys"): what it may ask for. Keys made
+// before it are `sandboxes`, the only kind there was.
+Status SchemaV4(sqlite3* db) {
+  Status st;
+  const bool present = HasColumn(db, "api_keys", "scope", &st);
+  RETURN_IF_ERROR(st);
+  if (present) return Status::Ok();  // a step run again changes nothing
+  return ExecSql(db, "ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT 'sandboxes'");
+}
+
 struct Migration {
   int version;  // user_version once applied
   Status (*apply)(sqlite3*);
@@ -174,6 +184,7 @@ constexpr Migration kMigrations[] = {
     {1, SchemaV1},
     {2, SchemaV2},
     {3, SchemaV3},
+    {4, SchemaV4},
 };
 
 std::string WhatToDo(const std::string& path) {

@@ -532,9 +532,9 @@ Status Store::InsertApiKey(const ApiKeyRecord& k) {
     ASSIGN_OR_RETURN(bool taken, q.Step());
     if (taken) return Status(Code::kAlreadyExists, "an API key named " + k.name + " exists");
   }
-  Stmt s(db_, "INSERT INTO api_keys (id, name, hash, created_at) VALUES (?,?,?,?)");
+  Stmt s(db_, "INSERT INTO api_keys (id, name, hash, created_at, scope) VALUES (?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
-  s.Bind(1, k.id).Bind(2, k.name).Bind(3, k.hash).Bind(4, k.created_at);
+  s.Bind(1, k.id).Bind(2, k.name).Bind(3, k.hash).Bind(4, k.created_at).Bind(5, k.scope);
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
   return Status::Ok();
@@ -542,13 +542,13 @@ Status Store::InsertApiKey(const ApiKeyRecord& k) {
 
 Result<std::vector<ApiKeyRecord>> Store::ListApiKeys() {
   MutexLock lock(mu_);
-  Stmt s(db_, "SELECT id, name, hash, created_at FROM api_keys ORDER BY created_at, name");
+  Stmt s(db_, "SELECT id, name, hash, created_at, scope FROM api_keys ORDER BY created_at, name");
   RETURN_IF_ERROR(s.prepared());
   std::vector<ApiKeyRecord> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Double(3)});
+    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Double(3), s.Text(4)});
   }
   return out;
 }

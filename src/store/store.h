@@ -134,6 +134,9 @@ struct ApiKeyRecord {
   std::string name;
   std::string hash;
   double created_at = 0;
+  // "sandboxes": E2B's API for the key's own sandboxes; "operator": that and trybox's own
+  // REST routes over every VM and run, as the socket's caller may.
+  std::string scope = "sandboxes";
 };
 
 double NowSeconds();

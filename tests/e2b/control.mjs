@@ -8,6 +8,13 @@ const template = process.env.TRYBOX_TEST_TEMPLATE || 'debian-12'
 const run = process.env.TRYBOX_TEST_RUN || String(Date.now())
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const out = {}
+const err = async (f) => {
+  try {
+    return { value: await f() }
+  } catch (e) {
+    return { error: `${e.name}: ${e.message}` }
+  }
+}
 
 let t = Date.now()
 const sbx = await Sandbox.create(template, {
@@ -103,23 +110,67 @@ try {
 } catch (e) {
   cmd.timeout = `${e.name}: ${e.message}`
 }
-try {
-  await sbx.commands.run('cat', { stdin: true })
-  cmd.stdin = 'no error'
-} catch (e) {
-  cmd.stdin = `${e.name}: ${e.message}`
-}
+// Input: a command started with stdin open reads what is sent, in order, to the EOF that
+// closing it gives; one started without (the default) refuses input by name.
+const upper = await sbx.commands.run('tr a-z A-Z; echo "[eof]"', { background: true, stdin: true })
+await upper.sendStdin('first line\n')
+await sbx.commands.sendStdin(upper.pid, new TextEncoder().encode('second\n'))
+await upper.closeStdin()
+cmd.stdin = (await upper.wait()).stdout
+cmd.stdin_after_end = await err(() => sbx.commands.sendStdin(upper.pid, 'late'))
+const noInput = await sbx.commands.run('sleep 600', { background: true })
+cmd.stdin_refused = await err(() => noInput.sendStdin('x'))
+cmd.close_refused = await err(() => noInput.closeStdin())
+cmd.resize_refused = await err(() => sbx.pty.resize(noInput.pid, { cols: 90, rows: 20 }))
+await noInput.kill()
 out.commands = cmd
+
+// A PTY: bash on a terminal of the given size, typed into, resized, interrupted, exited.
+const pty = {}
+let screen = ''
+const decoder = new TextDecoder()
+const term = await sbx.pty.create({
+  cols: 80,
+  rows: 24,
+  timeoutMs: 300_000,
+  onData: (d) => (screen += decoder.decode(d, { stream: true })),
+})
+const type = (text) => sbx.pty.sendInput(term.pid, new TextEncoder().encode(text))
+const seen = async (text) => {
+  for (const t0 = Date.now(); Date.now() - t0 < 60_000; await sleep(100)) {
+    if (screen.includes(text)) return true
+  }
+  return false
+}
+await type('stty size; tty; echo "who=$(whoami)"; echo "sum=$((6*7))"\n')
+pty.typed = await seen('sum=42')
+pty.size = /\b24 80\b/.test(screen)
+pty.tty = /\/dev\/pts\/\d+/.test(screen)
+pty.user = screen.includes('who=user')
+await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+await type('echo "size=$(stty size)"\n')
+pty.resized = await seen('size=30 100')
+// Ctrl-C reaches the foreground job through the terminal's line discipline.
+await type('sleep 300\n')
+for (const t0 = Date.now(); Date.now() - t0 < 60_000; await sleep(200)) {
+  if ((await sbx.commands.run('pgrep -x sleep || true')).stdout.trim()) break
+}
+await type('\x03')
+await type('echo "after=$((1+1))"\n')
+pty.interrupted = await seen('after=2')
+pty.close_refused = await err(() => sbx.commands.closeStdin(term.pid))
+pty.stdin_refused = await err(() => sbx.commands.sendStdin(term.pid, 'x'))
+await type('exit 5\n')
+try {
+  await term.wait()
+  pty.exit = 'no error'
+} catch (e) {
+  pty.exit = e instanceof CommandExitError ? e.exitCode : String(e)
+}
+out.pty = pty
 
 // Files (envd's filesystem service and GET /files), as the default account.
 const fs = {}
-const err = async (f) => {
-  try {
-    return { value: await f() }
-  } catch (e) {
-    return { error: `${e.name}: ${e.message}` }
-  }
-}
 await sbx.commands.run(
   'mkdir -p proj/sub && printf hello > proj/a.txt && ln -s a.txt proj/link && printf \'<b>x</b>\' > "proj/we ird.txt"'
 )
@@ -157,6 +208,23 @@ fs.big_ok = bigBack.length === big.length && bigBack.every((b, i) => b === big[i
 fs.write_root_only = await err(() => sbx.files.write('/root/nope.txt', 'x'))
 fs.write_as_root = (await sbx.files.write('/root/yes.txt', 'x', { user: 'root' })).path
 fs.tmp_left = (await sbx.commands.run('ls -a /tmp | grep -c trybox-upload || true', { user: 'root' })).stdout
+// Watching a directory: events as files change under it (recursive), then stopped.
+const watched = []
+await sbx.commands.run('mkdir -p watched/sub')
+const watcher = await sbx.files.watchDir('watched', (e) => watched.push(`${e.type}:${e.name}`), {
+  recursive: true,
+  timeoutMs: 300_000,
+})
+await sbx.commands.run(
+  'echo a > watched/a.txt; echo b > watched/sub/b.txt; mv watched/a.txt watched/c.txt; rm watched/sub/b.txt; chmod 600 watched/c.txt'
+)
+for (const t0 = Date.now(); Date.now() - t0 < 60_000 && !watched.includes('chmod:c.txt'); ) {
+  await sleep(100)
+}
+await watcher.stop()
+fs.watch = watched
+fs.watch_missing = await err(() => sbx.files.watchDir('nope', () => {}))
+fs.watch_root_only = await err(() => sbx.files.watchDir('/root', () => {}))
 out.files = fs
 
 // A short timeout, then the sandbox goes by itself.

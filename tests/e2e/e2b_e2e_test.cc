@@ -154,7 +154,27 @@ TEST_F(E2bE2E, OfficialSdkCreatesListsKillsAndTimesOutSandboxes) {
   EXPECT_EQ(c["bg_wait"]["exitCode"], -1) << c.dump();
   EXPECT_EQ(c["bg_killed_again"], false);
   EXPECT_NE(c["timeout"].get<std::string>(), "no error") << c.dump();
-  EXPECT_NE(c["stdin"].get<std::string>().find("not served"), std::string::npos) << c.dump();
+  EXPECT_EQ(c["stdin"], "FIRST LINE\nSECOND\n[eof]\n") << c.dump();
+  EXPECT_NE(c["stdin_after_end"].value("error", "").find("not running"), std::string::npos)
+      << c.dump();
+  EXPECT_NE(c["stdin_refused"].value("error", "").find("started without stdin"), std::string::npos)
+      << c.dump();
+  EXPECT_NE(c["close_refused"].value("error", "").find("started without stdin"), std::string::npos)
+      << c.dump();
+  EXPECT_NE(c["resize_refused"].value("error", "").find("has no terminal"), std::string::npos)
+      << c.dump();
+
+  const Json& p = out["pty"];
+  EXPECT_EQ(p["typed"], true) << p.dump();
+  EXPECT_EQ(p["size"], true) << "stty size did not say 24 80";
+  EXPECT_EQ(p["tty"], true) << "tty did not name a /dev/pts terminal";
+  EXPECT_EQ(p["user"], true);
+  EXPECT_EQ(p["resized"], true) << "the resize did not reach the terminal";
+  EXPECT_EQ(p["interrupted"], true) << "Ctrl-C did not end the foreground sleep";
+  EXPECT_NE(p["close_refused"].value("error", "").find("Ctrl-D"), std::string::npos) << p.dump();
+  EXPECT_NE(p["stdin_refused"].value("error", "").find("runs on a PTY"), std::string::npos)
+      << p.dump();
+  EXPECT_EQ(p["exit"], 5) << p.dump();
 
   // Files through envd's filesystem service and GET /files, as `user`.
   const Json& f = out["files"];
@@ -193,6 +213,15 @@ TEST_F(E2bE2E, OfficialSdkCreatesListsKillsAndTimesOutSandboxes) {
   EXPECT_EQ(f["write_as_root"], "/root/yes.txt");
   EXPECT_EQ(f["big_ok"], true) << "a 3 MiB file did not come back byte for byte";
   EXPECT_EQ(f["tmp_left"], "0\n") << "an upload's temporary file was left in /tmp";
+  // The watch saw each change, by the name relative to the watched directory.
+  for (const char* e : {"create:a.txt", "write:a.txt", "create:sub/b.txt", "rename:a.txt",
+                        "create:c.txt", "remove:sub/b.txt", "chmod:c.txt"}) {
+    const Json& w = f["watch"];
+    EXPECT_NE(std::find(w.begin(), w.end(), e), w.end()) << e << " not in " << w.dump();
+  }
+  EXPECT_NE(f["watch_missing"].value("error", "").find("not found"), std::string::npos) << f.dump();
+  EXPECT_NE(f["watch_root_only"].value("error", "").find("ermission denied"), std::string::npos)
+      << f.dump();
 
   // Both VMs are gone: one killed, one past its timeout.
   EXPECT_EQ(LiveVms(), 0u);
@@ -244,12 +273,18 @@ TEST_F(E2bE2E, BadRequestsGetClearErrorsAndChangeNothing) {
            {R"({"templateID":"debian-12","envVars":{"1BAD":"x"}})", "envVars"},
            {R"({"templateID":"debian-12","network":{"allowOut":["10.0.0.0/8"]}})", "10.0.0.0/8"},
            {R"({"templateID":"debian-12","network":{"rules":{"a.example":[{}]}}})", "secrets"},
+           {R"({"templateID":"debian-12","trybox":{"privileged":true}})", "trybox.privileged"},
+           {R"({"templateID":"debian-12","trybox":{"cpus":0}})", "trybox.cpus"},
+           {R"({"templateID":"debian-12","trybox":{"secrets":[{"name":"T","value":"sekrit-9",
+               "hosts":"api.test"}]}})",
+            "trybox.secrets[0].hosts"},
        }) {
     r = Request(port_, "POST", "/sandboxes", key_, b.body);
     EXPECT_EQ(r.status, 400) << b.body << " -> " << r.body.dump();
     EXPECT_EQ(r.body["code"], 400) << b.body;
     EXPECT_NE(r.body.value("message", "").find(b.says), std::string::npos)
         << b.body << " -> " << r.body.dump();
+    EXPECT_EQ(r.body.dump().find("sekrit-9"), std::string::npos) << "a secret's value is echoed";
   }
   r = Request(port_, "POST", "/sandboxes", key_, R"({"templateID":"no-such-image"})");
   EXPECT_EQ(r.status, 404) << r.body.dump();
@@ -273,7 +308,7 @@ TEST_F(E2bE2E, BadRequestsGetClearErrorsAndChangeNothing) {
   r = Request(port_, "POST", "/sandboxes", other, R"({"templateID":"debian-12","timeout":300})");
   ASSERT_EQ(r.status, 201) << r.body.dump();
   const std::string id = r.body["sandboxID"];
-  EXPECT_EQ(r.body["envdVersion"], "0.4.0");
+  EXPECT_EQ(r.body["envdVersion"], "0.5.2");
   EXPECT_EQ(Request(port_, "GET", "/sandboxes/" + id, key_).status, 404);
   EXPECT_EQ(Request(port_, "DELETE", "/sandboxes/" + id, key_).status, 404);
   EXPECT_EQ(
@@ -305,6 +340,30 @@ TEST_F(E2bE2E, BadRequestsGetClearErrorsAndChangeNothing) {
   CliResult wide = h_->Cli({"serve", "--listen", "0.0.0.0:0"});
   EXPECT_NE(wide.code, 0);
   EXPECT_NE(wide.err.find("loopback"), std::string::npos) << wide.err;
+}
+
+// A sandbox's secrets (trybox.secrets, the socket's create fields): the guest's commands
+// see a placeholder in the variable, never the value; the value is in no reply or log.
+TEST_F(E2bE2E, SecretsGivenAtCreateReachTheGuestOnlyAsPlaceholders) {
+  const std::string value = "tbx-secret-value-41c7";
+  HttpReply r = Request(port_, "POST", "/sandboxes", key_,
+                        R"({"templateID":"debian-12","timeout":300,"trybox":{"memory_mib":384,
+                        "secrets":[{"name":"API_TOKEN","value":")" +
+                            value + R"(","hosts":["api.test"]}]}})");
+  ASSERT_EQ(r.status, 201) << r.body.dump();
+  const std::string id = r.body["sandboxID"];
+  EXPECT_EQ(r.body.dump().find(value), std::string::npos);
+  r = Request(port_, "GET", "/sandboxes/" + id, key_);
+  EXPECT_EQ(r.body["memoryMB"], 384) << r.body.dump();
+  CliResult env = h_->Cli({"exec", id, "--", "sh", "-c", "printf %s \"$API_TOKEN\""});
+  EXPECT_EQ(env.code, 0) << env.err;
+  EXPECT_FALSE(env.out.empty()) << "the variable is not set in the guest";
+  EXPECT_EQ(env.out.find(value), std::string::npos) << "the guest sees the secret's value";
+  EXPECT_EQ(env.out.size(), value.size()) << "a placeholder has the value's length: " << env.out;
+  EXPECT_EQ(Request(port_, "DELETE", "/sandboxes/" + id, key_).status, 204);
+  EXPECT_EQ(ReadFileToString(h_->home() + "/tryboxd.log").value_or("").find(value),
+            std::string::npos)
+      << "the secret's value is in the daemon's log";
 }
 
 // A command's stream is open (a raw Connect call, as the SDK makes it) when the server is

@@ -1,0 +1,337 @@
+// trybox's own REST routes (docs/protocol/rest.md): what E2B's API has no words for (the
+// egress audit, workspaces, agent runs, the runs waiting for a person), under /trybox/v1,
+// for keys of scope `operator`. Each route is one of the socket's verbs, called over a
+// connection from inside the daemon (ControlServer::Attach): the same parsers, the same
+// services, the same errors as `trybox` on the socket. A verb's END is the reply; a
+// streaming verb's EVENTs are server-sent events.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "daemon/http_api.h"
+#include "daemon/verbs.h"
+#include "util/log.h"
+#include "util/numbers.h"
+
+namespace trybox::daemon {
+namespace {
+
+using api::HttpRequest;
+using api::HttpResponse;
+using api::PathParams;
+
+// How long a quiet event stream waits before it looks at whether the server is stopping,
+// and how often it sends a comment line so that a proxy or a client's idle timer does not
+// take it for dead.
+constexpr auto kStopCheck = std::chrono::seconds(1);
+constexpr auto kKeepalive = std::chrono::seconds(15);
+
+// A verb's error reply ({"ok":false,"error":{code,message,kind?}}) as an HTTP error in the
+// shape of the rest of the server ({"code": HTTP status, "message"}), with the verb's own
+// code name and kind beside it.
+HttpResponse VerbError(const Json& reply) {
+  const Json error = reply.value("error", Json::object());
+  const std::string name = error.is_object() ? error.value("code", "INTERNAL") : "INTERNAL";
+  const std::string message =
+      error.is_object() ? error.value("message", "unknown error") : "unknown error";
+  Code code = CodeFromName(name);
+  if (code == Code::kOk) code = Code::kInternal;  // an error that names no error is one still
+  const int status = HttpStatusFor(Status(code, message));
+  Json body = {{"code", status}, {"message", message}, {"status", CodeName(code)}};
+  if (error.is_object() && error.contains("kind")) body["kind"] = error["kind"];
+  return api::JsonReply(status, body.dump());
+}
+
+HttpResponse ErrorOf(const Status& st) {
+  return VerbError(
+      {{"ok", false}, {"error", {{"code", CodeName(st.code())}, {"message", st.message()}}}});
+}
+
+// A JSON request body: an object, or {} for an empty body.
+Result<Json> BodyObject(const HttpRequest& req) {
+  if (req.body.empty()) return Json::object();
+  Json j = Json::parse(req.body, nullptr, false);
+  if (j.is_discarded()) return InvalidArgument("the body is not valid JSON");
+  if (!j.is_object()) return InvalidArgument("the body must be a JSON object");
+  return j;
+}
+
+// A query parameter as a whole number in [lo, hi] into `request[field]`, when given.
+Status QueryInt(const HttpRequest& req, const char* name, int64_t lo, int64_t hi, Json* request,
+                const char* field) {
+  auto it = req.query.find(name);
+  if (it == req.query.end()) return Status::Ok();
+  ASSIGN_OR_RETURN(int64_t n, ParseBoundedInt(it->second, lo, hi, name));
+  (*request)[field] = n;
+  return Status::Ok();
+}
+
+// One server-sent event: `event: NAME` and the JSON on one `data:` line (JSON text holds no
+// raw newline).
+std::string SseEvent(const std::string& name, const Json& data) {
+  return "event: " + name + "\ndata: " + data.dump() + "\n\n";
+}
+
+// The event name of a verb's EVENT: its one key ({"progress": {...}} is `progress`), or
+// `message` for an object of several.
+std::string EventName(const Json& body) {
+  if (body.is_object() && body.size() == 1) return body.begin().key();
+  return "message";
+}
+
+// Relays one verb stream as server-sent events: each EVENT as it comes, then `end` with the
+// END body, or `error` with the error. The verb's stream is reset when the HTTP client goes
+// (the object is destroyed before the verb ended): for `agent`, `answer` and `resume` that
+// cancels the call, as a client's reset on the socket does.
+class EventRelay {
+ public:
+  // `first`: the verb's first message, already read.
+  EventRelay(std::shared_ptr<channel::Stream> stream, channel::Stream::Message first,
+             const std::atomic<bool>& stop)
+      : stream_(std::move(stream)), first_(std::move(first)), stop_(stop) {}
+  ~EventRelay() {
+    if (!stream_->finished()) (void)stream_->Reset("the HTTP client went away");
+  }
+
+  bool Next(std::string* out) {
+    if (done_) return false;
+    for (;;) {
+      if (first_) {
+        const channel::Stream::Message m = std::move(*first_);
+        first_.reset();
+        if (Relay(m, out)) return true;
+        continue;
+      }
+      if (stop_) {
+        done_ = true;
+        *out = SseEvent("error", {{"status", "UNAVAILABLE"},
+                                  {"message", "the HTTP API is stopping; the stream ends here"}});
+        return true;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      auto m = stream_->Next(std::min(now + kStopCheck, keepalive_due_));
+      if (!m.ok()) {
+        if (m.status().code() == Code::kDeadlineExceeded) {
+          if (std::chrono::steady_clock::now() >= keepalive_due_) {
+            keepalive_due_ = std::chrono::steady_clock::now() + kKeepalive;
+            *out = ": keepalive\n\n";
+            return true;
+          }
+          continue;
+        }
+        done_ = true;
+        *out = SseEvent("error",
+                        {{"status", "UNAVAILABLE"},
+                         {"message", "the daemon's stream was lost: " + m.status().message()}});
+        return true;
+      }
+      if (Relay(*m, out)) return true;
+    }
+  }
+
+ private:
+  // One message of the verb as the event it makes; false for one that makes none.
+  bool Relay(const channel::Stream::Message& m, std::string* out) {
+    switch (m.kind) {
+      case channel::Stream::Message::Kind::kEvent:
+        keepalive_due_ = std::chrono::steady_clock::now() + kKeepalive;
+        *out = SseEvent(EventName(m.body), m.body);
+        return true;
+      case channel::Stream::Message::Kind::kEnd: {
+        done_ = true;
+        if (m.body.value("ok", false)) {
+          *out = SseEvent("end", m.body);
+        } else {
+          const Json error = m.body.value("error", Json::object());
+          *out = SseEvent("error", error.is_object() ? error : Json::object());
+        }
+        return true;
+      }
+      case channel::Stream::Message::Kind::kReset:
+        done_ = true;
+        *out = SseEvent("error", {{"status", "UNAVAILABLE"},
+                                  {"message", "the daemon reset the stream: " +
+                                                  m.body.value("reason", std::string())}});
+        return true;
+      case channel::Stream::Message::Kind::kData:
+      case channel::Stream::Message::Kind::kEof:
+        break;  // no route relays a verb's data channels
+    }
+    return false;
+  }
+
+  std::shared_ptr<channel::Stream> stream_;
+  std::optional<channel::Stream::Message> first_;
+  const std::atomic<bool>& stop_;
+  std::chrono::steady_clock::time_point keepalive_due_ =
+      std::chrono::steady_clock::now() + kKeepalive;
+  bool done_ = false;
+};
+
+}  // namespace
+
+void HttpApi::SetVerbConnection(UniqueFd fd) {
+  auto mux = std::make_shared<channel::Mux>(std::move(fd), channel::Role::kHost);
+  mux->OnDeath([](const std::string& why) {
+    if (why != "connection closed") LogWarn("http", "the REST routes' verb connection: " + why);
+  });
+  mux->Start();
+  MutexLock lock(mu_);
+  verbs_ = std::move(mux);
+}
+
+Result<std::shared_ptr<channel::Stream>> HttpApi::OpenVerb(const Json& request) {
+  std::shared_ptr<channel::Mux> mux;
+  {
+    MutexLock lock(mu_);
+    mux = verbs_;
+  }
+  if (!mux) return Unavailable("trybox's REST routes are not connected to the daemon's verbs");
+  return mux->Open(request);
+}
+
+api::HttpResponse HttpApi::CallVerb(const Json& request) {
+  auto s = OpenVerb(request);
+  if (!s.ok()) return ErrorOf(s.status());
+  for (;;) {
+    auto m = (*s)->Next();
+    if (!m.ok())
+      return ErrorOf(Unavailable("the daemon's stream was lost: " + m.status().message()));
+    if (m->kind == channel::Stream::Message::Kind::kReset) {
+      return ErrorOf(
+          Unavailable("the daemon reset the request: " + m->body.value("reason", std::string())));
+    }
+    if (m->kind != channel::Stream::Message::Kind::kEnd) continue;
+    if (!m->body.value("ok", false)) return VerbError(m->body);
+    Json reply = m->body;
+    reply.erase("ok");
+    return api::JsonReply(200, reply.dump());
+  }
+}
+
+api::HttpResponse HttpApi::StreamVerb(const Json& request) {
+  auto s = OpenVerb(request);
+  if (!s.ok()) return ErrorOf(s.status());
+  // The first message decides the status: a verb that refuses its request at once (a field
+  // missing, a run unknown) is an HTTP error like a unary verb's, not a 200 and an event.
+  auto first = (*s)->Next();
+  if (!first.ok()) {
+    return ErrorOf(Unavailable("the daemon's stream was lost: " + first.status().message()));
+  }
+  if (first->kind == channel::Stream::Message::Kind::kEnd && !first->body.value("ok", false)) {
+    return VerbError(first->body);
+  }
+  auto relay = std::make_shared<EventRelay>(*s, std::move(*first), streams_stop_);
+  HttpResponse r;
+  r.content_type = "text/event-stream";
+  r.headers.emplace_back("Cache-Control", "no-store");
+  r.stream = [relay](std::string* out) { return relay->Next(out); };
+  return r;
+}
+
+void HttpApi::AddRestRoutes() {
+  router_.Add("GET", "/trybox/v1/vms", [this](const HttpRequest&, const PathParams&) {
+    return CallVerb({{"verb", "list"}});
+  });
+  router_.Add("GET", "/trybox/v1/audit", [this](const HttpRequest& req, const PathParams&) {
+    Json verb = {{"verb", "audit"}};
+    if (auto vm = req.query.find("vm"); vm != req.query.end()) verb["vm"] = vm->second;
+    Status st = QueryInt(req, "limit", 1, 1000, &verb, "limit");
+    if (st.ok()) st = QueryInt(req, "before_id", 1, INT64_MAX, &verb, "before_id");
+    if (!st.ok()) return ErrorOf(st);
+    return CallVerb(verb);
+  });
+  router_.Add("GET", "/trybox/v1/vms/{id}/diff",
+              [this](const HttpRequest& req, const PathParams& p) {
+                Json verb = {{"verb", "diff"}, {"vm", p.at("id")}};
+                Status st = QueryInt(req, "offset", 0, INT64_MAX, &verb, "offset");
+                if (st.ok()) st = QueryInt(req, "limit", 1, kMaxReplyChanges, &verb, "limit");
+                if (!st.ok()) return ErrorOf(st);
+                return CallVerb(verb);
+              });
+  // A collect commits the VM's workspace into the repository it came from; where a copy
+  // lands on the host (`into`) is not for an HTTP caller to choose.
+  router_.Add("POST", "/trybox/v1/vms/{id}/collect",
+              [this](const HttpRequest& req, const PathParams& p) {
+                auto body = BodyObject(req);
+                if (!body.ok()) return ErrorOf(body.status());
+                for (const auto& [key, value] : body->items()) {
+                  if (key != "commit" && key != "command") {
+                    return ErrorOf(InvalidArgument(
+                        key == "into" ? "into is not taken over HTTP: a collect lands in the "
+                                        "workspace's own repository (and a temporary directory)"
+                                      : key + " is not a field of a collect (commit, command)"));
+                  }
+                }
+                Json verb = *body;
+                verb["verb"] = "collect";
+                verb["vm"] = p.at("id");
+                return CallVerb(verb);
+              });
+
+  router_.Add("GET", "/trybox/v1/agent-runs", [this](const HttpRequest& req, const PathParams&) {
+    Json verb = {{"verb", "agent_ls"}};
+    Status st = QueryInt(req, "limit", 1, 1000, &verb, "limit");
+    if (!st.ok()) return ErrorOf(st);
+    return CallVerb(verb);
+  });
+  router_.Add("POST", "/trybox/v1/agent-runs", [this](const HttpRequest& req, const PathParams&) {
+    auto body = BodyObject(req);
+    if (!body.ok()) return ErrorOf(body.status());
+    if (body->contains("verb")) return ErrorOf(InvalidArgument("verb is not a field of a run"));
+    Json verb = *body;
+    verb["verb"] = "agent";
+    return StreamVerb(verb);
+  });
+  router_.Add("GET", "/trybox/v1/agent-runs/{id}", [this](const HttpRequest&, const PathParams& p) {
+    return CallVerb({{"verb", "agent_show"}, {"run", p.at("id")}});
+  });
+  router_.Add("GET", "/trybox/v1/agent-runs/{id}/events",
+              [this](const HttpRequest&, const PathParams& p) {
+                return StreamVerb({{"verb", "agent_show"}, {"run", p.at("id")}, {"follow", true}});
+              });
+  for (const char* act : {"answer", "resume"}) {
+    const std::string verb_name = std::string("agent_") + act;
+    router_.Add("POST", std::string("/trybox/v1/agent-runs/{id}/") + act,
+                [this, verb_name](const HttpRequest& req, const PathParams& p) {
+                  auto body = BodyObject(req);
+                  if (!body.ok()) return ErrorOf(body.status());
+                  if (body->contains("verb") || body->contains("run")) {
+                    return ErrorOf(
+                        InvalidArgument("the run is the path's; verb and run are not "
+                                        "fields of the body"));
+                  }
+                  Json verb = *body;
+                  verb["verb"] = verb_name;
+                  verb["run"] = p.at("id");
+                  return StreamVerb(verb);
+                });
+  }
+  router_.Add("POST", "/trybox/v1/agent-runs/{id}/cancel",
+              [this](const HttpRequest&, const PathParams& p) {
+                return CallVerb({{"verb", "agent_cancel"}, {"run", p.at("id")}});
+              });
+
+  // What waits for a person: today, agent runs that asked a question (NEEDS_INPUT); the
+  // answer is POST .../answer.
+  router_.Add("GET", "/trybox/v1/approvals", [this](const HttpRequest&, const PathParams&) {
+    HttpResponse listed = CallVerb({{"verb", "agent_ls"}, {"limit", 1000}});
+    if (listed.status != 200) return listed;
+    Json runs = Json::parse(listed.body, nullptr, false).value("runs", Json::array());
+    Json waiting = Json::array();
+    for (const Json& r : runs) {
+      if (r.value("outcome", "") != "NEEDS_INPUT") continue;
+      waiting.push_back({{"kind", "agent_question"},
+                         {"run", r.value("run", "")},
+                         {"question", r.value("question", "")},
+                         {"task", r.value("task", "")},
+                         {"vm", r.value("vm", "")},
+                         {"since", r.value("updated_at", 0.0)},
+                         {"answer", "POST /trybox/v1/agent-runs/" + r.value("run", "") +
+                                        "/answer {\"answer\": TEXT}"}});
+    }
+    return api::JsonReply(200, Json{{"approvals", waiting}}.dump());
+  });
+}
+
+}  // namespace trybox::daemon
