@@ -14,6 +14,7 @@
 #include "cli/agent_settings.h"
 #include "cli/image_recipe.h"
 #include "cli/reply.h"
+#include "cli/secret_flags.h"
 #include "image/image.h"
 #include "util/paths.h"
 #include "util/utf8.h"
@@ -272,6 +273,11 @@ int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostr
              {"model", *model},
              {"limits", Limits(a)}};
       if (!a.verify.empty()) req["verify"] = a.verify;
+      if (!inv.vm.secrets.empty()) {
+        auto secrets = ResolveSecrets(Paths::FromEnvironment(), inv.vm.secrets);
+        if (!secrets.ok()) return Fail(err, secrets.status());
+        req["secrets"] = std::move(*secrets);
+      }
       if (!inv.vm.workspace.empty()) {
         char real[PATH_MAX];
         if (!::realpath(inv.vm.workspace.c_str(), real)) {

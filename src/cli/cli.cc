@@ -1061,6 +1061,12 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
       ->allow_extra_args(false);
   agent->add_option("--profile", inv.vm.profiles, "Add a named allow-list (repeatable)")
       ->allow_extra_args(false);
+  agent
+      ->add_option("--secret", inv.vm.secrets,
+                   "NAME=SOURCE@HOST[,HOST...] or a NAME of secrets.json: the run's VM (and "
+                   "its verification VM) sees NAME set to a placeholder; the real value goes "
+                   "only into HTTPS requests to HOST (repeatable; docs/secrets.md)")
+      ->allow_extra_args(false);
   AddAgentModelOptions(agent, inv.model, nf);
   agent->add_flag("--json", inv.json, "Print the report as JSON");
   agent->add_option("task", inv.agent.task, "The task, in words");

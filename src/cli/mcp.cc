@@ -23,6 +23,7 @@
 #include "cli/image_recipe.h"
 #include "cli/mcp_tools.h"
 #include "cli/reply.h"
+#include "cli/secret_flags.h"
 #include "egress/allowlist.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -116,6 +117,15 @@ Json VmAgentTool(bool structured_output) {
              "Hosts the VM may reach, as HOST[:PORT] (port 443 by default; *.example.com "
              "for subdomains), e.g. [\"pypi.org\", \"files.pythonhosted.org\"]. Everything "
              "else is refused. Only with task."}}},
+          {"secrets",
+           {{"type", "array"},
+            {"items", string},
+            {"description",
+             "Names of secrets the user declared in trybox's secrets.json, e.g. "
+             "[\"GH_TOKEN\"]. The VM sees each as an environment variable holding a "
+             "placeholder; trybox puts the real value in only on HTTPS requests to that "
+             "secret's hosts (which must also be in `allow`). Values are never given here, and "
+             "never reach the agent. Only with task."}}},
           {"run_id",
            {{"type", "string"},
             {"description",
@@ -171,10 +181,10 @@ bool IsValidId(const Json& id) { return id.is_string() || id.is_number_integer()
 // The daemon request for a vm_agent call, or the message for the calling model.
 Result<Json> BuildAgentRequest(const Json& args) {
   static const std::set<std::string> kKnown = {"task",  "image",  "workspace", "verify",
-                                               "allow", "run_id", "answer"};
+                                               "allow", "run_id", "answer",    "secrets"};
   for (const auto& [key, value] : args.items()) {
     if (!kKnown.count(key)) return InvalidArgument("unknown argument '" + key + "'");
-    bool want_array = key == "allow";
+    bool want_array = key == "allow" || key == "secrets";
     if (want_array ? !value.is_array() : !value.is_string()) {
       return InvalidArgument(key +
                              (want_array ? " must be an array of strings" : " must be a string"));
@@ -213,10 +223,23 @@ Result<Json> BuildAgentRequest(const Json& args) {
       }
       req["allow"] = args["allow"];
     }
+    if (args.contains("secrets")) {
+      // Names only: the values are resolved from the user's secrets.json by the caller.
+      for (const auto& n : args["secrets"]) {
+        if (!n.is_string()) return InvalidArgument("secrets must be an array of strings");
+        auto flag = ParseSecretFlag(n.get<std::string>());
+        if (!flag.ok() || !flag->source.empty()) {
+          return InvalidArgument(
+              "secrets takes names declared in secrets.json, never a source "
+              "or a value");
+        }
+      }
+      req["secret_names"] = args["secrets"];
+    }
     return req;
   }
   if (str("run_id").empty()) return InvalidArgument("run_id is empty");
-  for (const char* key : {"image", "workspace", "verify", "allow"}) {
+  for (const char* key : {"image", "workspace", "verify", "allow", "secrets"}) {
     if (args.contains(key)) {
       return InvalidArgument(std::string(key) + " goes with task: a continued run keeps its VM");
     }
@@ -510,6 +533,12 @@ class Server {
     } else if ((*req)["verb"] == "agent" || model.status().code() != Code::kNotFound) {
       // A continued run may go on with the model it started with; a new one needs one.
       return ToolError(model.status().message());
+    }
+    if (auto names = req->find("secret_names"); names != req->end()) {
+      auto secrets = ResolveSecrets(options_.paths, names->get<std::vector<std::string>>());
+      if (!secrets.ok()) return ToolError("vm_agent: " + secrets.status().message());
+      req->erase("secret_names");
+      (*req)["secrets"] = std::move(*secrets);
     }
     if ((*req)["verb"] == "agent") {
       // The image as `trybox agent` chooses it (the argument, agent.json, the default),

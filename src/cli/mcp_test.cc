@@ -202,7 +202,8 @@ TEST(McpTest, ToolsListDescribesVmAgent) {
   EXPECT_EQ(tool["name"], "vm_agent");
   const Json& in = tool["inputSchema"];
   EXPECT_EQ(in["type"], "object");
-  for (const char* p : {"task", "image", "workspace", "verify", "allow", "run_id", "answer"}) {
+  for (const char* p :
+       {"task", "image", "workspace", "verify", "allow", "secrets", "run_id", "answer"}) {
     EXPECT_TRUE(in["properties"].contains(p)) << p;
     EXPECT_FALSE(in["properties"][p].value("description", "").empty()) << p;
   }
@@ -341,6 +342,9 @@ TEST(McpTest, ArgumentMistakesAreToolErrorsNamingThem) {
       {{{"task", "x"}, {"allow", "pypi.org"}}, "array"},
       {{{"task", "x"}, {"image", "../etc"}}, "image name"},
       {{{"task", "x"}, {"colour", "blue"}}, "unknown argument 'colour'"},
+      {{{"task", "x"}, {"secrets", {"GH=env:GH@api.github.com"}}}, "never a source or a value"},
+      {{{"task", "x"}, {"secrets", "GH"}}, "array"},
+      {{{"run_id", "r1"}, {"secrets", {"GH"}}}, "secrets goes with task"},
       {{{"task", 5}}, "task must be a string"},
   };
   int id = 10;

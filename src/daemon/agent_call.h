@@ -46,6 +46,8 @@ class RunFeed {
 struct LiveRun {
   std::string id;
   agent::ModelSettings settings;  // holds the key: never serialised, never sent to the agent
+  // The run's secrets (AgentRequest::secrets), for its verification VM: memory only.
+  std::vector<egress::SecretInput> secrets;
   std::vector<agent::Entry> transcript;
   RunState state;
   store::AgentRunRecord rec;  // as stored: id, times, outcome, vm_id (state from `state`)

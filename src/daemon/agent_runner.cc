@@ -99,6 +99,7 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   create.cold = req.cold;
   create.allow = req.allow;
   create.profiles = req.profiles;
+  create.secrets = req.secrets;
   // Checked before a VM is booted, and before the probe spends a request, for nothing.
   if (Status st = vms_.Validate(create); !st.ok()) return ErrorReply(st);
   agent::Outcome probe = Probe(req.model);
@@ -112,6 +113,7 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   LiveRun& run = slot->run;
   run.id = NewId();
   run.settings = req.model;
+  run.secrets = req.secrets;
   run.rec.id = run.id;
   run.rec.created_at = store::NowSeconds();
   run.rec.outcome = "RUNNING";
@@ -315,7 +317,8 @@ Json AgentRunner::Drive(LiveRun& run, channel::Stream& client, const AgentLimits
     switch (r.end) {
       case End::kFinished:
         progress("finished: collecting /workspace and re-running the verification");
-        supervisor_.Finish(run.id, run.rec.vm_id, s, r.summary, r.verify_command, progress);
+        supervisor_.Finish(run.id, run.rec.vm_id, s, r.summary, r.verify_command, run.secrets,
+                           progress);
         run.rec.outcome = "DONE";
         s.reason.clear();
         break;

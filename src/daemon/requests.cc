@@ -407,6 +407,7 @@ Result<AgentRequest> ParseAgent(const Json& j) {
   if (!model.ok()) return model.status().Annotate("model");
   r.model = std::move(*model);
   ASSIGN_OR_RETURN(r.limits, ParseLimits(f.Raw("limits")));
+  ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets"), ""));
   return r;
 }
 

@@ -186,6 +186,9 @@ struct AgentRequest {
   bool cold = false;
   agent::ModelSettings model;  // holds the key: never logged, never stored
   AgentLimits limits;
+  // The run's VM and its verification VM get these as create's `secrets` (placeholders in
+  // the guest). Values: never logged, never stored.
+  std::vector<egress::SecretInput> secrets;
 };
 
 struct AgentContinueRequest {

@@ -22,6 +22,7 @@ std::string FirstLine(const std::string& s, size_t max = 72) {
 
 void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
                         const std::string& summary, const std::string& agent_verify,
+                        const std::vector<egress::SecretInput>& secrets,
                         const std::function<void(const std::string&)>& progress) {
   bool cut = false;
   state.claim =
@@ -49,7 +50,7 @@ void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, Run
           "verification on";
     } else {
       progress("verifying in a fresh VM");
-      Verify(state, collected, v);
+      Verify(state, collected, secrets, v);
     }
     bool passed = v.outcome == "exited" && v.exit_code == 0;
     state.verification = v;
@@ -89,12 +90,14 @@ void Supervisor::Cancel(const std::string& run_id, const std::string& vm_id, Run
   (void)RemoveTree(collected);
 }
 
-void Supervisor::Verify(const RunState& state, const std::string& tree, Verification& v) {
+void Supervisor::Verify(const RunState& state, const std::string& tree,
+                        const std::vector<egress::SecretInput>& secrets, Verification& v) {
   CreateRequest create;
   create.image = state.image_name;
   create.memory_mib = kVerifyMemoryMib;
   create.allow = state.allow;
   create.profiles = state.profiles;
+  create.secrets = secrets;
   auto created = vms_.Create(create);
   if (!created.ok()) {
     v.outcome = "not_run";

@@ -27,8 +27,10 @@ class Supervisor {
 
   // Fills state.claim, collect_id / files_note, verification and verdict. `vm_id` is the
   // agent's VM (destroyed here). `progress` reports steps to the caller.
+  // `secrets`: the run's, given to the verification VM as to the run's own.
   void Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
               const std::string& summary, const std::string& agent_verify,
+              const std::vector<egress::SecretInput>& secrets,
               const std::function<void(const std::string&)>& progress);
   // A cancelled run: what the agent did is collected and committed (as for a failed
   // command), the VM destroyed; nothing is verified.
@@ -40,7 +42,8 @@ class Supervisor {
   bool CollectWork(const std::string& run_id, const std::string& vm_id, const std::string& into,
                    const std::string& what, RunState& state);
   // The verification in a fresh VM from `tree`; fills `v`.
-  void Verify(const RunState& state, const std::string& tree, Verification& v);
+  void Verify(const RunState& state, const std::string& tree,
+              const std::vector<egress::SecretInput>& secrets, Verification& v);
 
   VmService& vms_;
   WorkspaceService& workspaces_;

@@ -83,6 +83,49 @@ TEST_F(AgentE2E, TaskThatSucceedsIsVerifiedByTheSupervisorAndCommittedOnTheRunBr
   EXPECT_NE(text.out.find("an unverified claim"), std::string::npos) << text.out;
 }
 
+// A secret given to a run (`agent --secret`): the run's VM and its verification VM each see a
+// placeholder of the value's length, never the value; neither the model, the report, the
+// daemon's log nor its store ever holds the value.
+TEST_F(AgentE2E, ASecretReachesTheRunAndItsVerificationOnlyAsPlaceholders) {
+  const std::string value = "tbx-agent-secret-5d2e81";  // 23 characters
+  const std::string file = tmp_->path() + "/token";
+  ASSERT_TRUE(WriteFileAtomic(file, value + "\n", 0600).ok());
+  PushProbeReply();
+  model_->Push(Turn({Call(
+      "run", {{"command", "printf %s \"$API_TOKEN\" > token.txt; echo \"len=${#API_TOKEN}\""}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "token.txt holds the token"},
+                                     {"verify_command",
+                                      "test \"${#API_TOKEN}\" -eq 23 && test -s token.txt && "
+                                      "! grep -q tbx-agent-secret token.txt"}})}));
+  int code = -1;
+  std::string err;
+  Json r =
+      Agent({"--model", ModelName(), "--secret", "API_TOKEN=file:" + file + "@api.test", "use it"},
+            &code, &err);
+  ASSERT_EQ(code, 0) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "DONE");
+  // The verification VM had a placeholder of 23 characters, and the file the run wrote
+  // holds its own VM's placeholder, not the value.
+  EXPECT_EQ(r["verdict"], "VERIFIED") << r["verification"].dump(2);
+  EXPECT_EQ(r.dump().find(value), std::string::npos) << "the value is in the report";
+  bool told_length = false;
+  for (const auto& req : MyRequests()) {
+    EXPECT_EQ(req.body.dump().find(value), std::string::npos) << "the model was sent the value";
+    for (const auto& m : ToolMessages(req.body))
+      told_length |= m.find("len=23") != std::string::npos;
+  }
+  EXPECT_TRUE(told_length) << "the run's VM did not see a 23-character placeholder";
+  for (const std::string& path : {h_->home() + "/tryboxd.log", h_->home() + "/state/trybox.db",
+                                  h_->home() + "/state/trybox.db-wal"}) {
+    EXPECT_EQ(ReadFileToString(path).value_or("").find(value), std::string::npos) << path;
+  }
+  // A source that cannot be read is refused before anything boots, naming the secret.
+  CliResult bad = h_->Cli({"agent", "--image", "debian-12", "--model", ModelName(), "--secret",
+                           "API_TOKEN=file:/nonexistent@api.test", "use it"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("API_TOKEN"), std::string::npos) << bad.err;
+}
+
 TEST_F(AgentE2E, ClaimContradictedByTheReRunIsSaidSo) {
   PushProbeReply();
   // The agent makes its file outside /workspace, so it is not there for the re-run.
