@@ -29,6 +29,18 @@ int HttpStatusFor(const Status& st) {
   }
 }
 
+namespace {
+
+// trybox's own routes (rest_api.cc), for operator keys only. Judged on the path's segments,
+// as the router matches them, so that no spelling ("//trybox/v1", "/trybox//v1") reaches a
+// route past this check.
+bool IsOperatorRoute(const std::string& path) {
+  const std::vector<std::string> segments = api::SplitPath(path);
+  return !segments.empty() && segments[0] == "trybox";
+}
+
+}  // namespace
+
 HttpApi::HttpApi(store::Store& store, VmService& vms, HttpApiSettings settings)
     : store_(store),
       vms_(vms),
@@ -201,7 +213,7 @@ api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
                                      std::to_string(settings_.requests_per_second) +
                                      " requests a second for this key; retry later");
       resp.headers.emplace_back("Retry-After", std::to_string(retry_after));
-    } else if (!id->operator_scope && req.path.rfind("/trybox/", 0) == 0) {
+    } else if (!id->operator_scope && IsOperatorRoute(req.path)) {
       who = id->id;
       resp = api::JsonError(403,
                             "this key reaches only its own sandboxes (scope sandboxes); trybox's "

@@ -113,6 +113,7 @@ TEST_F(RestE2E, PythonRunsAnAgentFollowsItsEventsAnswersItsQuestionAndIsRefusedC
   expect("collect_into", 400, "into is not taken");
   expect("bad_limit", 400, "limit");
   expect("sandbox_key", 403, "--operator");
+  expect("sandbox_key_slashes", 403, "--operator");
   EXPECT_EQ(no["no_key"]["status"], 401);
   expect("cancel_done", 409, "nothing to cancel");
   EXPECT_EQ(no["cancel_done"]["code"], "FAILED_PRECONDITION");

@@ -126,6 +126,12 @@ out["refused"] = {
     "collect_into": refused(call("POST", "/vms/abc/collect", json={"into": "/tmp/x"})),
     "bad_limit": refused(call("GET", "/audit", params={"limit": "lots"})),
     "sandbox_key": refused(call("GET", "/vms", key=os.environ["TRYBOX_SANDBOX_KEY"])),
+    # Another spelling of the same route is judged the same way.
+    "sandbox_key_slashes": refused(
+        {"status": (r := requests.get(os.environ["TRYBOX_URL"].rstrip("/") + "//trybox//v1/vms",
+                                      headers=headers(os.environ["TRYBOX_SANDBOX_KEY"]),
+                                      timeout=TIMEOUT)).status_code,
+         "body": r.json()}),
     "no_key": refused({"status": requests.get(URL + "/vms", timeout=TIMEOUT).status_code,
                        "body": {}}),
 }
