@@ -85,7 +85,7 @@ double DirectMBps(uint16_t port, size_t bytes) {
 // over loopback to ServeConnection, as the daemon runs it.
 double ProxyOnlyMBps(uint16_t port, size_t bytes) {
   trybox::egress::Policy policy;
-  policy.allow =
+  policy.reach.allow =
       trybox::egress::AllowList::Parse({"upstream.test:" + std::to_string(port)}).value();
   policy.overrides = {
       trybox::egress::AddressOverride::Parse("127.0.0.1:" + std::to_string(port)).value()};

@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
 
   Origin origin(**origin_ca);
   egress::Policy policy;
-  policy.allow =
+  policy.reach.allow =
       egress::AllowList::Parse({std::string(kHost) + ":" + std::to_string(origin.port())}).value();
   policy.overrides.push_back(
       egress::AddressOverride::Parse("127.0.0.1:" + std::to_string(origin.port())).value());

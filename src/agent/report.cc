@@ -117,6 +117,46 @@ std::string RenderReportText(const Json& r) {
       << others.size() << "\n";
   }
 
+  const Json& net = r.value("network", Json());
+  if (net.is_object()) {
+    const Json& pol = net.value("policy", Json::object());
+    o << "Network (tryboxd's audit of every connection the VM asked for): ";
+    if (Str(pol, "mode") == "internet") {
+      o << "internet mode (any public host)";
+    } else {
+      std::string list;
+      for (const auto& a : pol.value("allow", Json::array())) {
+        if (a.is_string()) list += (list.empty() ? "" : ", ") + a.get<std::string>();
+      }
+      for (const auto& p : pol.value("profiles", Json::array())) {
+        if (p.is_string())
+          list += (list.empty() ? "profile " : ", profile ") + p.get<std::string>();
+      }
+      o << "allow-list (" << (list.empty() ? "empty" : InlineQuote(list, 300)) << ")";
+    }
+    std::string deny;
+    for (const auto& d : pol.value("deny", Json::array())) {
+      if (d.is_string()) deny += (deny.empty() ? "" : ", ") + d.get<std::string>();
+    }
+    if (!deny.empty()) o << ", denied " << InlineQuote(deny, 300);
+    o << "; " << Num(net, "connections") << " connections\n";
+    if (net.contains("error")) o << "  " << InlineQuote(Str(net, "error"), 300) << "\n";
+    for (const auto& h : net.value("reached", Json::array())) {
+      o << "  reached " << InlineQuote(Str(h, "host"), 255) << ":" << Num(h, "port") << " ("
+        << Num(h, "connections") << " connections, " << Num(h, "bytes_up") << " bytes up, "
+        << Num(h, "bytes_down") << " down)\n";
+    }
+    for (const auto& f : net.value("refused", Json::array())) {
+      o << "  " << Word(f, "verdict") << " " << InlineQuote(Str(f, "host"), 255) << ":"
+        << Num(f, "port") << " x" << Num(f, "count") << ": " << InlineQuote(Str(f, "reason"), 300)
+        << "\n";
+    }
+    for (const auto& c : net.value("changes", Json::array())) {
+      o << "  " << InlineQuote(Str(c, "reason"), 300) << "\n";
+    }
+    if (net.value("truncated", false)) o << "  ... more in the audit (trybox audit --vm)\n";
+  }
+
   const Json& files = r.value("files", Json());
   if (files.is_object()) {
     const Json& changes = files.value("changes", Json::array());

@@ -265,13 +265,11 @@ int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostr
       // Minutes the first time (a developer image installs a toolchain), with its progress.
       Status built = BuildOnFirstUse(Paths::FromEnvironment(), *image, ShowProgress(false), err);
       if (!built.ok()) return Fail(err, built);
-      req = {{"verb", "agent"},
-             {"task", a.task},
-             {"image", *image},
-             {"allow", inv.vm.allow},
-             {"profiles", inv.vm.profiles},
-             {"model", *model},
-             {"limits", Limits(a)}};
+      auto internet = ResolveAgentInternet(Paths::FromEnvironment(), inv.vm.agent_internet);
+      if (!internet.ok()) return Fail(err, internet.status());
+      req = {{"verb", "agent"},       {"task", a.task},        {"image", *image},
+             {"internet", *internet}, {"allow", inv.vm.allow}, {"profiles", inv.vm.profiles},
+             {"deny", inv.vm.deny},   {"model", *model},       {"limits", Limits(a)}};
       if (!a.verify.empty()) req["verify"] = a.verify;
       if (!inv.vm.secrets.empty()) {
         auto secrets = ResolveSecrets(Paths::FromEnvironment(), inv.vm.secrets);

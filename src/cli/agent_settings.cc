@@ -30,10 +30,15 @@ Result<Json> ReadConfig(const Paths& paths) {
   }
   Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return InvalidArgument(path + " is not a JSON object");
-  static const std::set<std::string> kTop = {"provider", "anthropic", "openai", "image"};
+  static const std::set<std::string> kTop = {"provider", "anthropic", "openai", "image",
+                                             "internet"};
   static const std::set<std::string> kSection = {"base_url", "api_key", "model", "ca_file"};
   for (auto& [key, value] : j.items()) {
     if (!kTop.count(key)) return InvalidArgument(path + ": unknown key '" + key + "'");
+    if (key == "internet") {
+      if (!value.is_boolean()) return InvalidArgument(path + ": internet must be true or false");
+      continue;
+    }
     if (key == "provider" || key == "image") {
       if (!value.is_string()) return InvalidArgument(path + ": " + key + " must be a string");
       continue;
@@ -110,6 +115,12 @@ Result<std::string> ResolveAgentImage(const Paths& paths, const std::string& fla
   }
   RETURN_IF_ERROR(ValidateName("image name", image));
   return image;
+}
+
+Result<bool> ResolveAgentInternet(const Paths& paths, std::optional<bool> flag) {
+  if (flag) return *flag;
+  ASSIGN_OR_RETURN(Json config, ReadConfig(paths));
+  return config.value("internet", false);
 }
 
 }  // namespace trybox::cli

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "util/paths.h"
@@ -42,5 +43,10 @@ inline constexpr const char* kDefaultAgentImage = "debian-12-dev";
 
 // --image if given, else agent.json "image", else kDefaultAgentImage; a valid image name.
 Result<std::string> ResolveAgentImage(const Paths& paths, const std::string& flag);
+
+// Whether an agent run's VM gets internet mode (docs/protocol/egress.md, "Policy"):
+// --internet / --no-internet if given, else agent.json "internet", else false (the
+// allow-list).
+Result<bool> ResolveAgentInternet(const Paths& paths, std::optional<bool> flag);
 
 }  // namespace trybox::cli

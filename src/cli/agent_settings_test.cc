@@ -95,5 +95,17 @@ TEST_F(AgentSettingsTest, UnknownProviderAndBadConfigAreRefusedWithoutQuotingVal
   ASSERT_FALSE(m.ok());
 }
 
+TEST_F(AgentSettingsTest, InternetComesFromTheFlagElseAgentJsonElseOff) {
+  EXPECT_FALSE(*ResolveAgentInternet(paths_, std::nullopt));
+  WriteConfig(R"({"internet": true})");
+  EXPECT_TRUE(*ResolveAgentInternet(paths_, std::nullopt));
+  EXPECT_FALSE(*ResolveAgentInternet(paths_, false));
+  WriteConfig(R"({"internet": "yes"})");
+  auto bad = ResolveAgentInternet(paths_, std::nullopt);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("internet must be true or false"), std::string::npos);
+  EXPECT_TRUE(*ResolveAgentInternet(paths_, true));  // the flag needs no file
+}
+
 }  // namespace
 }  // namespace trybox::cli

@@ -87,6 +87,13 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm, NumberFlags& nf) {
   cmd->add_option("--profile", vm.profiles,
                   "Add a named allow-list from the daemon's egress.json (repeatable)")
       ->allow_extra_args(false);
+  cmd->add_flag("--internet", vm.internet,
+                "Let the VM reach any public host on any port instead of an allow-list; "
+                "loopback, private, link-local and metadata addresses stay refused");
+  cmd->add_option("--deny", vm.deny,
+                  "Never let the VM reach HOST[:PORT] (every port when none is given; "
+                  "*.example.com for subdomains; wins over --allow and --internet; repeatable)")
+      ->allow_extra_args(false);
   cmd->add_option("--secret", vm.secrets,
                   "NAME=SOURCE@HOST[,HOST...]: the guest sees NAME set to a placeholder; the "
                   "egress proxy puts the real value (SOURCE: env:VAR or file:PATH) in its place "
@@ -319,9 +326,11 @@ Result<Json> AwaitWithProgress(channel::Stream& s, bool show, std::ostream& err)
 Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral, bool quiet,
                              std::ostream& err) {
   RETURN_IF_ERROR(BuildOnFirstUse(Paths::FromEnvironment(), vm.image, ShowProgress(quiet), err));
-  Json request = {{"verb", "create"},  {"image", vm.image},       {"memory_mib", vm.memory_mib},
-                  {"cpus", vm.cpus},   {"cold", vm.cold},         {"privileged", vm.privileged},
-                  {"allow", vm.allow}, {"profiles", vm.profiles}, {"ephemeral", ephemeral}};
+  Json request = {
+      {"verb", "create"},        {"image", vm.image},       {"memory_mib", vm.memory_mib},
+      {"cpus", vm.cpus},         {"cold", vm.cold},         {"privileged", vm.privileged},
+      {"allow", vm.allow},       {"profiles", vm.profiles}, {"ephemeral", ephemeral},
+      {"internet", vm.internet}, {"deny", vm.deny}};
   if (!vm.secrets.empty()) {
     ASSIGN_OR_RETURN(request["secrets"], ResolveSecrets(Paths::FromEnvironment(), vm.secrets));
   }
@@ -629,6 +638,37 @@ int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out
     }
   }
   return rc;
+}
+
+// `trybox allow ID HOST...` / `trybox deny ID HOST...`: prints the policy now in force.
+int CmdEgress(Client& client, const Invocation& inv, std::ostream& out, std::ostream& err) {
+  auto r =
+      client.Call({{"verb", "egress"},
+                   {"vm", inv.id},
+                   {"allow", inv.command == "allow" ? inv.vm.allow : std::vector<std::string>{}},
+                   {"deny", inv.command == "deny" ? inv.vm.deny : std::vector<std::string>{}}});
+  if (!r.ok()) return Fail(err, r.status());
+  auto egress = ReplyView(*r).Object("egress");
+  if (!egress.ok()) return Fail(err, egress.status());
+  if (inv.json) {
+    out << egress->json().dump() << "\n";
+    return 0;
+  }
+  auto mode = egress->String("mode");
+  auto allow = egress->Strings("allow");
+  auto deny = egress->Strings("deny");
+  if (!mode.ok() || !allow.ok() || !deny.ok()) {
+    return Fail(err, !mode.ok() ? mode.status() : !allow.ok() ? allow.status() : deny.status());
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+    return s.empty() ? std::string("(none)") : s;
+  };
+  out << "mode:  " << *mode << "\n";
+  if (*mode != "internet") out << "allow: " << join(*allow) << "\n";
+  out << "deny:  " << join(*deny) << "\n";
+  return 0;
 }
 
 int CmdCp(Client& client, const std::string& src, const std::string& dst, std::ostream& err) {
@@ -1037,6 +1077,16 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   record_prune->add_flag("--dry-run", inv.dry_run, "Only say what would be removed");
   record_prune->add_flag("--json", inv.json, "JSON output");
 
+  auto* allow = app.add_subcommand(
+      "allow", "Let a running VM reach more hosts, from its next connection on (audited)");
+  allow->add_option("id", inv.id, "VM id")->required();
+  allow->add_option("hosts", inv.vm.allow, "HOST[:PORT] (port 443 by default)")->required();
+  auto* deny = app.add_subcommand(
+      "deny", "Stop a running VM reaching hosts, from its next connection on (audited)");
+  deny->add_option("id", inv.id, "VM id")->required();
+  deny->add_option("hosts", inv.vm.deny, "HOST[:PORT] (every port when none is given)")->required();
+  for (auto* cmd : {allow, deny}) cmd->add_flag("--json", inv.json, "JSON output");
+
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
   audit
@@ -1060,6 +1110,15 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   agent->add_option("--allow", inv.vm.allow, "Let the VM reach HOST[:PORT] (repeatable)")
       ->allow_extra_args(false);
   agent->add_option("--profile", inv.vm.profiles, "Add a named allow-list (repeatable)")
+      ->allow_extra_args(false);
+  auto* agent_internet = agent->add_flag("--internet")
+                             ->description(
+                                 "Any public host on any port (default: agent.json \"internet\", "
+                                 "else the allow-list)");
+  auto* agent_no_internet = agent->add_flag("--no-internet")
+                                ->description("Only the allow-list, whatever agent.json says");
+  agent_internet->excludes(agent_no_internet);
+  agent->add_option("--deny", inv.vm.deny, "Never let the VM reach HOST[:PORT] (repeatable)")
       ->allow_extra_args(false);
   agent
       ->add_option("--secret", inv.vm.secrets,
@@ -1140,6 +1199,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (commit->parsed()) inv.command = "commit";
   if (doctor->parsed()) inv.command = "doctor";
   if (audit->parsed()) inv.command = "audit";
+  if (allow->parsed()) inv.command = "allow";
+  if (deny->parsed()) inv.command = "deny";
   if (record_prune->parsed()) inv.command = "prune";
   if (agent->parsed()) {
     inv.command = answer->parsed()       ? "agent-answer"
@@ -1149,6 +1210,8 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
                   : transcript->parsed() ? "agent-transcript"
                   : cancel->parsed()     ? "agent-cancel"
                                          : "agent";
+    if (agent_internet->count() > 0) inv.vm.agent_internet = true;
+    if (agent_no_internet->count() > 0) inv.vm.agent_internet = false;
     if (inv.command == "agent" && inv.agent.task.empty()) {
       return InvalidArgument("agent: give the task, e.g. trybox agent \"make the tests pass\"");
     }
@@ -1162,9 +1225,16 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
     auto e = egress::ParseAllowEntry(a);
     if (!e.ok()) return InvalidArgument("--allow: " + e.status().message());
   }
+  for (const auto& d : inv.vm.deny) {
+    auto e = egress::ParseDenyEntry(d);
+    if (!e.ok()) return InvalidArgument("--deny: " + e.status().message());
+  }
   for (const auto& p : inv.vm.profiles) RETURN_IF_ERROR(ValidateName("profile name", p));
   for (const auto& sf : inv.vm.secrets) RETURN_IF_ERROR(ParseSecretFlag(sf).status());
   if (inv.command == "audit" && !inv.id.empty()) RETURN_IF_ERROR(ValidateName("VM id", inv.id));
+  if (inv.command == "allow" || inv.command == "deny") {
+    RETURN_IF_ERROR(ValidateName("VM id", inv.id));
+  }
   for (const auto& kv : inv.exec.env) RETURN_IF_ERROR(ValidateEnvAssignment(kv));
   if (inv.command == "run" || inv.command == "create") {
     RETURN_IF_ERROR(ValidateName("image name", inv.vm.image));
@@ -1194,6 +1264,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "doctor") return CmdDoctor(c, inv.probe, out, err);
   if (inv.command == "prune") return CmdPrune(c, inv.dry_run, inv.json, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
+  if (inv.command == "allow" || inv.command == "deny") return CmdEgress(c, inv, out, err);
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
   if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);

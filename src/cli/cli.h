@@ -38,8 +38,11 @@ struct VmOptions {
   int64_t cpus = 1;
   bool cold = false;                    // boot instead of restoring from the template
   bool privileged = false;              // commands keep every capability (docs/security.md)
+  bool internet = false;                // --internet: any public host, any port
+  std::optional<bool> agent_internet;   // agent: --internet / --no-internet, else agent.json
   std::vector<std::string> allow;       // egress allow-list entries HOST[:PORT], validated
   std::vector<std::string> profiles;    // named allow-lists from the daemon's egress.json
+  std::vector<std::string> deny;        // --deny HOST[:PORT], validated; wins in either mode
   std::vector<std::string> secrets;     // --secret NAME=SOURCE@HOST[,HOST...], syntax checked
   std::string workspace;                // --workspace DIR: a git working tree copied to /workspace
   std::string workspace_quota;          // --workspace-quota SIZE (default: the daemon's, 1 GiB)

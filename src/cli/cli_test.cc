@@ -39,6 +39,37 @@ TEST(CliParseTest, RunAndCreateTakeAllowEntriesAndProfiles) {
   EXPECT_FALSE(P({"run", "--profile", "../x", "--", "true"}).ok());
 }
 
+TEST(CliParseTest, InternetAndDenyOnRunCreateAndAgent) {
+  auto inv =
+      P({"run", "--internet", "--deny", "*.tracker.test", "--deny", "x.test:22", "--", "true"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_TRUE(inv->vm.internet);
+  EXPECT_EQ(inv->vm.deny, (std::vector<std::string>{"*.tracker.test", "x.test:22"}));
+  EXPECT_FALSE(P({"create"})->vm.internet);
+  auto bad = P({"create", "--deny", "10.0.0.1"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--deny"), std::string::npos);
+  EXPECT_EQ(P({"agent", "--internet", "t"})->vm.agent_internet, std::optional<bool>(true));
+  EXPECT_EQ(P({"agent", "--no-internet", "t"})->vm.agent_internet, std::optional<bool>(false));
+  EXPECT_EQ(P({"agent", "t"})->vm.agent_internet, std::nullopt);  // agent.json decides
+  EXPECT_FALSE(P({"agent", "--internet", "--no-internet", "t"}).ok());
+}
+
+TEST(CliParseTest, AllowAndDenyChangeARunningVm) {
+  auto inv = P({"allow", "vm1", "a.test", "*.b.test:8080"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->command, "allow");
+  EXPECT_EQ(inv->id, "vm1");
+  EXPECT_EQ(inv->vm.allow, (std::vector<std::string>{"a.test", "*.b.test:8080"}));
+  inv = P({"deny", "vm1", "a.test"});
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->command, "deny");
+  EXPECT_EQ(inv->vm.deny, (std::vector<std::string>{"a.test"}));
+  EXPECT_FALSE(P({"allow", "vm1"}).ok());               // a host is required
+  EXPECT_FALSE(P({"allow", "vm1", "127.0.0.1"}).ok());  // checked as --allow is
+  EXPECT_FALSE(P({"deny", "../x", "a.test"}).ok());     // and the id as an id
+}
+
 TEST(CliParseTest, RunAndCreateTakeSecretsAndCheckTheirSyntaxOnly) {
   auto inv = P({"run", "--secret", "GH_TOKEN=env:MY_GH@api.github.com,*.github.test", "--secret",
                 "NPM=file:/nonexistent/yet@registry.npmjs.org", "--secret", "NAMED", "--", "true"});

@@ -60,8 +60,11 @@ constexpr const char* kToolDescription =
     "Hand a self-contained task to a second AI agent that works inside a fresh, throwaway "
     "Linux microVM, and get back a report. Use it for work that needs trying things rather "
     "than reasoning about them: building and testing code, running programs, reproducing a "
-    "bug, installing packages, all without touching this machine. The VM has no network "
-    "except the hosts listed in `allow`. With `workspace`, the agent works on a copy of that "
+    "bug, installing packages, all without touching this machine. The VM reaches only the "
+    "hosts listed in `allow`, or with `internet` any public host (never this machine's "
+    "network: loopback, private and metadata addresses stay refused); every connection is "
+    "decided and recorded by trybox, and the report's `network` section lists where it went "
+    "and what was refused. With `workspace`, the agent works on a copy of that "
     "git working tree in /workspace and its changes are collected back without touching "
     "your working tree. With `verify`, trybox itself re-runs that shell command in a fresh "
     "VM on the agent's result, so success is checked rather than claimed. A run takes "
@@ -117,6 +120,12 @@ Json VmAgentTool(bool structured_output) {
              "Hosts the VM may reach, as HOST[:PORT] (port 443 by default; *.example.com "
              "for subdomains), e.g. [\"pypi.org\", \"files.pythonhosted.org\"]. Everything "
              "else is refused. Only with task."}}},
+          {"internet",
+           {{"type", "boolean"},
+            {"description",
+             "true: the VM may reach any public host on any port instead of only `allow` "
+             "(loopback, private, link-local and metadata addresses stay refused). Default: "
+             "the user's agent.json \"internet\", else false. Only with task."}}},
           {"secrets",
            {{"type", "array"},
             {"items", string},
@@ -180,10 +189,14 @@ bool IsValidId(const Json& id) { return id.is_string() || id.is_number_integer()
 
 // The daemon request for a vm_agent call, or the message for the calling model.
 Result<Json> BuildAgentRequest(const Json& args) {
-  static const std::set<std::string> kKnown = {"task",  "image",  "workspace", "verify",
-                                               "allow", "run_id", "answer",    "secrets"};
+  static const std::set<std::string> kKnown = {"task",     "image",  "workspace", "verify", "allow",
+                                               "internet", "run_id", "answer",    "secrets"};
   for (const auto& [key, value] : args.items()) {
     if (!kKnown.count(key)) return InvalidArgument("unknown argument '" + key + "'");
+    if (key == "internet") {
+      if (!value.is_boolean()) return InvalidArgument("internet must be true or false");
+      continue;
+    }
     bool want_array = key == "allow" || key == "secrets";
     if (want_array ? !value.is_array() : !value.is_string()) {
       return InvalidArgument(key +
@@ -223,6 +236,7 @@ Result<Json> BuildAgentRequest(const Json& args) {
       }
       req["allow"] = args["allow"];
     }
+    if (args.contains("internet")) req["internet"] = args["internet"];
     if (args.contains("secrets")) {
       // Names only: the values are resolved from the user's secrets.json by the caller.
       for (const auto& n : args["secrets"]) {
@@ -239,7 +253,7 @@ Result<Json> BuildAgentRequest(const Json& args) {
     return req;
   }
   if (str("run_id").empty()) return InvalidArgument("run_id is empty");
-  for (const char* key : {"image", "workspace", "verify", "allow", "secrets"}) {
+  for (const char* key : {"image", "workspace", "verify", "allow", "internet", "secrets"}) {
     if (args.contains(key)) {
       return InvalidArgument(std::string(key) + " goes with task: a continued run keeps its VM");
     }
@@ -546,6 +560,11 @@ class Server {
       auto image = ResolveAgentImage(options_.paths, req->value("image", std::string()));
       if (!image.ok()) return ToolError("vm_agent: " + image.status().message());
       (*req)["image"] = *image;
+      std::optional<bool> asked;
+      if (req->contains("internet")) asked = (*req)["internet"].get<bool>();
+      auto internet = ResolveAgentInternet(options_.paths, asked);
+      if (!internet.ok()) return ToolError("vm_agent: " + internet.status().message());
+      (*req)["internet"] = *internet;
       Status built = BuildOnFirstUse(options_.paths, *image, /*progress=*/false, std::cerr);
       if (!built.ok()) return ToolError("vm_agent: " + built.message());
     }

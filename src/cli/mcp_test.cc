@@ -202,12 +202,13 @@ TEST(McpTest, ToolsListDescribesVmAgent) {
   EXPECT_EQ(tool["name"], "vm_agent");
   const Json& in = tool["inputSchema"];
   EXPECT_EQ(in["type"], "object");
-  for (const char* p :
-       {"task", "image", "workspace", "verify", "allow", "secrets", "run_id", "answer"}) {
+  for (const char* p : {"task", "image", "workspace", "verify", "allow", "internet", "secrets",
+                        "run_id", "answer"}) {
     EXPECT_TRUE(in["properties"].contains(p)) << p;
     EXPECT_FALSE(in["properties"][p].value("description", "").empty()) << p;
   }
   EXPECT_EQ(in["properties"]["allow"]["type"], "array");
+  EXPECT_EQ(in["properties"]["internet"]["type"], "boolean");
   EXPECT_EQ(in["additionalProperties"], false);
   std::string d = tool["description"];
   for (const char* word : {"DONE", "NEEDS_INPUT", "IN_PROGRESS", "ERROR", "VERIFIED", "summary"}) {
@@ -345,6 +346,8 @@ TEST(McpTest, ArgumentMistakesAreToolErrorsNamingThem) {
       {{{"task", "x"}, {"secrets", {"GH=env:GH@api.github.com"}}}, "never a source or a value"},
       {{{"task", "x"}, {"secrets", "GH"}}, "array"},
       {{{"run_id", "r1"}, {"secrets", {"GH"}}}, "secrets goes with task"},
+      {{{"task", "x"}, {"internet", "yes"}}, "internet must be true or false"},
+      {{{"run_id", "r1"}, {"internet", true}}, "internet goes with task"},
       {{{"task", 5}}, "task must be a string"},
   };
   int id = 10;
@@ -385,6 +388,24 @@ TEST(McpTest, ImageFromAgentJsonAndTheDefaultIsBuiltOnFirstUse) {
   auto reqs = daemon->requests();
   ASSERT_EQ(reqs.size(), 1u);
   EXPECT_EQ(reqs[0]["image"], "debian-12");
+  EXPECT_EQ(reqs[0]["internet"], false);
+  // agent.json's "internet" is the default; the argument wins over it.
+  {
+    McpOptions o = Options(home, ModelEnv());  // (writes its own agent.json first)
+    ASSERT_TRUE(WriteFileAtomic(home.paths.config + "/agent.json",
+                                R"({"image": "debian-12", "internet": true})")
+                    .ok());
+    Session s(std::move(o));
+    s.Initialize();
+    EXPECT_EQ(s.Call(1, "tools/call", ToolCall({{"task", "x"}}))["result"]["isError"], false);
+    EXPECT_EQ(s.Call(2, "tools/call",
+                     ToolCall({{"task", "x"}, {"internet", false}}))["result"]["isError"],
+              false);
+  }
+  reqs = daemon->requests();
+  ASSERT_EQ(reqs.size(), 3u);
+  EXPECT_EQ(reqs[1]["internet"], true);
+  EXPECT_EQ(reqs[2]["internet"], false);
 
   McpOptions o = Options(home, ModelEnv());
   ASSERT_TRUE(WriteFileAtomic(home.paths.config + "/agent.json", "{}").ok());
@@ -393,7 +414,7 @@ TEST(McpTest, ImageFromAgentJsonAndTheDefaultIsBuiltOnFirstUse) {
   Json r = s.Call(2, "tools/call", ToolCall({{"task", "x"}}));
   EXPECT_EQ(r["result"]["isError"], true) << r.dump();
   EXPECT_NE(ResultText(r).find("building debian-12-dev"), std::string::npos) << ResultText(r);
-  EXPECT_EQ(daemon->requests().size(), 1u);  // no second agent request
+  EXPECT_EQ(daemon->requests().size(), 3u);  // no further agent request
 }
 
 // Decision: the server never starts a daemon when options.autostart is off (the unit tests
@@ -457,6 +478,7 @@ TEST(McpTest, DoneRunBecomesTextAndStructuredContentWithProgress) {
   EXPECT_EQ(reqs[0]["workspace"], "/srv/proj");
   EXPECT_EQ(reqs[0]["verify"], "make test");
   EXPECT_EQ(reqs[0]["allow"], Json({"pypi.org", "*.pythonhosted.org"}));
+  EXPECT_EQ(reqs[0]["internet"], false);  // neither asked for nor in agent.json
   EXPECT_EQ(reqs[0]["image"], "debian-12");
   EXPECT_EQ(reqs[0]["model"]["provider"], "anthropic");
   EXPECT_EQ(reqs[0]["model"]["api_key"], kSecret);  // to the daemon, and nowhere else
@@ -852,7 +874,9 @@ TEST(McpTest, VmCreateIsEphemeralOnTheSessionsConnectionUnlessKept) {
   Json a = s.Call(1, "tools/call", VmCall("vm_create", {{"allow", {"pypi.org"}}}));
   EXPECT_EQ(a["result"]["isError"], false) << a.dump();
   EXPECT_EQ(a["result"]["structuredContent"]["kept"], false);
-  Json b = s.Call(2, "tools/call", VmCall("vm_create", {{"keep", true}, {"image", "debian-12"}}));
+  Json b =
+      s.Call(2, "tools/call",
+             VmCall("vm_create", {{"keep", true}, {"image", "debian-12"}, {"internet", true}}));
   EXPECT_EQ(b["result"]["structuredContent"]["kept"], true);
   EXPECT_NE(a["result"]["structuredContent"]["vm"], b["result"]["structuredContent"]["vm"]);
   auto reqs = daemon->requests();
@@ -861,6 +885,8 @@ TEST(McpTest, VmCreateIsEphemeralOnTheSessionsConnectionUnlessKept) {
   EXPECT_EQ(reqs[0]["allow"], Json({"pypi.org"}));
   EXPECT_EQ(reqs[1]["ephemeral"], false);
   EXPECT_EQ(reqs[1]["image"], "debian-12");
+  EXPECT_FALSE(reqs[0].contains("internet"));
+  EXPECT_EQ(reqs[1]["internet"], true);
 }
 
 TEST(McpTest, VmToolArgumentMistakesAreToolErrorsAndReachNoDaemon) {

@@ -68,8 +68,9 @@ const std::vector<ToolSpec>& Specs() {
     v.push_back(
         {"vm_create", "Start a throwaway Linux VM",
          "Boot a fresh, throwaway Linux microVM (about a second) and return its id for the other "
-         "vm_ tools. It has no network except the hosts listed in `allow` (reached through "
-         "trybox's audited proxy). Unless `keep` is true, trybox destroys it when this MCP "
+         "vm_ tools. It has no network except the hosts listed in `allow`, or with `internet` "
+         "any public host (reached through trybox's audited proxy; this machine's own network "
+         "stays out of reach). Unless `keep` is true, trybox destroys it when this MCP "
          "session ends; destroy it yourself with vm_destroy when done.",
          Object({{"image", Str("Image to boot (default debian-12); `trybox image ls` lists "
                                "them.")},
@@ -79,6 +80,10 @@ const std::vector<ToolSpec>& Specs() {
                    {"description",
                     "Hosts the VM may reach, as HOST[:PORT] (port 443 by default; "
                     "*.example.com for subdomains). Everything else is refused."}}},
+                 {"internet",
+                  Bool("true: any public host on any port instead of only `allow` (loopback, "
+                       "private, link-local and metadata addresses stay refused; default "
+                       "false).")},
                  {"secrets",
                   {{"type", "array"},
                    {"items", {{"type", "string"}}},
@@ -357,6 +362,7 @@ std::optional<Json> RunCreate(const Json& args, Session& session, bool structure
   Json req = {{"verb", "create"}, {"ephemeral", !a->keep}};
   if (!a->image.empty()) req["image"] = a->image;
   if (!a->allow.empty()) req["allow"] = a->allow;
+  if (a->internet) req["internet"] = true;
   if (!a->secrets.empty()) {
     auto secrets = ResolveSecrets(Paths::FromEnvironment(), a->secrets);
     if (!secrets.ok()) return ToolError("vm_create", secrets.status().message());
@@ -650,7 +656,7 @@ Json VmToolDefinition(const std::string& name, bool structured_output) {
 }
 
 Result<CreateArgs> ParseCreate(const Json& args) {
-  Args a(args, {"image", "allow", "secrets", "memory_mib", "cpus", "keep"});
+  Args a(args, {"image", "allow", "internet", "secrets", "memory_mib", "cpus", "keep"});
   RETURN_IF_ERROR(a.status());
   CreateArgs c;
   ASSIGN_OR_RETURN(c.image, a.String("image", false));
@@ -660,6 +666,8 @@ Result<CreateArgs> ParseCreate(const Json& args) {
     auto parsed = egress::ParseAllowEntry(e);
     if (!parsed.ok()) return parsed.status().Annotate("allow");
   }
+  ASSIGN_OR_RETURN(auto internet, a.Bool("internet"));
+  c.internet = internet.value_or(false);
   ASSIGN_OR_RETURN(c.secrets, a.Strings("secrets"));
   for (const auto& name : c.secrets) {
     // A name only: a source or a value would let the calling model choose what is read.

@@ -45,6 +45,7 @@ Json VmToolDefinition(const std::string& name, bool structured_output);
 struct CreateArgs {
   std::string image;  // empty: the daemon's default
   std::vector<std::string> allow;
+  bool internet = false;             // any public host instead of `allow`
   std::vector<std::string> secrets;  // names from secrets.json only, never values
   std::optional<int64_t> memory_mib, cpus;
   bool keep = false;  // outlive the MCP session

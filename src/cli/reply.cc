@@ -104,6 +104,19 @@ Result<std::vector<ReplyView>> ReplyView::Objects(std::string_view key) const {
   return out;
 }
 
+Result<std::vector<std::string>> ReplyView::Strings(std::string_view key) const {
+  ASSIGN_OR_RETURN(const Json* a, Array(key));
+  std::vector<std::string> out;
+  out.reserve(a->size());
+  for (size_t i = 0; i < a->size(); ++i) {
+    if (!(*a)[i].is_string()) {
+      return MalformedReply(Name(key) + "[" + std::to_string(i) + "]", "must be a string");
+    }
+    out.push_back((*a)[i].get<std::string>());
+  }
+  return out;
+}
+
 Result<std::string> ReplyView::StringOr(std::string_view key, std::string fallback) const {
   if (!json_->is_object()) return NotAnObject();
   if (!Has(key)) return fallback;

@@ -53,6 +53,8 @@ class ReplyView {
   Result<std::vector<ReplyView>> Objects(std::string_view key) const;
   // An array (of anything), as JSON.
   Result<const nlohmann::json*> Array(std::string_view key) const;
+  // An array whose elements are all strings.
+  Result<std::vector<std::string>> Strings(std::string_view key) const;
 
   // Optional fields: missing or null gives the fallback; another type is still an error.
   Result<std::string> StringOr(std::string_view key, std::string fallback) const;

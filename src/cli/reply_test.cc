@@ -36,6 +36,10 @@ TEST(ReplyViewTest, FieldsAreTypedAndNamedByTheirPath) {
   EXPECT_FALSE(r.OptionalObject("missing").value().has_value());
   EXPECT_EQ(vm->Object("id").status().message(),
             "malformed reply from tryboxd: 'vm.id' must be an object");
+  Json lists = {{"ok", {"a", "b"}}, {"bad", {"a", 1}}};
+  EXPECT_EQ(ReplyView(lists).Strings("ok").value(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ReplyView(lists).Strings("bad").status().message(),
+            "malformed reply from tryboxd: 'bad[1]' must be a string");
 }
 
 TEST(ReplyViewTest, StatusFromReplyReadsTypesNotExceptions) {

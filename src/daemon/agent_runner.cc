@@ -97,8 +97,10 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   create.memory_mib = req.memory_mib;
   create.cpus = req.cpus;
   create.cold = req.cold;
+  create.internet = req.internet;
   create.allow = req.allow;
   create.profiles = req.profiles;
+  create.deny = req.deny;
   create.secrets = req.secrets;
   // Checked before a VM is booted, and before the probe spends a request, for nothing.
   if (Status st = vms_.Validate(create); !st.ok()) return ErrorReply(st);
@@ -120,8 +122,10 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   RunState& s = run.state;
   s.task = agent::SanitizeUtf8(req.task);
   s.image_name = req.image;
+  s.internet = req.internet;
   s.allow = req.allow;
   s.profiles = req.profiles;
+  s.deny = req.deny;
   s.caller_verify = req.verify;
   if (!req.workspace.empty()) s.workspace = req.workspace;
   s.model = run.settings.Describe();

@@ -146,9 +146,9 @@ Result<NewSandbox> ParseNewSandbox(const json& body, int64_t max_timeout_s) {
     return InvalidArgument("autoResume is not supported by trybox: nothing is ever paused");
   }
   // The network: trybox's allow-list, never wider. allowOut's names join the VM's
-  // allow-list (checked as `--allow` entries are); denyOut adds nothing to a policy that
-  // refuses all that is not allowed; rules and proxies are trybox secrets' and the
-  // operator's business (docs/protocol/e2b.md, "Network").
+  // allow-list (checked as `--allow` entries are); denyOut's are its deny entries (checked
+  // as `--deny` entries are, and winning over any allow); rules and proxies are trybox secrets' and
+  // the operator's business (docs/protocol/e2b.md, "Network").
   if (auto net = body.find("network"); net != body.end() && !net->is_null()) {
     if (!net->is_object()) return InvalidArgument("network must be an object");
     if (auto allow = net->find("allowOut"); allow != net->end() && !allow->is_null()) {
@@ -159,9 +159,12 @@ Result<NewSandbox> ParseNewSandbox(const json& body, int64_t max_timeout_s) {
         n.create.allow.push_back(a.get<std::string>());
       }
     }
-    if (auto deny = net->find("denyOut");
-        deny != net->end() && !deny->is_null() && !deny->is_array()) {
-      return InvalidArgument("network.denyOut must be an array of strings");
+    if (auto deny = net->find("denyOut"); deny != net->end() && !deny->is_null()) {
+      if (!deny->is_array()) return InvalidArgument("network.denyOut must be an array of strings");
+      for (const auto& d : *deny) {
+        if (!d.is_string()) return InvalidArgument("network.denyOut must be an array of strings");
+        n.create.deny.push_back(d.get<std::string>());
+      }
     }
     RETURN_IF_ERROR(Unsupported(*net, "rules", json::object(),
                                 "use trybox secrets for credentials (docs/secrets.md)"));

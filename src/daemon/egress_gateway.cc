@@ -74,6 +74,12 @@ Json EgressJson(const store::EgressRecord& e) {
           {"duration_ms", e.duration_ms}};
 }
 
+Json EgressPolicyJson(const egress::Reach& r) {
+  return {{"mode", egress::EgressModeName(r.mode)},
+          {"allow", r.allow.ToStrings()},
+          {"deny", r.DenyStrings()}};
+}
+
 namespace {
 
 Result<std::shared_ptr<const EgressSettings>> ReadSettings(const std::string& path) {
@@ -155,8 +161,27 @@ EgressGateway::~EgressGateway() {
   audit_->Flush();
 }
 
-Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string>& allow,
-                                                   const std::vector<std::string>& profiles) const {
+std::shared_ptr<const egress::Policy> EgressVm::policy() const {
+  MutexLock lock(mu_);
+  return policy_;
+}
+
+void EgressVm::set_policy(std::shared_ptr<const egress::Policy> p) {
+  MutexLock lock(mu_);
+  policy_ = std::move(p);
+}
+
+bool EgressVm::Change(const std::function<bool(egress::Reach&)>& change) {
+  MutexLock lock(mu_);
+  auto next = std::make_shared<egress::Policy>(*policy_);
+  if (!change(next->reach)) return false;
+  policy_ = std::move(next);
+  return true;
+}
+
+Result<egress::Reach> EgressGateway::Reach(bool internet, const std::vector<std::string>& allow,
+                                           const std::vector<std::string>& profiles,
+                                           const std::vector<std::string>& deny) const {
   std::vector<std::string> entries = allow;
   auto now = settings();
   for (const auto& name : profiles) {
@@ -167,18 +192,62 @@ Result<egress::AllowList> EgressGateway::AllowList(const std::vector<std::string
     }
     entries.insert(entries.end(), p->second.begin(), p->second.end());
   }
-  return egress::AllowList::Parse(entries);
+  egress::Reach r;
+  r.mode = internet ? egress::EgressMode::kInternet : egress::EgressMode::kAllowList;
+  ASSIGN_OR_RETURN(r.allow, egress::AllowList::Parse(entries));
+  for (const auto& d : deny) {
+    ASSIGN_OR_RETURN(auto e, egress::ParseDenyEntry(d));
+    r.Deny(e);
+  }
+  return r;
+}
+
+Result<egress::Reach> EgressGateway::Change(const std::string& vm_id, EgressVm& vm,
+                                            const EgressChange& c) {
+  std::vector<egress::AllowEntry> allow, deny;
+  for (const auto& a : c.allow) {
+    ASSIGN_OR_RETURN(auto e, egress::ParseAllowEntry(a));
+    allow.push_back(std::move(e));
+  }
+  for (const auto& d : c.deny) {
+    ASSIGN_OR_RETURN(auto e, egress::ParseDenyEntry(d));
+    deny.push_back(std::move(e));
+  }
+  if (allow.empty() && deny.empty()) {
+    return InvalidArgument("nothing to change: name at least one host to allow or deny");
+  }
+  auto record = [&](const char* what, const egress::AllowEntry& e) {
+    egress::Decision d;
+    d.vm_id = vm_id;
+    d.started_at = store::NowSeconds();
+    d.method = what;
+    d.host = (e.wildcard ? "*." : "") + e.host;
+    d.port = e.port;
+    d.verdict = "policy";
+    d.reason = std::string(what == std::string("ALLOW") ? "allowed " : "denied ") + e.ToString() +
+               " on the running VM, asked by " + c.by;
+    audit_->Closed(audit_->Decided(d), d);
+  };
+  for (const auto& e : allow) {
+    if (vm.Change([&](egress::Reach& r) { return r.Allow(e); })) record("ALLOW", e);
+  }
+  for (const auto& e : deny) {
+    if (vm.Change([&](egress::Reach& r) { return r.Deny(e); })) record("DENY", e);
+  }
+  return vm.policy()->reach;
 }
 
 Result<std::shared_ptr<EgressVm>> EgressGateway::NewVm(
-    egress::AllowList allow, std::shared_ptr<const egress::SecretSet> secrets) const {
+    egress::Reach reach, std::shared_ptr<const egress::SecretSet> secrets) const {
   auto now = settings();
   auto vm = std::make_shared<EgressVm>(now->config.max_tunnels_per_vm);
   vm->settings = now;
-  vm->policy.allow = std::move(allow);
-  vm->policy.overrides = now->config.internal_allow;
-  vm->policy.head_timeout = now->config.head_timeout;
-  vm->policy.connect_timeout = now->config.connect_timeout;
+  auto policy = std::make_shared<egress::Policy>();
+  policy->reach = std::move(reach);
+  policy->overrides = now->config.internal_allow;
+  policy->head_timeout = now->config.head_timeout;
+  policy->connect_timeout = now->config.connect_timeout;
+  vm->set_policy(std::move(policy));
   if (secrets && !secrets->empty()) {
     ASSIGN_OR_RETURN(vm->ca, egress::CertAuthority::Create("trybox egress CA"));
     vm->secrets = std::move(secrets);
@@ -232,8 +301,9 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
     return;
   }
   egress::StreamClient client(s);
+  const std::shared_ptr<const egress::Policy> policy = eg.policy();  // this connection's
   egress::Decision d = egress::ServeConnection(
-      client, {&eg.policy, eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id,
+      client, {policy.get(), eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id,
                eg.secrets.get(), eg.ca.get(), eg.settings->upstream_tls.get()});
   (void)s.End({{"ok", true},
                {"verdict", d.verdict},

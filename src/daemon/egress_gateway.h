@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,7 +52,6 @@ struct EgressReload {
 // One VM's egress policy and counts; shared with its guest-open handler.
 struct EgressVm {
   std::shared_ptr<const EgressSettings> settings;  // as of the VM's create
-  egress::Policy policy;
   egress::TunnelSlots slots;
   // The VM's secrets and the CA whose certificates its guest trusts (docs/secrets.md); both
   // null when the VM has no secret. The CA's key never leaves this process.
@@ -60,6 +60,25 @@ struct EgressVm {
   // Streams the guest has open, decided or not: bounds the threads a guest can hold.
   std::atomic<int> streams{0};
   explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
+
+  // The policy in force. Each connection takes it when it starts, so a change (Replace)
+  // applies from the next connection on and never to one already decided.
+  std::shared_ptr<const egress::Policy> policy() const EXCLUDES(mu_);
+  void set_policy(std::shared_ptr<const egress::Policy> p) EXCLUDES(mu_);
+  // Runs `change` on a copy of the policy and puts the copy in force, all under the lock,
+  // so two changes at once both apply. Returns what `change` returned.
+  bool Change(const std::function<bool(egress::Reach&)>& change) EXCLUDES(mu_);
+
+ private:
+  mutable Mutex mu_;
+  std::shared_ptr<const egress::Policy> policy_ GUARDED_BY(mu_);
+};
+
+// A change to a running VM's list (the egress verb; `trybox allow` / `trybox deny`).
+struct EgressChange {
+  std::vector<std::string> allow;  // HOST[:PORT]
+  std::vector<std::string> deny;   // HOST[:PORT], no port: every port
+  std::string by;                  // who asked, for the audit ("uid 1000")
 };
 
 struct AuditPage {
@@ -80,12 +99,18 @@ class EgressGateway {
   // Reads egress.json again. On an error (naming the file and the key) the settings in
   // force stay.
   Result<EgressReload> Reload() EXCLUDES(mu_);
-  // The allow-list of `allow` entries plus the named profiles'; errors name the entry.
-  Result<egress::AllowList> AllowList(const std::vector<std::string>& allow,
-                                      const std::vector<std::string>& profiles) const;
+  // A new VM's reach: internet mode or the allow-list of `allow` entries plus the named
+  // profiles', less the `deny` entries; errors name the entry.
+  Result<egress::Reach> Reach(bool internet, const std::vector<std::string>& allow,
+                              const std::vector<std::string>& profiles,
+                              const std::vector<std::string>& deny) const;
   // A VM's egress state; with secrets, a CA of its own for the guest to trust.
-  Result<std::shared_ptr<EgressVm>> NewVm(egress::AllowList allow,
+  Result<std::shared_ptr<EgressVm>> NewVm(egress::Reach reach,
                                           std::shared_ptr<const egress::SecretSet> secrets) const;
+  // Changes running VM `vm_id`'s reach: every entry is checked before any applies. Each
+  // entry that changed something is an audit row (verdict "policy", who asked in the
+  // reason). Returns the reach now in force.
+  Result<egress::Reach> Change(const std::string& vm_id, EgressVm& vm, const EgressChange& c);
   // The handler for streams VM `vm_id`'s guest opens: egress tunnels, or refusals.
   channel::Mux::OpenHandler GuestHandler(const std::string& vm_id, std::shared_ptr<EgressVm> vm);
 
@@ -114,5 +139,7 @@ class EgressGateway {
 
 // An audit row as the `audit` verb sends it.
 Json EgressJson(const store::EgressRecord& e);
+// A VM's policy by name: {"mode", "allow", "deny"} (docs/protocol/daemon.md).
+Json EgressPolicyJson(const egress::Reach& r);
 
 }  // namespace trybox::daemon

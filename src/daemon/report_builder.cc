@@ -1,5 +1,8 @@
 #include "daemon/report_builder.h"
 
+#include <map>
+#include <tuple>
+
 #include "agent/report.h"
 #include "agent/text.h"
 #include "daemon/workspace_service.h"
@@ -23,6 +26,86 @@ Json CommandJson(const store::ExecRecord& e, const std::string& tool) {
   if (!e.error.empty()) c["error"] = agent::SanitizeUtf8(e.error);
   if (e.outcome == "running") c["duration_ms"] = nullptr;
   return c;
+}
+
+// The newest audit rows of a VM a report reads; older ones are counted as cut.
+constexpr int64_t kMaxReportEgressRows = 10000;
+// At most this many entries in each of the network section's lists.
+constexpr size_t kMaxNetworkEntries = 200;
+
+// Where the run's VM went and what was refused, from the daemon's audit rows
+// (docs/agent.md, "network"): the hosts reached with bytes each way, the refusals and
+// failures grouped by host, port and reason, and every change made to the running VM's list.
+Json NetworkJson(store::Store& store, const std::string& vm_id, const RunState& s) {
+  Json net = {{"policy",
+               {{"mode", s.internet ? "internet" : "allowlist"},
+                {"allow", s.allow},
+                {"profiles", s.profiles},
+                {"deny", s.deny}}}};
+  auto rows = store.ListEgress(vm_id, kMaxReportEgressRows + 1);
+  if (!rows.ok()) {
+    net["error"] = "the audit could not be read: " + rows.status().message();
+    return net;
+  }
+  const bool cut = static_cast<int64_t>(rows->size()) > kMaxReportEgressRows;
+  if (cut) rows->erase(rows->begin());  // oldest first: the oldest one goes
+  struct Reached {
+    int64_t connections = 0, bytes_up = 0, bytes_down = 0;
+  };
+  struct Refused {
+    int64_t count = 0;
+    int status = 0;
+  };
+  std::map<std::pair<std::string, int>, Reached> reached;
+  std::map<std::tuple<std::string, std::string, int, std::string>, Refused> refused;
+  Json changes = Json::array();
+  for (const auto& e : *rows) {
+    const std::string host = agent::SanitizeUtf8(e.host);
+    if (e.verdict == "allowed") {
+      Reached& r = reached[{host, e.port}];
+      ++r.connections;
+      r.bytes_up += e.bytes_up;
+      r.bytes_down += e.bytes_down;
+    } else if (e.verdict == "policy") {
+      if (changes.size() < kMaxNetworkEntries) {
+        changes.push_back({{"at", e.started_at},
+                           {"change", agent::SanitizeUtf8(e.method)},
+                           {"entry", host + (e.port ? ":" + std::to_string(e.port) : "")},
+                           {"reason", agent::SanitizeUtf8(e.reason)}});
+      }
+    } else {
+      Refused& r = refused[{e.verdict, host, e.port, agent::SanitizeUtf8(e.reason)}];
+      ++r.count;
+      r.status = e.status;
+    }
+  }
+  Json hosts = Json::array();
+  for (const auto& [key, r] : reached) {
+    if (hosts.size() >= kMaxNetworkEntries) break;
+    hosts.push_back({{"host", key.first},
+                     {"port", key.second},
+                     {"connections", r.connections},
+                     {"bytes_up", r.bytes_up},
+                     {"bytes_down", r.bytes_down}});
+  }
+  Json refusals = Json::array();
+  for (const auto& [key, r] : refused) {
+    if (refusals.size() >= kMaxNetworkEntries) break;
+    const auto& [verdict, host, port, reason] = key;
+    refusals.push_back({{"verdict", verdict},
+                        {"host", host},
+                        {"port", port},
+                        {"status", r.status},
+                        {"reason", reason},
+                        {"count", r.count}});
+  }
+  net["reached"] = hosts;
+  net["refused"] = refusals;
+  net["changes"] = changes;
+  net["connections"] = static_cast<int64_t>(rows->size());
+  net["truncated"] =
+      cut || reached.size() > kMaxNetworkEntries || refused.size() > kMaxNetworkEntries;
+  return net;
 }
 
 }  // namespace
@@ -60,6 +143,7 @@ Json ReportBuilder::Build(const store::AgentRunRecord& rec, const RunState& s) c
   }
   r["commands"] = commands;
   if (!others.empty()) r["other_commands"] = others;
+  if (!rec.vm_id.empty()) r["network"] = NetworkJson(store_, rec.vm_id, s);
 
   r["files"] = nullptr;
   r["commit"] = nullptr;

@@ -85,8 +85,10 @@ Result<CreateRequest> ParseCreate(const Json& j, const std::string& what) {
   r.cpus = static_cast<int>(cpus);
   ASSIGN_OR_RETURN(r.ephemeral, f.Bool("ephemeral", false));
   ASSIGN_OR_RETURN(r.cold, f.Bool("cold", false));
+  ASSIGN_OR_RETURN(r.internet, f.Bool("internet", false));
   ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
   ASSIGN_OR_RETURN(r.profiles, f.StringList("profiles"));
+  ASSIGN_OR_RETURN(r.deny, f.StringList("deny"));
   ASSIGN_OR_RETURN(r.privileged, f.Bool("privileged", false));
   ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets"), what));
   return r;
@@ -97,6 +99,16 @@ Result<VmRequest> ParseVmRequest(const Json& j) {
   RETURN_IF_ERROR(f.CheckObject());
   VmRequest r;
   ASSIGN_OR_RETURN(r.vm, VmId(f));
+  return r;
+}
+
+Result<EgressRequest> ParseEgress(const Json& j) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.CheckObject());
+  EgressRequest r;
+  ASSIGN_OR_RETURN(r.vm, VmId(f));
+  ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
+  ASSIGN_OR_RETURN(r.deny, f.StringList("deny"));
   return r;
 }
 
@@ -396,8 +408,10 @@ Result<AgentRequest> ParseAgent(const Json& j) {
   ASSIGN_OR_RETURN(r.workspace, AbsolutePath(f, "workspace", false));
   ASSIGN_OR_RETURN(r.verify, f.String("verify", ""));
   RETURN_IF_ERROR(NoNul(r.verify, "'verify'"));
+  ASSIGN_OR_RETURN(r.internet, f.Bool("internet", false));
   ASSIGN_OR_RETURN(r.allow, f.StringList("allow"));
   ASSIGN_OR_RETURN(r.profiles, f.StringList("profiles"));
+  ASSIGN_OR_RETURN(r.deny, f.StringList("deny"));
   ASSIGN_OR_RETURN(int64_t memory, f.Int("memory_mib", kMinMemoryMib, kMaxMemoryMib, 1024));
   ASSIGN_OR_RETURN(int64_t cpus, f.Int("cpus", 1, kMaxCpus, 1));
   r.memory_mib = static_cast<int>(memory);

@@ -40,8 +40,12 @@ struct CreateRequest {
   int cpus = 1;
   bool ephemeral = false;  // destroyed when the creating connection closes
   bool cold = false;
+  // Egress (docs/protocol/egress.md, "Policy"): internet mode, or the allow-list of `allow`
+  // and the named profiles; `deny` subtracts in either mode.
+  bool internet = false;
   std::vector<std::string> allow;
   std::vector<std::string> profiles;
+  std::vector<std::string> deny;
   // Commands keep every capability (docs/security.md): the channel is then within a
   // command's reach, and the VM's results are the guest's word.
   bool privileged = false;
@@ -51,6 +55,12 @@ struct CreateRequest {
 
 struct VmRequest {  // destroy
   std::string vm;
+};
+
+struct EgressRequest {  // egress: a running VM's list grows or shrinks
+  std::string vm;
+  std::vector<std::string> allow;
+  std::vector<std::string> deny;
 };
 
 struct ServeRequest {  // serve
@@ -179,8 +189,10 @@ struct AgentRequest {
   std::string image = kDefaultImage;
   std::string workspace;  // "" = none: the run gets an empty repository of its own
   std::string verify;
+  bool internet = false;
   std::vector<std::string> allow;
   std::vector<std::string> profiles;
+  std::vector<std::string> deny;
   int memory_mib = 1024;
   int cpus = 1;
   bool cold = false;
@@ -206,6 +218,7 @@ struct RunRequest {  // agent_show, agent_cancel, agent_transcript
 // `what`: a prefix for the fields' names in messages ("trybox." where the fields are nested).
 Result<CreateRequest> ParseCreate(const Json& j, const std::string& what = "");
 Result<VmRequest> ParseVmRequest(const Json& j);
+Result<EgressRequest> ParseEgress(const Json& j);
 Result<DoctorRequest> ParseDoctor(const Json& j);
 Result<PruneRequest> ParsePrune(const Json& j);
 Result<ServeRequest> ParseServe(const Json& j);

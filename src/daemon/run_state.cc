@@ -64,8 +64,10 @@ Json VerificationJson(const Verification& v) {
 Json RunState::ToJson() const {
   Json j = {{"task", task},
             {"image", {{"name", image_name}}},
+            {"internet", internet},
             {"allow", allow},
             {"profiles", profiles},
+            {"deny", deny},
             {"caller_verify", caller_verify},
             {"workspace", workspace ? Json(*workspace) : Json(nullptr)},
             {"model", model},
@@ -125,8 +127,10 @@ RunState RunState::FromJson(const Json& j) {
   const Json& image = Obj(j, "image");
   s.image_name = Str(image, "name");
   s.image_sha256 = Str(image, "sha256");
+  s.internet = Bool(j, "internet");
   s.allow = Strs(j, "allow");
   s.profiles = Strs(j, "profiles");
+  s.deny = Strs(j, "deny");
   s.caller_verify = Str(j, "caller_verify");
   s.workspace = OptStr(j, "workspace");
   if (const Json& m = Obj(j, "model"); !m.is_null()) s.model = m;

@@ -51,8 +51,10 @@ struct RunState {
   std::string task;
   std::string image_name;
   std::string image_sha256;
+  bool internet = false;
   std::vector<std::string> allow;
   std::vector<std::string> profiles;
+  std::vector<std::string> deny;
   std::string caller_verify;
   std::optional<std::string> workspace;
   Json model = Json::object();  // ModelSettings::Describe(): never the key

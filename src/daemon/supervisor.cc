@@ -95,8 +95,10 @@ void Supervisor::Verify(const RunState& state, const std::string& tree,
   CreateRequest create;
   create.image = state.image_name;
   create.memory_mib = kVerifyMemoryMib;
+  create.internet = state.internet;
   create.allow = state.allow;
   create.profiles = state.profiles;
+  create.deny = state.deny;
   create.secrets = secrets;
   auto created = vms_.Create(create);
   if (!created.ok()) {

@@ -11,6 +11,10 @@ Json CreatedJson(const CreatedVm& c) {
   VmEntry& e = *c.entry;
   const vmm::VmConfig& cfg = e.vm().config();
   store::VmRecord rec = e.record();
+  Json egress = EgressPolicyJson(c.reach);
+  egress["max_tunnels"] = e.egress()->slots.max();
+  egress["qemu_netns"] = cfg.netns;
+  egress["qemu_uid"] = cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr);
   return {{"ok", true},
           {"vm",
            {{"id", e.id()},
@@ -23,11 +27,7 @@ Json CreatedJson(const CreatedVm& c) {
             {"phases_ms", e.vm().phases()},
             {"start", c.start},
             {"privileged", e.privileged()},
-            {"egress",
-             {{"allow", c.allow},
-              {"max_tunnels", e.egress()->slots.max()},
-              {"qemu_netns", cfg.netns},
-              {"qemu_uid", cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr)}}}}}};
+            {"egress", egress}}}};
 }
 
 Json VmJson(const store::VmRecord& r, const store::ExecCount& execs) {
@@ -190,7 +190,12 @@ void AddVmVerbs(VerbTable& t, Services& s) {
   t.AddUnary("list", [&s](const Json&, Connection&) -> Json {
     Json vms = Json::array();
     auto counts = s.vms.ExecCounts();
-    for (const auto& r : s.vms.List()) vms.push_back(VmJson(r, counts[r.id]));
+    for (const auto& r : s.vms.List()) {
+      Json v = VmJson(r, counts[r.id]);
+      if (auto e = s.vms.Get(r.id); e.ok())
+        v["egress"] = EgressPolicyJson((*e)->egress()->policy()->reach);
+      vms.push_back(std::move(v));
+    }
     return {{"ok", true}, {"vms", vms}};
   });
   t.AddUnary("doctor", [&s](const Json& j, Connection&) -> Json {
@@ -208,6 +213,14 @@ void AddVmVerbs(VerbTable& t, Services& s) {
     return {{"ok", true},
             {"egress", rows},
             {"next_before_id", page->next_before_id ? Json(*page->next_before_id) : Json(nullptr)}};
+  });
+  t.AddUnary("egress", [&s](const Json& j, Connection& conn) -> Json {
+    auto req = ParseEgress(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    EgressChange c{req->allow, req->deny, "uid " + std::to_string(conn.uid())};
+    auto reach = s.vms.ChangeEgress(req->vm, c);
+    if (!reach.ok()) return ErrorReply(reach.status());
+    return {{"ok", true}, {"egress", EgressPolicyJson(*reach)}};
   });
   t.AddUnary("ping", [](const Json&, Connection&) -> Json {
     return {{"ok", true}, {"pid", ::getpid()}};

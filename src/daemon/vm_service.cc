@@ -48,7 +48,7 @@ std::map<std::string, std::string> TrustEnv() {
 Status VmService::Validate(const CreateRequest& req) const {
   ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_dir_, req.image));
   RETURN_IF_ERROR(image::VerifyImage(dir));
-  RETURN_IF_ERROR(egress_.AllowList(req.allow, req.profiles).status());
+  RETURN_IF_ERROR(egress_.Reach(req.internet, req.allow, req.profiles, req.deny).status());
   if (!req.secrets.empty()) RETURN_IF_ERROR(egress::SecretSet::Make(req.secrets).status());
   return disks_.Admit(DiskUses());
 }
@@ -58,7 +58,8 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   RETURN_IF_ERROR(image::VerifyImage(dir));
   ASSIGN_OR_RETURN(std::string manifest_sha, Sha256File(dir + "/manifest.json"));
   ASSIGN_OR_RETURN(image::Manifest manifest, image::ReadManifest(dir));
-  ASSIGN_OR_RETURN(egress::AllowList allow, egress_.AllowList(req.allow, req.profiles));
+  ASSIGN_OR_RETURN(egress::Reach reach,
+                   egress_.Reach(req.internet, req.allow, req.profiles, req.deny));
   std::shared_ptr<const egress::SecretSet> secrets;
   if (!req.secrets.empty()) {
     ASSIGN_OR_RETURN(secrets, egress::SecretSet::Make(req.secrets));
@@ -90,10 +91,10 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   rec.dir = cfg.vm_dir;
   rec.created_at = store::NowSeconds();
   CreatedVm out;
-  out.allow = allow.ToStrings();
+  out.reach = reach;
   out.start = launched->start;
   out.boot_ms = launched->vm->boot_ms();
-  auto eg = egress_.NewVm(std::move(allow), secrets);
+  auto eg = egress_.NewVm(std::move(reach), secrets);
   if (!eg.ok()) {
     (void)launched->vm->Destroy();
     return eg.status().Annotate("set up the VM's egress");
@@ -122,6 +123,11 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   }
   registry_.Add(out.entry);
   return out;
+}
+
+Result<egress::Reach> VmService::ChangeEgress(const std::string& id, const EgressChange& c) {
+  ASSIGN_OR_RETURN(auto e, Get(id));
+  return egress_.Change(id, *e->egress(), c);
 }
 
 Result<std::shared_ptr<VmEntry>> VmService::Get(const std::string& id) {

@@ -32,7 +32,7 @@ struct CreatedVm {
   std::shared_ptr<VmEntry> entry;
   Json start;  // how it started (LaunchedVm::start)
   double boot_ms = 0;
-  std::vector<std::string> allow;  // the egress allow-list, as entries
+  egress::Reach reach;  // its egress policy by name, as created
 };
 
 // An exec started with no client (`exec -d`).
@@ -67,6 +67,9 @@ class VmService {
   // Validates everything before anything boots, then starts and records the VM.
   // `progress` hears of the steps that may take seconds (vm_launcher.h).
   Result<CreatedVm> Create(const CreateRequest& req, const Progress& progress = {});
+  // A running VM's egress list grows or shrinks (EgressGateway::Change); from its next
+  // connection on.
+  Result<egress::Reach> ChangeEgress(const std::string& id, const EgressChange& c);
   // Kills the VM and reports what was observed. FAILED_PRECONDITION if it was already
   // destroyed (or is being destroyed), NOT_FOUND if it never existed.
   Result<vmm::DestroyReport> Destroy(const std::string& id);

@@ -28,10 +28,13 @@ bool AllowEntry::MatchesHost(const std::string& h) const {
 }
 
 std::string AllowEntry::ToString() const {
-  return (wildcard ? "*." : "") + host + ":" + std::to_string(port);
+  return (wildcard ? "*." : "") + host + (port == 0 ? "" : ":" + std::to_string(port));
 }
 
-Result<AllowEntry> ParseAllowEntry(std::string_view text) {
+namespace {
+
+// `what` names the entry's kind in errors ("allow-list entry", "deny entry").
+Result<AllowEntry> ParseEntry(std::string_view text, const std::string& what) {
   AllowEntry e;
   std::string_view host = text;
   size_t colon = text.rfind(':');
@@ -44,14 +47,91 @@ Result<AllowEntry> ParseAllowEntry(std::string_view text) {
     host.remove_prefix(2);
   }
   auto canonical = CanonicalHostname(host);
-  if (!canonical.ok()) return canonical.status().Annotate("allow-list entry");
+  if (!canonical.ok()) return canonical.status().Annotate(what);
   e.host = *canonical;
-  // "*.com" would allow a whole top-level domain: refused as almost certainly a mistake.
+  // "*.com" would cover a whole top-level domain: refused as almost certainly a mistake.
   if (e.wildcard && e.host.find('.') == std::string::npos) {
-    return InvalidArgument("allow-list entry '" + std::string(text) +
+    return InvalidArgument(what + " '" + std::string(text) +
                            "': a wildcard needs at least two labels after '*.'");
   }
   return e;
+}
+
+}  // namespace
+
+Result<AllowEntry> ParseAllowEntry(std::string_view text) {
+  return ParseEntry(text, "allow-list entry");
+}
+
+Result<AllowEntry> ParseDenyEntry(std::string_view text) {
+  const bool has_port = text.find(':') != std::string_view::npos;
+  ASSIGN_OR_RETURN(AllowEntry e, ParseEntry(text, "deny entry"));
+  if (!has_port) e.port = 0;
+  return e;
+}
+
+const char* EgressModeName(EgressMode m) {
+  return m == EgressMode::kInternet ? "internet" : "allowlist";
+}
+
+std::string Reach::Check(const std::string& host, int port) const {
+  for (const auto& d : deny) {
+    if (d.MatchesHost(host) && (d.port == 0 || d.port == port)) {
+      return host + ":" + std::to_string(port) + " is denied for this VM (deny " + d.ToString() +
+             ")";
+    }
+  }
+  if (mode == EgressMode::kInternet) return "";
+  return allow.Check(host, port);
+}
+
+std::string Reach::AllowedBecause() const {
+  return mode == EgressMode::kInternet ? "internet mode: any public host"
+                                       : "host and port on the allow-list";
+}
+
+namespace {
+
+bool SamePattern(const AllowEntry& a, const AllowEntry& b) {
+  return a.wildcard == b.wildcard && a.host == b.host;
+}
+
+}  // namespace
+
+bool Reach::Allow(const AllowEntry& e) {
+  size_t before = deny.size();
+  std::erase_if(deny, [&](const AllowEntry& d) {
+    return SamePattern(d, e) && (d.port == 0 || d.port == e.port);
+  });
+  bool changed = deny.size() != before;
+  std::vector<AllowEntry> entries = allow.entries();
+  for (const auto& a : entries) {
+    if (SamePattern(a, e) && a.port == e.port) return changed;
+  }
+  entries.push_back(e);
+  allow = AllowList(std::move(entries));
+  return true;
+}
+
+bool Reach::Deny(const AllowEntry& e) {
+  std::vector<AllowEntry> entries = allow.entries();
+  size_t before = entries.size();
+  std::erase_if(entries, [&](const AllowEntry& a) {
+    return SamePattern(a, e) && (e.port == 0 || a.port == e.port);
+  });
+  bool changed = entries.size() != before;
+  allow = AllowList(std::move(entries));
+  for (const auto& d : deny) {
+    if (SamePattern(d, e) && d.port == e.port) return changed;
+  }
+  deny.push_back(e);
+  return true;
+}
+
+std::vector<std::string> Reach::DenyStrings() const {
+  std::vector<std::string> out;
+  for (const auto& d : deny) out.push_back(d.ToString());
+  return out;
 }
 
 Result<AllowList> AllowList::Parse(const std::vector<std::string>& texts) {

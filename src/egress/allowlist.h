@@ -28,6 +28,8 @@ struct AllowEntry {
 };
 
 Result<AllowEntry> ParseAllowEntry(std::string_view text);
+// A `--deny` entry: the same forms, but without a port it covers every port (port 0).
+Result<AllowEntry> ParseDenyEntry(std::string_view text);
 
 class AllowList {
  public:
@@ -43,6 +45,34 @@ class AllowList {
 
  private:
   std::vector<AllowEntry> entries_;
+};
+
+// How a VM's egress is decided by name (docs/protocol/egress.md, "Policy").
+enum class EgressMode {
+  kAllowList,  // only hosts and ports on the VM's allow-list
+  kInternet,   // any host on any port; what its name resolves to is still checked
+};
+const char* EgressModeName(EgressMode m);  // "allowlist", "internet"
+
+// What a VM may reach by name: the one decision every egress path asks before anything is
+// resolved. In either mode a deny entry wins; the addresses a name resolves to are judged
+// afterwards, by address class, the same way in both modes (proxy.cc).
+struct Reach {
+  EgressMode mode = EgressMode::kAllowList;
+  AllowList allow;
+  std::vector<AllowEntry> deny;  // port 0: every port
+
+  // Empty if `host`:`port` may be dialled (subject to its addresses), else why not.
+  std::string Check(const std::string& canonical_host, int port) const;
+  // Why a connection this Reach let through was let through, for its audit row.
+  std::string AllowedBecause() const;
+  // A running VM's list grows or shrinks (`trybox allow` / `trybox deny`). Allow drops the
+  // deny entries of the same host pattern that cover its port and lists it; Deny drops the
+  // allow entries of the same host pattern it covers and lists it. Each returns false when
+  // nothing changed.
+  bool Allow(const AllowEntry& e);
+  bool Deny(const AllowEntry& e);
+  std::vector<std::string> DenyStrings() const;
 };
 
 // An internal address the operator lets egress reach although it is loopback, private or

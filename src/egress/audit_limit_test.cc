@@ -132,7 +132,7 @@ TEST_F(RateLimitedAuditTest, EachVmAndEachVerdictIsCountedApart) {
 // record holds the first few and one summary.
 TEST_F(RateLimitedAuditTest, TheProxyStillRefusesEveryConnection) {
   Policy policy;
-  policy.allow = *AllowList::Parse({"good.test:443"});
+  policy.reach.allow = *AllowList::Parse({"good.test:443"});
   auto resolver = MapResolver::FromJson(nlohmann::json::object()).value();
   TunnelSlots slots(4);
   for (int i = 0; i < 40; ++i) {

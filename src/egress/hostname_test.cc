@@ -112,6 +112,57 @@ TEST(EgressAllowList, BadEntriesAreRefusedNamingThem) {
   }
 }
 
+TEST(EgressReach, DenyEntriesWinInEitherModeAndCoverEveryPortWithoutOne) {
+  Reach r;
+  r.allow = *AllowList::Parse({"api.test", "*.example.test:8080"});
+  r.deny.push_back(*ParseDenyEntry("bad.example.test"));
+  EXPECT_EQ(r.Check("api.test", 443), "");
+  EXPECT_EQ(r.Check("other.test", 443), "other.test is not on the VM's allow-list");
+  EXPECT_EQ(r.Check("a.example.test", 8080), "");
+  EXPECT_EQ(r.Check("bad.example.test", 8080),
+            "bad.example.test:8080 is denied for this VM (deny bad.example.test)");
+  r.mode = EgressMode::kInternet;
+  EXPECT_EQ(r.Check("other.test", 22), "");  // any host, any port
+  EXPECT_NE(r.Check("bad.example.test", 1), "");
+  r.deny = {*ParseDenyEntry("*.tracker.test:443")};
+  EXPECT_NE(r.Check("x.tracker.test", 443), "");
+  EXPECT_EQ(r.Check("x.tracker.test", 80), "");
+  EXPECT_EQ(r.Check("tracker.test", 443), "");  // a wildcard covers subdomains only
+  EXPECT_EQ(r.AllowedBecause(), "internet mode: any public host");
+}
+
+TEST(EgressReach, AllowAndDenyOnARunningVmUndoEachOther) {
+  Reach r;
+  r.allow = *AllowList::Parse({"api.test"});
+  EXPECT_TRUE(r.Deny(*ParseDenyEntry("api.test")));  // drops the allow entry, lists the deny
+  EXPECT_EQ(r.allow.ToStrings(), std::vector<std::string>{});
+  EXPECT_EQ(r.DenyStrings(), std::vector<std::string>{"api.test"});
+  EXPECT_FALSE(r.Deny(*ParseDenyEntry("api.test")));  // nothing new
+  EXPECT_NE(r.Check("api.test", 443), "");
+  EXPECT_TRUE(r.Allow(*ParseAllowEntry("api.test:8443")));  // the every-port deny goes
+  EXPECT_EQ(r.DenyStrings(), std::vector<std::string>{});
+  EXPECT_EQ(r.allow.ToStrings(), std::vector<std::string>{"api.test:8443"});
+  EXPECT_EQ(r.Check("api.test", 8443), "");
+  EXPECT_FALSE(r.Allow(*ParseAllowEntry("api.test:8443")));
+  // A deny of one port leaves the host's other allow entries.
+  EXPECT_TRUE(r.Allow(*ParseAllowEntry("api.test")));
+  EXPECT_TRUE(r.Deny(*ParseDenyEntry("api.test:8443")));
+  EXPECT_EQ(r.allow.ToStrings(), std::vector<std::string>{"api.test:443"});
+  EXPECT_EQ(r.Check("api.test", 443), "");
+}
+
+TEST(EgressReach, BadDenyEntriesAreRefusedNamingThem) {
+  auto bad = ParseDenyEntry("10.0.0.1");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("deny entry"), std::string::npos) << bad.status().message();
+  bad = ParseDenyEntry("*.com");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("deny entry '*.com'"), std::string::npos);
+  EXPECT_FALSE(ParseDenyEntry("a.test:0").ok());
+  EXPECT_EQ(ParseDenyEntry("a.test")->port, 0);
+  EXPECT_EQ(ParseDenyEntry("a.test:22")->ToString(), "a.test:22");
+}
+
 TEST(EgressAllowList, AddressOverrideMatchesExactAddressAndPort) {
   auto o = *AddressOverride::Parse("127.0.0.1:8080");
   sockaddr_storage a = o.addr;

@@ -163,7 +163,7 @@ class Connection {
     auto host = CanonicalHostname(target->host);
     if (!host.ok()) return Refuse(403, "refused", host.status().message());
     d_.host = *host;
-    std::string why = pol.allow.Check(*host, target->port);
+    std::string why = pol.reach.Check(*host, target->port);
     if (!why.empty()) return Refuse(403, "refused", why);
     // A placeholder is refused wherever it is seen heading to a host not bound to it: in a
     // request head, and in a tunnel's first bytes (plaintext protocols show it there).
@@ -215,7 +215,7 @@ class Connection {
     d_.verdict = "allowed";
     d_.status = 200;
     d_.reason = d_.override_used ? "internal address allowed by the operator's override"
-                                 : "host and port on the allow-list";
+                                 : pol.reach.AllowedBecause();
     Decide();
     std::string first = buf.substr(head->size);
     if (target->tunnel) {
@@ -241,8 +241,8 @@ class Connection {
     if (!server.ok()) return Refuse(502, "failed", server.status().message());
     d_.verdict = "allowed";
     d_.status = 200;
-    d_.reason = std::string(d_.override_used ? "internal address allowed by the operator's override"
-                                             : "host and port on the allow-list") +
+    d_.reason = (d_.override_used ? "internal address allowed by the operator's override"
+                                  : pol.reach.AllowedBecause()) +
                 "; TLS intercepted for its secrets";
     Decide();
     if (!client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) return;

@@ -118,7 +118,7 @@ class TunnelSlots {
 };
 
 struct Policy {
-  AllowList allow;
+  Reach reach;
   std::vector<AddressOverride> overrides;  // operator-only; empty by default
   std::chrono::milliseconds head_timeout{10000};
   size_t max_head = kDefaultMaxHead;

@@ -168,8 +168,8 @@ class EgressProxy : public ::testing::Test {
  protected:
   void SetUp() override {
     port_ = std::to_string(up_.port());
-    policy_.allow = *AllowList::Parse({"upstream.test:" + port_, "*.wild.test:" + port_,
-                                       "metadata.test:" + port_, "loop.test:" + port_});
+    policy_.reach.allow = *AllowList::Parse({"upstream.test:" + port_, "*.wild.test:" + port_,
+                                             "metadata.test:" + port_, "loop.test:" + port_});
     policy_.overrides.push_back(*AddressOverride::Parse("127.0.0.1:" + port_));
     policy_.head_timeout = std::chrono::milliseconds(500);
     resolve_ = {{"upstream.test", {"127.0.0.1"}},
@@ -237,7 +237,7 @@ TEST_F(EgressProxy, AuditRecordsVerdictAddressOverrideAndBytes) {
 TEST_F(EgressProxy, PlainHttpIsRewrittenToOriginFormWithTheSameChecks) {
   Upstream capture(true);
   std::string cport = std::to_string(capture.port());
-  policy_.allow = *AllowList::Parse({"upstream.test:" + cport});
+  policy_.reach.allow = *AllowList::Parse({"upstream.test:" + cport});
   policy_.overrides = {*AddressOverride::Parse("127.0.0.1:" + cport)};
   ProxyServer p(policy_, resolve_);
   std::string r = p.Ask("GET http://upstream.test:" + cport +
@@ -256,7 +256,7 @@ TEST_F(EgressProxy, PlainHttpIsRewrittenToOriginFormWithTheSameChecks) {
 TEST_F(EgressProxy, PlainHttpDropsHopByHopHeadersAndThoseConnectionNames) {
   Upstream capture(true);
   std::string cport = std::to_string(capture.port());
-  policy_.allow = *AllowList::Parse({"upstream.test:" + cport});
+  policy_.reach.allow = *AllowList::Parse({"upstream.test:" + cport});
   policy_.overrides = {*AddressOverride::Parse("127.0.0.1:" + cport)};
   ProxyServer p(policy_, resolve_);
   std::string r = p.Ask("POST http://upstream.test:" + cport +
@@ -458,7 +458,7 @@ TEST_F(EgressProxy, UnresolvableAndUnreachableUpstreamsFailWith502) {
   TcpListener closed = ListenTcpLoopback(0).value();
   std::string cport = std::to_string(closed.port);
   closed.fd.Reset();  // nothing listens there any more
-  policy_.allow = *AllowList::Parse({"nowhere.test:" + cport, "upstream.test:" + cport});
+  policy_.reach.allow = *AllowList::Parse({"nowhere.test:" + cport, "upstream.test:" + cport});
   policy_.overrides = {*AddressOverride::Parse("127.0.0.1:" + cport)};
   ProxyServer p(policy_, resolve_);
   ExpectRefused(p.Ask(Connect("nowhere.test:" + cport)), "502", "not in the resolver map");

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "tests/e2e/agent_fixture.h"
+#include "tests/e2e/upstream.h"
 #include "util/process.h"
 
 namespace trybox::e2e {
@@ -124,6 +125,57 @@ TEST_F(AgentE2E, ASecretReachesTheRunAndItsVerificationOnlyAsPlaceholders) {
                            "API_TOKEN=file:/nonexistent@api.test", "use it"});
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("API_TOKEN"), std::string::npos) << bad.err;
+}
+
+// The report's network section comes from the daemon's audit of the run's VM: the policy,
+// each host reached with its bytes, each refusal with its reason. Internet mode reaches a
+// name on no list (here a loopback upstream, let in by the operator's override); --deny
+// still refuses its host.
+TEST_F(AgentE2E, TheReportSaysWhereTheNetworkWent) {
+  HttpUpstream up;
+  const std::string port = std::to_string(up.port());
+  ASSERT_TRUE(
+      WriteFileAtomic(h_->home() + "/config/egress.json",
+                      Json{{"resolve", {{"up.test", {"127.0.0.1"}}, {"evil.test", {"127.0.0.1"}}}},
+                           {"internal_allow", {"127.0.0.1:" + port}}}
+                          .dump())
+          .ok());
+  CliResult reload = h_->Cli({"daemon", "reload"});
+  ASSERT_EQ(reload.code, 0) << reload.err;
+  const int before = up.accepts();
+  PushProbeReply();
+  model_->Push(Turn({Call("run", {{"command", "curl -sS http://up.test:" + port +
+                                                  "/bytes/5000 | wc -c; curl -s http://evil.test:" +
+                                                  port + "/; true"}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "fetched it"}})}));
+  int code = -1;
+  std::string err;
+  Json r =
+      Agent({"--model", ModelName(), "--internet", "--deny", "evil.test", "fetch"}, &code, &err);
+  ASSERT_EQ(code, 2) << err << r.dump(2);  // DONE, UNVERIFIED: no check was given
+  const Json& net = r["network"];
+  EXPECT_EQ(net["policy"]["mode"], "internet") << net.dump(2);
+  EXPECT_EQ(net["policy"]["deny"], Json({"evil.test"})) << net.dump(2);
+  ASSERT_EQ(net["reached"].size(), 1u) << net.dump(2);
+  EXPECT_EQ(net["reached"][0]["host"], "up.test");
+  EXPECT_EQ(net["reached"][0]["port"], up.port());
+  EXPECT_EQ(net["reached"][0]["connections"], 1);
+  EXPECT_GE(net["reached"][0]["bytes_down"].get<int64_t>(), 5000);
+  ASSERT_EQ(net["refused"].size(), 1u) << net.dump(2);
+  EXPECT_EQ(net["refused"][0]["host"], "evil.test");
+  EXPECT_EQ(net["refused"][0]["status"], 403);
+  EXPECT_EQ(net["refused"][0]["reason"],
+            "evil.test:" + port + " is denied for this VM (deny evil.test)");
+  EXPECT_EQ(up.accepts(), before + 1);  // evil.test was never dialled
+  // The text report says the same.
+  CliResult text = h_->Cli({"agent", "show", r["run"]});
+  ASSERT_EQ(text.code, 2) << text.err;  // show exits as the run did
+  EXPECT_NE(text.out.find("Network (tryboxd's audit of every connection the VM asked for): "
+                          "internet mode (any public host), denied \"evil.test\"; 2 connections"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("reached \"up.test\":" + port + " (1 connections"), std::string::npos)
+      << text.out;
 }
 
 TEST_F(AgentE2E, ClaimContradictedByTheReRunIsSaidSo) {

@@ -86,28 +86,58 @@ struct TlsUpstream {
   ChildProcess server;
 };
 
-class EgressE2E : public ::testing::Test {
+// The whole suite runs once per egress mode and, in each mode, once more with layer 1 (QEMU
+// in a network namespace of its own, under a uid of its own) removed, so that every
+// refusal below is shown to hold by the proxy alone. Each run is a ctest entry of its own
+// (one daemon, one VM), so they run side by side.
+struct EgressRun {
+  const char* name;
+  bool internet;       // the VM is created with --internet (--deny evil.test) instead of a list
+  bool qemu_isolated;  // layer 1 on (the default)
+};
+void PrintTo(const EgressRun& r, std::ostream* os) { *os << r.name; }
+
+class EgressE2E : public ::testing::TestWithParam<EgressRun> {
  protected:
-  static void SetUpTestSuite() {
+  // One daemon and VM per process: each instantiation runs in a process of its own (ctest
+  // filters by its name), and the first test of it starts them.
+  static void StartSuite(const EgressRun& run) {
+    run_ = run;
     up_ = new HttpUpstream();
     port_ = std::to_string(up_->port());
     tls_ = new TlsUpstream();
     Json config = {{"resolve",
                     {{"upstream.test", {"127.0.0.1"}},
                      {"evil.test", {"127.0.0.1"}},
+                     {"other.test", {"127.0.0.1"}},
                      {"metadata.test", {"169.254.169.254"}},
                      {"loopback.test", {"127.0.0.2"}}}},
                    {"internal_allow", {"127.0.0.1:" + port_, "127.0.0.1:" + tls_->port}},
                    {"max_tunnels_per_vm", 3},
                    {"head_timeout_ms", 2000},
                    {"profiles", {{"meta", {"metadata.test:" + port_}}}}};
+    if (!run.qemu_isolated) {
+      config["qemu_netns"] = false;
+      config["qemu_drop_uid"] = false;
+    }
     h_ = StartWithEgressConfig(config).release();
     ASSERT_NE(h_, nullptr);
-    CliResult r =
-        h_->Cli({"create", "--allow", "upstream.test:" + port_, "--allow", "loopback.test:" + port_,
-                 "--allow", "upstream.test:" + tls_->port, "--profile", "meta"});
+    CliResult r = h_->Cli(CreateArgs());
     ASSERT_EQ(r.code, 0) << r.err;
     id_ = r.out.substr(0, r.out.find('\n'));
+  }
+  // The suite's VM: the same names reachable in both modes, evil.test refused in both.
+  static std::vector<std::string> CreateArgs() {
+    if (run_.internet) return {"create", "--internet", "--deny", "evil.test"};
+    return {"create",
+            "--allow",
+            "upstream.test:" + port_,
+            "--allow",
+            "loopback.test:" + port_,
+            "--allow",
+            "upstream.test:" + tls_->port,
+            "--profile",
+            "meta"};
   }
   static void TearDownTestSuite() {
     delete h_;
@@ -117,25 +147,44 @@ class EgressE2E : public ::testing::Test {
     delete tls_;
     tls_ = nullptr;
   }
-  void SetUp() override { ASSERT_FALSE(id_.empty()); }
-
-  static CliResult Sh(const std::string& script) {
-    return h_->Cli({"exec", id_, "--", "bash", "-c", script});
+  void SetUp() override {
+    if (h_ == nullptr) StartSuite(GetParam());
+    ASSERT_FALSE(id_.empty());
   }
 
+  static CliResult Sh(const std::string& script) { return ShIn(id_, script); }
+  static CliResult ShIn(const std::string& vm, const std::string& script) {
+    return h_->Cli({"exec", vm, "--", "bash", "-c", script});
+  }
+
+  static EgressRun run_;
   static Harness* h_;
   static HttpUpstream* up_;
   static TlsUpstream* tls_;
   static std::string port_;
   static std::string id_;
 };
+EgressRun EgressE2E::run_;
 Harness* EgressE2E::h_ = nullptr;
 HttpUpstream* EgressE2E::up_ = nullptr;
 TlsUpstream* EgressE2E::tls_ = nullptr;
 std::string EgressE2E::port_;
 std::string EgressE2E::id_;
 
-TEST_F(EgressE2E, CurlThroughTheProxyIsByteExactBothWays) {
+INSTANTIATE_TEST_SUITE_P(EgressAllowList, EgressE2E,
+                         ::testing::Values(EgressRun{"allowlist", false, true}),
+                         [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(EgressInternet, EgressE2E,
+                         ::testing::Values(EgressRun{"internet", true, true}),
+                         [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(EgressAllowListWithoutLayer1, EgressE2E,
+                         ::testing::Values(EgressRun{"allowlist_no_layer1", false, false}),
+                         [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(EgressInternetWithoutLayer1, EgressE2E,
+                         ::testing::Values(EgressRun{"internet_no_layer1", true, false}),
+                         [](const auto& i) { return std::string(i.param.name); });
+
+TEST_P(EgressE2E, CurlThroughTheProxyIsByteExactBothWays) {
   std::string payload(2 << 20, '\0');
   std::mt19937 rng(11);
   for (char& c : payload) c = static_cast<char>(rng());
@@ -153,7 +202,7 @@ TEST_F(EgressE2E, CurlThroughTheProxyIsByteExactBothWays) {
   }
 }
 
-TEST_F(EgressE2E, HttpsUpstreamIsVerifiedThroughTheTunnel) {
+TEST_P(EgressE2E, HttpsUpstreamIsVerifiedThroughTheTunnel) {
   ASSERT_EQ(h_->Cli({"cp", tls_->dir + "/cert.pem", id_ + ":/root/ca.pem"}).code, 0);
   CliResult r = Sh("curl -sS --cacert /root/ca.pem https://upstream.test:" + tls_->port + "/");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -163,23 +212,129 @@ TEST_F(EgressE2E, HttpsUpstreamIsVerifiedThroughTheTunnel) {
   EXPECT_EQ(r.code, 60) << r.err;  // peer certificate cannot be authenticated
 }
 
-TEST_F(EgressE2E, HostOffTheListGets403WithTheReasonAndIsNeverDialled) {
+TEST_P(EgressE2E, HostOffTheListGets403WithTheReasonAndIsNeverDialled) {
   int before = up_->accepts();
   CliResult r = Sh("curl -sv -p http://evil.test:" + port_ + "/ 2>&1; echo rc=$?");
   EXPECT_NE(r.out.find("< HTTP/1.1 403 Forbidden"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("X-Trybox-Reason: evil.test is not on the VM's allow-list"),
-            std::string::npos)
-      << r.out;
+  const std::string why = run_.internet
+                              ? "evil.test:" + port_ + " is denied for this VM (deny evil.test)"
+                              : "evil.test is not on the VM's allow-list";
+  EXPECT_NE(r.out.find("X-Trybox-Reason: " + why), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("rc=0"), std::string::npos) << r.out;
   r = Sh("curl -s -o /dev/null -w '%{http_code}' http://upstream.test:" + port_ +
          "@evil.test:" + port_ + "/");
   EXPECT_EQ(r.out, "403") << r.err;
+  // A port off the list; in internet mode, a port the operator's override does not cover.
   r = Sh("curl -sv -p http://upstream.test:443/ 2>&1");
-  EXPECT_NE(r.out.find("port 443 is not allowed for upstream.test"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(run_.internet ? "127.0.0.1:443 (loopback)"
+                                     : "port 443 is not allowed for upstream.test"),
+            std::string::npos)
+      << r.out;
   EXPECT_EQ(up_->accepts(), before);
 }
 
-TEST_F(EgressE2E, IpLiteralsAreRefused) {
+// What tells the modes apart: a name on no list is refused by the list, and reached in
+// internet mode (here only because the operator's override lets its loopback address in).
+TEST_P(EgressE2E, ANameOnNoListIsReachedOnlyInInternetMode) {
+  int before = up_->accepts();
+  CliResult r = Sh("curl -sS -p http://other.test:" + port_ + "/ 2>&1; echo \" rc=$?\"");
+  if (run_.internet) {
+    EXPECT_EQ(r.out, "hello rc=0\n");
+    EXPECT_EQ(up_->accepts(), before + 1);
+  } else {
+    EXPECT_NE(r.out.find("403"), std::string::npos) << r.out;
+    EXPECT_EQ(up_->accepts(), before);
+  }
+  r = h_->Cli({"audit", "--vm", id_, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  bool seen = false;
+  for (const auto& e : Json::parse(r.out)) {
+    if (e["host"] != "other.test") continue;
+    seen = true;
+    EXPECT_EQ(e["verdict"], run_.internet ? "allowed" : "refused") << e.dump();
+    if (run_.internet) {
+      EXPECT_EQ(e["reason"], "internal address allowed by the operator's override") << e.dump();
+    }
+  }
+  EXPECT_TRUE(seen) << r.out;
+}
+
+// `trybox allow` and `trybox deny` change a running VM's list from its next connection on,
+// leave a connection already decided alone, and are audited with who asked.
+TEST_P(EgressE2E, AllowAndDenyChangeARunningVmFromItsNextConnection) {
+  CliResult c = h_->Cli(
+      run_.internet ? std::vector<std::string>{"create", "--internet"}
+                    : std::vector<std::string>{"create", "--allow", "upstream.test:" + port_});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string vm = c.out.substr(0, c.out.find('\n'));
+  // Plain HTTP through the proxy: a refusal is the proxy's own 403 answer.
+  const std::string get = "curl -s -o /dev/null -w '%{http_code}' http://other.test:" + port_ + "/";
+  EXPECT_EQ(ShIn(vm, get).out, run_.internet ? "200" : "403");
+  if (!run_.internet) {
+    CliResult a = h_->Cli({"allow", vm, "other.test:" + port_});
+    ASSERT_EQ(a.code, 0) << a.err;
+    EXPECT_EQ(a.out, "mode:  allowlist\nallow: upstream.test:" + port_ + " other.test:" + port_ +
+                         "\ndeny:  (none)\n");
+    EXPECT_EQ(ShIn(vm, get).out, "200");
+  }
+  // A tunnel decided before the deny goes on to its end.
+  up_->Rearm();
+  CliResult hold = ShIn(
+      vm, "(curl -sS -p http://other.test:" + port_ + "/hold -o /tmp/held >/tmp/held.err 2>&1 &)");
+  ASSERT_EQ(hold.code, 0) << hold.err;
+  auto give_up = Clock::now() + std::chrono::seconds(60);
+  while (up_->held() < 1 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(up_->held(), 1);
+  CliResult d = h_->Cli({"deny", vm, "other.test", "--json"});
+  ASSERT_EQ(d.code, 0) << d.err;
+  Json policy = Json::parse(d.out);
+  EXPECT_EQ(policy["deny"], Json({"other.test"})) << d.out;
+  EXPECT_EQ(policy["mode"], run_.internet ? "internet" : "allowlist");
+  CliResult refused = ShIn(vm, "curl -sv -p http://other.test:" + port_ + "/ 2>&1");
+  EXPECT_NE(refused.out.find("other.test:" + port_ + " is denied for this VM (deny other.test)"),
+            std::string::npos)
+      << refused.out;
+  up_->Release();
+  CliResult held = ShIn(vm, "while [ ! -s /tmp/held ]; do sleep 0.1; done; cat /tmp/held");
+  EXPECT_EQ(held.out, "hello") << held.err;
+  // Allowing it again lifts the deny.
+  ASSERT_EQ(h_->Cli({"allow", vm, "other.test:" + port_}).code, 0);
+  EXPECT_EQ(ShIn(vm, get).out, "200");
+  // The list of a running VM shows in `ls`; each change is an audit row naming who asked.
+  CliResult ls = h_->Cli({"ls", "--json"});
+  bool listed = false;
+  for (const auto& v : Json::parse(ls.out)) {
+    if (v["id"] != vm) continue;
+    listed = true;
+    EXPECT_EQ(v["egress"]["deny"], Json::array()) << v.dump();
+    EXPECT_NE(v["egress"]["allow"].dump().find("other.test:" + port_), std::string::npos);
+  }
+  EXPECT_TRUE(listed) << ls.out;
+  CliResult audit = h_->Cli({"audit", "--vm", vm, "--json"});
+  std::vector<std::string> changes;
+  for (const auto& e : Json::parse(audit.out)) {
+    if (e["verdict"] != "policy") continue;
+    changes.push_back(e["method"].get<std::string>() + " " + e["host"].get<std::string>());
+    EXPECT_NE(e["reason"].get<std::string>().find("asked by uid " + std::to_string(::geteuid())),
+              std::string::npos)
+        << e.dump();
+  }
+  std::vector<std::string> want = {"DENY other.test", "ALLOW other.test"};
+  if (!run_.internet) want.insert(want.begin(), "ALLOW other.test");
+  EXPECT_EQ(changes, want) << audit.out;
+  // Mistakes are named and change nothing.
+  CliResult bad = h_->Cli({"allow", vm, "*.com"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("a wildcard needs at least two labels"), std::string::npos) << bad.err;
+  bad = h_->Cli({"deny", "no-such-vm", "other.test"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("no VM with id 'no-such-vm'"), std::string::npos) << bad.err;
+  ASSERT_EQ(h_->Cli({"rm", vm}).code, 0);
+}
+
+TEST_P(EgressE2E, IpLiteralsAreRefused) {
   int before = up_->accepts();
   for (std::string host : {"127.0.0.1", "2130706433", "0x7f.1", "[::1]"}) {
     // --noproxy '': the guest's default no_proxy would keep loopback literals off the proxy.
@@ -189,14 +344,14 @@ TEST_F(EgressE2E, IpLiteralsAreRefused) {
   EXPECT_EQ(up_->accepts(), before);
 }
 
-TEST_F(EgressE2E, AllowedNamesResolvingToMetadataOrUnlistedLoopbackAreRefused) {
+TEST_P(EgressE2E, AllowedNamesResolvingToMetadataOrUnlistedLoopbackAreRefused) {
   CliResult r = Sh("curl -sv -p http://metadata.test:" + port_ + "/ 2>&1");
   EXPECT_NE(r.out.find("(cloud metadata)"), std::string::npos) << r.out;
   r = Sh("curl -sv -p http://loopback.test:" + port_ + "/ 2>&1");
   EXPECT_NE(r.out.find("127.0.0.2:" + port_ + " (loopback)"), std::string::npos) << r.out;
 }
 
-TEST_F(EgressE2E, SlowClientIsTimedOutWith408) {
+TEST_P(EgressE2E, SlowClientIsTimedOutWith408) {
   // A raw client inside the guest sends half a request head and waits.
   CliResult r = Sh("exec 3<>/dev/tcp/127.0.0.1/3128; printf 'CONNECT upstream.test:" + port_ +
                    " HTTP/1.1\\r\\n' >&3; cat <&3");
@@ -204,7 +359,8 @@ TEST_F(EgressE2E, SlowClientIsTimedOutWith408) {
   EXPECT_NE(r.out.find("not complete within 2000 ms"), std::string::npos) << r.out;
 }
 
-TEST_F(EgressE2E, TunnelsOverTheCapAreRefusedNotHeld) {
+TEST_P(EgressE2E, TunnelsOverTheCapAreRefusedNotHeld) {
+  up_->Rearm();
   CliResult r = Sh("for i in 1 2 3; do (curl -sS -p http://upstream.test:" + port_ +
                    "/hold -o /tmp/hold$i >/tmp/hold$i.err 2>&1 &); done");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -225,7 +381,7 @@ TEST_F(EgressE2E, TunnelsOverTheCapAreRefusedNotHeld) {
   EXPECT_EQ(r.out, "hellohellohello") << r.err;
 }
 
-TEST_F(EgressE2E, GuestHasNoResolverAndNoRouteWithoutTheProxy) {
+TEST_P(EgressE2E, GuestHasNoResolverAndNoRouteWithoutTheProxy) {
   int before = up_->accepts();
   CliResult r = Sh("ls /sys/class/net");
   EXPECT_EQ(r.out, "lo\n");
@@ -247,9 +403,13 @@ TEST_F(EgressE2E, GuestHasNoResolverAndNoRouteWithoutTheProxy) {
 
 // Layer 1 alone: even with the proxy out of the picture and the upstream explicitly allowed
 // by the operator override, QEMU's own process cannot reach the host's loopback service.
-TEST_F(EgressE2E, QemuNetnsHoldsOnItsOwn) {
+TEST_P(EgressE2E, QemuNetnsHoldsOnItsOwn) {
   pid_t qemu = QemuPidOf(*h_);
   ASSERT_GT(qemu, 0);
+  if (!run_.qemu_isolated) {
+    EXPECT_EQ(NetNs(qemu), NetNs(::getpid()));  // layer 1 really is off in this run
+    GTEST_SKIP() << "layer 1 is off in this run: every other test shows the proxy alone";
+  }
   EXPECT_NE(NetNs(qemu), NetNs(::getpid()));
   EXPECT_EQ(StatusField(qemu, "Seccomp"), "2");
   EXPECT_EQ(StatusField(qemu, "NoNewPrivs"), "1");
@@ -276,7 +436,7 @@ TEST_F(EgressE2E, QemuNetnsHoldsOnItsOwn) {
   EXPECT_EQ(up_->accepts(), before);
 }
 
-TEST_F(EgressE2E, AuditShowsEveryDecisionWithBytes) {
+TEST_P(EgressE2E, AuditShowsEveryDecisionWithBytes) {
   CliResult r =
       Sh("head -c 300000 /dev/urandom > /root/a && curl -sS -p --data-binary @/root/a "
          "-o /dev/null http://upstream.test:" +
@@ -306,32 +466,6 @@ TEST_F(EgressE2E, AuditShowsEveryDecisionWithBytes) {
   CliResult text = h_->Cli({"audit", "--vm", id_});
   EXPECT_NE(text.out.find("evil.test:" + port_), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("[override]"), std::string::npos) << text.out;
-}
-
-// Layer 2 alone: QEMU in the daemon's own namespace and uid, and the proxy still refuses
-// everything off the list.
-TEST(EgressLayerE2E, ProxyHoldsWithQemuInTheHostNamespace) {
-  HttpUpstream up;
-  std::string port = std::to_string(up.port());
-  auto h = StartWithEgressConfig({{"resolve", {{"upstream.test", {"127.0.0.1"}}}},
-                                  {"qemu_netns", false},
-                                  {"qemu_drop_uid", false}});
-  ASSERT_NE(h, nullptr);
-  CliResult c = h->Cli({"create", "--allow", "upstream.test:" + port});
-  ASSERT_EQ(c.code, 0) << c.err;
-  std::string id = c.out.substr(0, c.out.find('\n'));
-  pid_t qemu = QemuPidOf(*h);
-  ASSERT_GT(qemu, 0);
-  EXPECT_EQ(NetNs(qemu), NetNs(::getpid()));  // layer 1 really is off
-  auto sh = [&](const std::string& s) { return h->Cli({"exec", id, "--", "bash", "-c", s}); };
-  // Listed, but loopback without an override; an IP literal; a host off the list.
-  CliResult r = sh("curl -sv -p http://upstream.test:" + port + "/ 2>&1");
-  EXPECT_NE(r.out.find("(loopback)"), std::string::npos) << r.out;
-  r = sh("curl -sv --noproxy '' -p http://127.0.0.1:" + port + "/ 2>&1");
-  EXPECT_NE(r.out.find("IP literal"), std::string::npos) << r.out;
-  r = sh("curl -sv http://other.test:" + port + "/ 2>&1");
-  EXPECT_NE(r.out.find("not on the VM's allow-list"), std::string::npos) << r.out;
-  EXPECT_EQ(up.accepts(), 0);
 }
 
 }  // namespace

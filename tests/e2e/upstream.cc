@@ -36,6 +36,12 @@ int HttpUpstream::held() {
   return held_;
 }
 
+void HttpUpstream::Rearm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ = 0;
+  released_ = false;
+}
+
 void HttpUpstream::Release() {
   std::lock_guard<std::mutex> lock(mu_);
   released_ = true;

@@ -27,6 +27,8 @@ class HttpUpstream {
   int accepts() const { return accepts_; }
   int held();
   void Release();
+  // Holds /hold requests again, counting from zero (a test that holds after another did).
+  void Rearm();
   std::string last_body_sha();
   // POST /echo waits until `n` echo requests are in flight at once (or `timeout` passes), so
   // a client's connections are shown to be open concurrently. Returns how many were seen
