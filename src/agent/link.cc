@@ -43,6 +43,17 @@ class DaemonLink::Vm : public RunVm {
                      link_.Call({{"verb", "read_file"}, {"path", path}, {"max_bytes", max_bytes}}));
     return FileContent{std::move(r.data), BoolOr(r.end, "truncated"), IntOr(r.end, "size", -1)};
   }
+  Result<NetworkDecision> RequestNetwork(const std::string& host, int port,
+                                         const std::string& reason) override {
+    ASSIGN_OR_RETURN(
+        Reply r,
+        link_.Call({{"verb", "network"}, {"host", host}, {"port", port}, {"reason", reason}}));
+    NetworkDecision d{StrOr(r.end, "decision", ""), StrOr(r.end, "message", "")};
+    if (d.decision != "granted" && d.decision != "refused" && d.decision != "ask") {
+      return Internal("the daemon's answer to request_network has no decision");
+    }
+    return d;
+  }
 
  private:
   DaemonLink& link_;

@@ -233,7 +233,7 @@ LoopResult RunLoop(ModelClient& model, RunVm& vm, RunEvents& events, LoopState& 
       ToolResult r{call.id, call.name, "", false};
       if (paused || finished) {
         r.content = "not run: an earlier call in this turn (" +
-                    std::string(paused ? "ask" : "finish") + ") ended the turn";
+                    std::string(paused ? "ask or request_network" : "finish") + ") ended the turn";
         r.is_error = true;
         results.results.push_back(r);
         continue;
@@ -250,6 +250,24 @@ LoopResult RunLoop(ModelClient& model, RunVm& vm, RunEvents& events, LoopState& 
         out.ask_call_id = call.id;
         out.question = CapChars(ask->question, kMaxQuestionChars, &out.question_truncated);
         r.content = "(waiting for the caller's answer)";
+      } else if (auto* net = std::get_if<NetworkArgs>(&*args)) {
+        events.Progress(turns, limits.max_turns,
+                        "turn " + std::to_string(turns) + ": request_network " +
+                            QuoteForMessage(net->host) + ":" + std::to_string(net->port));
+        auto d = vm.RequestNetwork(net->host, net->port, net->reason);
+        if (!d.ok()) {
+          r.content = "request_network: " + SanitizeUtf8(d.status().message());
+          r.is_error = true;
+        } else if (d->decision == "ask") {
+          paused = true;
+          out.ask_call_id = call.id;
+          out.question = SanitizeUtf8(d->message);
+          out.approval = NetworkRequest{net->host, net->port, net->reason};
+          r.content = "(waiting for a person to approve or refuse)";
+        } else {
+          r.content = SanitizeUtf8(d->message);
+          r.is_error = d->decision != "granted";
+        }
       } else if (auto* fin = std::get_if<FinishArgs>(&*args)) {
         finished = true;
         out.summary = fin->summary;
@@ -271,7 +289,8 @@ LoopResult RunLoop(ModelClient& model, RunVm& vm, RunEvents& events, LoopState& 
     if (paused) {
       close_turn();
       out.end = LoopResult::End::kNeedsInput;
-      out.reason = "the agent asked a question";
+      out.reason = out.approval ? "the agent asked for network access; a person decides"
+                                : "the agent asked a question";
       out.pending = results;
       return out;
     }

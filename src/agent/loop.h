@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,18 @@ struct FileContent {
 };
 
 // The run's VM, as the loop may use it. Every call acts in that one VM.
+struct NetworkDecision {
+  std::string decision;  // "granted", "refused" or "ask"
+  std::string message;   // for the model
+};
+
+// A request for network access that waits for a person (LoopResult::approval).
+struct NetworkRequest {
+  std::string host;  // canonical
+  int port = 443;
+  std::string reason;  // the agent's words
+};
+
 class RunVm {
  public:
   virtual ~RunVm() = default;
@@ -69,6 +82,11 @@ class RunVm {
   virtual Status WriteFile(const std::string& path, const std::string& content, int mode) = 0;
   // A directory or other non-file is kFailedPrecondition.
   virtual Result<FileContent> ReadFile(const std::string& path, int64_t max_bytes) = 0;
+  // The agent asks for one more host (request_network): the daemon answers "granted" or
+  // "refused" at once (the operator's policy, or the VM's own deny entries), with words
+  // for the model, or "ask": a person decides, and the run pauses.
+  virtual Result<NetworkDecision> RequestNetwork(const std::string& host, int port,
+                                                 const std::string& reason) = 0;
 };
 
 // The caller's side of a run.
@@ -95,6 +113,9 @@ struct LoopResult {
   bool question_truncated = false;
   std::string ask_call_id;
   Entry pending;
+  // Set when the pause is a request_network call waiting for approval (the question then
+  // says what is asked, in the daemon's words).
+  std::optional<NetworkRequest> approval;
   // kError
   std::string error_kind;  // a model failure's name, or vm_lost
   std::string error_message;

@@ -36,6 +36,12 @@ class FakeVm : public RunVm {
     return c;
   }
 
+  Result<NetworkDecision> RequestNetwork(const std::string& host, int port,
+                                         const std::string& reason) override {
+    network_requests.push_back(host + ":" + std::to_string(port) + " " + reason);
+    return network_decision;
+  }
+
   struct ExecCall {
     std::vector<std::string> argv;
     int64_t timeout_ms;
@@ -45,6 +51,8 @@ class FakeVm : public RunVm {
   Json next_result = {{"outcome", "exited"}, {"exit_code", 0}, {"duration_ms", 4}};
   std::vector<ExecCall> execs;
   std::map<std::string, std::string> files;
+  NetworkDecision network_decision{"ask", "May the VM reach x.test:443?"};
+  std::vector<std::string> network_requests;
 };
 
 class Events : public RunEvents {
@@ -120,6 +128,37 @@ TEST_F(LoopTest, AskStopsWithTheQuestionAndThatTurnsResultsPending) {
   EXPECT_EQ(r.pending.results[1].call_id, r.ask_call_id);
   EXPECT_TRUE(r.pending.results[2].is_error);  // not run after the ask
   EXPECT_EQ(vm_.execs.size(), 1u);
+}
+
+TEST_F(LoopTest, RequestNetworkGrantedOrRefusedAtOnceGoesOnAndAskPauses) {
+  vm_.network_decision = {"granted", "pypi.org:443 may now be reached"};
+  server_->Push(Call("request_network", {{"host", "pypi.org"}, {"reason", "pip"}}));
+  server_->Push(Call("request_network", {{"host", "x.test"}, {"port", 0}, {"reason", "r"}}));
+  server_->Push(Call("finish", {{"summary", "done"}}));
+  LoopResult r = Run();
+  EXPECT_EQ(r.end, LoopResult::End::kFinished);
+  EXPECT_EQ(vm_.network_requests, std::vector<std::string>{"pypi.org:443 pip"});
+  auto reqs = server_->requests();
+  EXPECT_NE(reqs[1].body.dump().find("pypi.org:443 may now be reached"), std::string::npos);
+  EXPECT_NE(reqs[2].body.dump().find("'port' must be between 1 and 65535"), std::string::npos);
+
+  vm_.network_decision = {"ask", "May the VM reach x.test:8080? (a person decides)"};
+  state_.transcript.push_back({Entry::Kind::kUser, "again", {}, {}});
+  server_->Push(
+      {{"tool_calls",
+        Json::array({{{"name", "request_network"},
+                      {"input", {{"host", "x.test"}, {"port", 8080}, {"reason", "its API"}}}},
+                     {{"name", "run"}, {"input", {{"command", "never"}}}}})}});
+  r = Run();
+  EXPECT_EQ(r.end, LoopResult::End::kNeedsInput);
+  EXPECT_EQ(r.question, "May the VM reach x.test:8080? (a person decides)");
+  ASSERT_TRUE(r.approval.has_value());
+  EXPECT_EQ(r.approval->host, "x.test");
+  EXPECT_EQ(r.approval->port, 8080);
+  EXPECT_EQ(r.approval->reason, "its API");
+  EXPECT_EQ(r.pending.results[0].call_id, r.ask_call_id);
+  EXPECT_TRUE(r.pending.results[1].is_error);  // not run after the pause
+  EXPECT_EQ(vm_.execs.size(), 0u);
 }
 
 TEST_F(LoopTest, TurnLimitIsInProgressNotAnError) {

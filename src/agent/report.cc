@@ -221,9 +221,17 @@ std::string RenderReportText(const Json& r) {
     o << "Verification: none (no verification command was given; verdict UNVERIFIED)\n";
   }
 
+  const Json& ap = r.value("approval", Json());
+  if (ap.is_object()) {
+    o << "Approval requested: network access to " << InlineQuote(Str(ap, "host"), 255) << ":"
+      << Num(ap, "port") << ", waiting for a person: `trybox approve " << Word(r, "run")
+      << "` or `trybox deny " << Word(r, "run") << "` (an answer in words grants nothing)\n";
+  }
   const Json& q = r.value("question", Json());
   if (q.is_object()) {
-    o << "\n" << Heading("The agent's question (its words, quoted)");
+    o << "\n"
+      << Heading(ap.is_object() ? "The agent's reason for the request (its words, quoted)"
+                                : "The agent's question (its words, quoted)");
     o << QuoteBlock(Str(q, "text"), kQuotePrefix);
     if (q.value("truncated", false)) o << "(cut at " << kMaxQuestionChars << " characters)\n";
   }

@@ -130,7 +130,13 @@ const char* EndName(LoopResult::End e) {
 }  // namespace
 
 Json ResultToJson(const LoopResult& r) {
+  Json approval = nullptr;
+  if (r.approval) {
+    approval = {
+        {"host", r.approval->host}, {"port", r.approval->port}, {"reason", r.approval->reason}};
+  }
   return {{"end", EndName(r.end)},
+          {"approval", approval},
           {"reason", r.reason},
           {"summary", r.summary},
           {"verify_command", r.verify_command},
@@ -164,6 +170,14 @@ Result<LoopResult> ResultFromJson(const Json& j) {
   ASSIGN_OR_RETURN(r.question, NeedText(j, "question"));
   r.question_truncated = BoolOr(j, "question_truncated");
   ASSIGN_OR_RETURN(r.ask_call_id, NeedText(j, "ask_call_id"));
+  if (j.contains("approval") && !j["approval"].is_null()) {
+    const Json& a = j["approval"];
+    NetworkRequest n;
+    ASSIGN_OR_RETURN(n.host, NeedText(a, "host"));
+    n.port = static_cast<int>(std::clamp<int64_t>(IntOr(a, "port"), 0, 65535));
+    ASSIGN_OR_RETURN(n.reason, NeedText(a, "reason"));
+    r.approval = std::move(n);
+  }
   ASSIGN_OR_RETURN(r.error_kind, NeedText(j, "error_kind"));
   ASSIGN_OR_RETURN(r.error_message, NeedText(j, "error_message"));
   r.http_status = static_cast<int>(std::clamp<int64_t>(IntOr(j, "http_status"), 0, 999));

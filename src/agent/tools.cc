@@ -1,5 +1,7 @@
 #include "agent/tools.h"
 
+#include "agent/text.h"
+
 namespace trybox::agent {
 namespace {
 
@@ -70,6 +72,15 @@ const std::vector<ToolSpec>& AgentTools() {
        "Ask the person who gave you the task a question, when you cannot go on without an "
        "answer. The run pauses; the answer comes back as the next message, in the same VM.",
        Schema({{"question", {{"type", "string"}}}}, {"question"})},
+      {"request_network",
+       "Ask for network access to one more host (through the VM's HTTP proxy), when the work "
+       "cannot go on without it. Give the host, the port (443 unless another) and why. The "
+       "operator's policy may grant or refuse it at once; otherwise the run pauses until a "
+       "person approves or refuses, and the answer comes back as this call's result.",
+       Schema({{"host", {{"type", "string"}, {"description", "A host name, e.g. pypi.org"}}},
+               {"port", {{"type", "integer"}, {"description", "TCP port (default 443)"}}},
+               {"reason", {{"type", "string"}, {"description", "Why the work needs it"}}}},
+              {"host", "reason"})},
       {"finish",
        "End the task. Give a short summary of what you did and found, and a shell command "
        "that checks the result (run from /workspace, exit code 0 means it works). The "
@@ -102,8 +113,9 @@ std::string SystemPrompt(const ImageFacts& image) {
          tools +
          "- Your working directory is /workspace. Only files under /workspace are kept when you "
          "finish; everything else in the VM is discarded.\n"
-         "- The VM has no network except through an HTTP proxy that allows only the hosts the "
-         "caller listed.\n"
+         "- The VM has no network except through an HTTP proxy that allows only what the "
+         "caller's policy allows; a refused connection says why. If the work needs a host "
+         "that is refused, call request_network.\n"
          "- Tool results are capped; a cut is marked.\n"
          "- When you are done, call finish with a summary and a verification command that "
          "exits 0 when the work is correct. It is re-run by the supervisor in a fresh VM from "
@@ -176,6 +188,15 @@ Result<ToolArgs> ParseToolCall(const ToolCall& call) {
   if (t == "ask") {
     AskArgs a;
     ASSIGN_OR_RETURN(a.question, String(in, t, "question", true, true));
+    return ToolArgs(a);
+  }
+  if (t == "request_network") {
+    NetworkArgs a;
+    ASSIGN_OR_RETURN(a.host, String(in, t, "host", true, true));
+    ASSIGN_OR_RETURN(int64_t port, Integer(in, t, "port", 443, 1, 65535));
+    a.port = static_cast<int>(port);
+    ASSIGN_OR_RETURN(std::string reason, String(in, t, "reason", true, true));
+    a.reason = CapChars(reason, kMaxNetworkReasonChars);
     return ToolArgs(a);
   }
   if (t == "finish") {

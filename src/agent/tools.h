@@ -46,7 +46,14 @@ struct FinishArgs {
   std::string summary;
   std::string verify_command;  // may be empty
 };
-using ToolArgs = std::variant<RunArgs, WriteArgs, ReadArgs, ListArgs, AskArgs, FinishArgs>;
+constexpr size_t kMaxNetworkReasonChars = 500;
+struct NetworkArgs {  // request_network
+  std::string host;   // as the model wrote it; the daemon checks it as an --allow entry
+  int port = 443;
+  std::string reason;  // the agent's words, capped
+};
+using ToolArgs =
+    std::variant<RunArgs, WriteArgs, ReadArgs, ListArgs, AskArgs, FinishArgs, NetworkArgs>;
 
 // The tool list sent to the model.
 const std::vector<ToolSpec>& AgentTools();

@@ -289,6 +289,8 @@ int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostr
              {"answer", a.answer},
              {"model", *model},
              {"limits", Limits(a)}};
+      if (a.decision == "approve") req["approve"] = true;
+      if (a.decision == "deny") req["deny"] = true;
     } else {
       req = {{"verb", "agent_resume"}, {"run", a.run_id}, {"model", *model}, {"limits", Limits(a)}};
     }

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "agent/text.h"
 #include "cli/agent_cmd.h"
 #include "cli/client.h"
 #include "cli/daemon_cmd.h"
@@ -671,6 +672,57 @@ int CmdEgress(Client& client, const Invocation& inv, std::ostream& out, std::ost
   return 0;
 }
 
+// `trybox approvals`: one line each, oldest first.
+int CmdApprovals(Client& client, bool json, std::ostream& out, std::ostream& err) {
+  auto r = client.Call({{"verb", "approvals"}});
+  if (!r.ok()) return Fail(err, r.status());
+  auto list = ReplyView(*r).Objects("approvals");
+  if (!list.ok()) return Fail(err, list.status());
+  if (json) {
+    Json all = Json::array();
+    for (const auto& a : *list) all.push_back(a.json());
+    out << all.dump(2) << "\n";
+    return 0;
+  }
+  if (list->empty()) {
+    out << "nothing waits for a person\n";
+    return 0;
+  }
+  const double now = static_cast<double>(::time(nullptr));
+  out << Format("%-12s  %-12s  %-8s  %-7s  %s\n", "RUN", "VM", "WAITING", "STATE", "WHAT");
+  for (const auto& a : *list) {
+    auto run = a.String("run");
+    auto vm = a.String("vm");
+    auto kind = a.String("kind");
+    auto state = a.String("state");
+    auto since = a.Number("since");
+    if (!run.ok() || !vm.ok() || !kind.ok() || !state.ok() || !since.ok()) {
+      return Fail(err, !run.ok()     ? run.status()
+                       : !vm.ok()    ? vm.status()
+                       : !kind.ok()  ? kind.status()
+                       : !state.ok() ? state.status()
+                                     : since.status());
+    }
+    std::string what;
+    if (*kind == "network") {
+      auto host = a.String("host");
+      auto port = a.Int("port", 1, 65535);
+      if (!host.ok() || !port.ok()) return Fail(err, !host.ok() ? host.status() : port.status());
+      what = "network " + *host + ":" + std::to_string(*port) + ", because " +
+             agent::InlineQuote(a.StringOr("reason", "").value_or(""), 200) +
+             " (trybox approve|deny " + *run + ")";
+    } else {
+      what = "question " + agent::InlineQuote(a.StringOr("question", "").value_or(""), 200) +
+             " (trybox agent answer " + *run + " TEXT)";
+    }
+    if (*state != "pending") what += "; " + a.StringOr("why", "").value_or("");
+    out << Format("%-12s  %-12s  %-8s  %-7s  %s\n", run->c_str(), vm->c_str(),
+                  (std::to_string(static_cast<int64_t>(std::max(0.0, now - *since))) + "s").c_str(),
+                  state->c_str(), what.c_str());
+  }
+  return 0;
+}
+
 int CmdCp(Client& client, const std::string& src, const std::string& dst, std::ostream& err) {
   std::string src_path, dst_path;
   std::string src_vm = CpPathVm(src, &src_path);
@@ -1082,10 +1134,22 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   allow->add_option("id", inv.id, "VM id")->required();
   allow->add_option("hosts", inv.vm.allow, "HOST[:PORT] (port 443 by default)")->required();
   auto* deny = app.add_subcommand(
-      "deny", "Stop a running VM reaching hosts, from its next connection on (audited)");
-  deny->add_option("id", inv.id, "VM id")->required();
-  deny->add_option("hosts", inv.vm.deny, "HOST[:PORT] (every port when none is given)")->required();
+      "deny",
+      "Stop a running VM reaching hosts, from its next connection on (audited); with a run "
+      "id and no host, refuse that run's pending network request (trybox approvals)");
+  deny->add_option("id", inv.id, "VM id (or run id, with no HOST)")->required();
+  deny->add_option("hosts", inv.vm.deny, "HOST[:PORT] (every port when none is given)");
   for (auto* cmd : {allow, deny}) cmd->add_flag("--json", inv.json, "JSON output");
+  AddAgentModelOptions(deny, inv.model, nf);
+  auto* approve = app.add_subcommand(
+      "approve", "Grant a run's pending network request (trybox approvals); the run continues");
+  approve->add_option("run", inv.agent.run_id, "Run id")->required();
+  approve->add_option("text", inv.agent.answer, "Words for the agent with the approval");
+  approve->add_flag("--json", inv.json, "Print the report as JSON");
+  AddAgentModelOptions(approve, inv.model, nf);
+  auto* approvals =
+      app.add_subcommand("approvals", "List what waits for a person: network requests, questions");
+  approvals->add_flag("--json", inv.json, "JSON output");
 
   auto* audit = app.add_subcommand("audit", "Show the egress audit record");
   audit->add_option("--vm", inv.id, "Only this VM's connections");
@@ -1129,9 +1193,18 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   AddAgentModelOptions(agent, inv.model, nf);
   agent->add_flag("--json", inv.json, "Print the report as JSON");
   agent->add_option("task", inv.agent.task, "The task, in words");
-  auto* answer = agent->add_subcommand("answer", "Answer a run's question; it continues");
+  auto* answer = agent->add_subcommand(
+      "answer", "Answer a run's question, or approve or refuse its network request; it continues");
   answer->add_option("run", inv.agent.run_id, "Run id")->required();
-  answer->add_option("text", inv.agent.answer, "The answer")->required();
+  answer->add_option("text", inv.agent.answer,
+                     "The answer (optional with --approve or --deny; to a network request, "
+                     "words alone grant nothing)");
+  auto* answer_approve =
+      answer->add_flag("--approve")
+          ->description(
+              "Grant the host the run asked for (request_network), from its next connection on");
+  auto* answer_deny = answer->add_flag("--deny")->description("Refuse the host the run asked for");
+  answer_approve->excludes(answer_deny);
   AddAgentModelOptions(answer, inv.model, nf);
   answer->add_flag("--json", inv.json, "Print the report as JSON");
   auto* resume = agent->add_subcommand("resume", "Continue a run that ran past a limit");
@@ -1201,6 +1274,18 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (audit->parsed()) inv.command = "audit";
   if (allow->parsed()) inv.command = "allow";
   if (deny->parsed()) inv.command = "deny";
+  if (approvals->parsed()) inv.command = "approvals";
+  if (deny->parsed() && inv.vm.deny.empty()) {
+    inv.command = "agent-answer";
+    inv.agent.run_id = inv.id;
+    inv.agent.decision = "deny";
+    RETURN_IF_ERROR(ValidateName("run id", inv.agent.run_id));
+  }
+  if (approve->parsed()) {
+    inv.command = "agent-answer";
+    inv.agent.decision = "approve";
+    RETURN_IF_ERROR(ValidateName("run id", inv.agent.run_id));
+  }
   if (record_prune->parsed()) inv.command = "prune";
   if (agent->parsed()) {
     inv.command = answer->parsed()       ? "agent-answer"
@@ -1210,6 +1295,11 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
                   : transcript->parsed() ? "agent-transcript"
                   : cancel->parsed()     ? "agent-cancel"
                                          : "agent";
+    if (answer_approve->count() > 0) inv.agent.decision = "approve";
+    if (answer_deny->count() > 0) inv.agent.decision = "deny";
+    if (answer->parsed() && inv.agent.answer.empty() && inv.agent.decision.empty()) {
+      return InvalidArgument("agent answer: give the answer, or --approve or --deny");
+    }
     if (agent_internet->count() > 0) inv.vm.agent_internet = true;
     if (agent_no_internet->count() > 0) inv.vm.agent_internet = false;
     if (inv.command == "agent" && inv.agent.task.empty()) {
@@ -1265,6 +1355,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "prune") return CmdPrune(c, inv.dry_run, inv.json, out, err);
   if (inv.command == "audit") return CmdAudit(c, inv.id, inv.limit, inv.json, out, err);
   if (inv.command == "allow" || inv.command == "deny") return CmdEgress(c, inv, out, err);
+  if (inv.command == "approvals") return CmdApprovals(c, inv.json, out, err);
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
   if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);

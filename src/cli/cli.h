@@ -78,6 +78,7 @@ struct AgentOptions {
   std::string verify;
   std::string run_id;  // answer, resume, show
   std::string answer;
+  std::string decision;      // answer: "approve", "deny" (a request_network) or ""
   int64_t max_turns = 0;     // 0: the daemon's default
   int64_t wall_clock_s = 0;  // --timeout, rounded up to whole seconds; 0: the daemon's default
   int64_t max_tokens = 0;    // 0: the daemon's default

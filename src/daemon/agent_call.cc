@@ -178,6 +178,15 @@ void AgentCall::AddVerbs(bool loop) {
       }
     }
     MutexLock lock(mu_);
+    if (st.ok() && result->approval) {
+      // The daemon's own record of what it left to a person, never the process's account.
+      if (!asked_ || asked_->host != result->approval->host ||
+          asked_->port != result->approval->port) {
+        st = InvalidArgument("it reported an approval the daemon never asked a person for");
+      } else {
+        result->approval = asked_;
+      }
+    }
     if (!st.ok()) {
       protocol_error_ = "its result was malformed: " + st.message();
       (void)s.End(ErrorReply(st));
@@ -272,6 +281,27 @@ void AgentCall::AddVerbs(bool loop) {
     (void)s.Write(channel::kChanOut, r->data);
     (void)s.CloseWrite(channel::kChanOut);
     (void)s.End({{"ok", true}, {"truncated", r->truncated}, {"size", r->size}});
+  });
+  // request_network: the operator's policy answers, or a person will (the run then pauses;
+  // the request the daemon answered "ask" is the one the run waits on, whatever the
+  // process reports at its end).
+  verbs_.AddUnary("network", [this](const Json& req, Connection&) -> Json {
+    Fields f(req);
+    Status st = OwnVm(req);
+    auto host = st.ok() ? f.String("host") : Result<std::string>(st);
+    auto port = host.ok() ? f.Int("port", 1, 65535, 443) : Result<int64_t>(host.status());
+    auto reason = port.ok() ? f.String("reason") : Result<std::string>(port.status());
+    auto vm = reason.ok() ? Vm() : Result<std::shared_ptr<VmEntry>>(reason.status());
+    if (!vm.ok()) return ErrorReply(vm.status());
+    auto answer = env_.vms.AnswerNetworkRequest(
+        run_->rec.vm_id, *host + ":" + std::to_string(*port), "run " + run_->id + "'s request");
+    if (!answer.ok()) return ErrorReply(answer.status());
+    if (answer->decision == "ask") {
+      MutexLock lock(mu_);
+      asked_ = agent::NetworkRequest{answer->entry.host, answer->entry.port,
+                                     agent::CapChars(*reason, agent::kMaxNetworkReasonChars)};
+    }
+    return {{"ok", true}, {"decision", answer->decision}, {"message", answer->message}};
   });
   verbs_.AddUnary("check", [this](const Json& req, Connection&) -> Json {
     Status st = OwnVm(req);

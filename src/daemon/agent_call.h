@@ -101,6 +101,8 @@ class AgentCall {
   std::unique_ptr<AgentProcess> process_ GUARDED_BY(mu_);
   std::shared_ptr<channel::Stream> exec_in_flight_ GUARDED_BY(mu_);
   std::optional<agent::LoopResult> result_ GUARDED_BY(mu_);
+  // The last request_network this call left to a person.
+  std::optional<agent::NetworkRequest> asked_ GUARDED_BY(mu_);
   std::optional<agent::Outcome> probe_ GUARDED_BY(mu_);
   std::string protocol_error_ GUARDED_BY(mu_);
 };

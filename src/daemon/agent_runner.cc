@@ -252,18 +252,66 @@ Json AgentRunner::Continue(const AgentContinueRequest& req, bool answer, channel
     run.settings = *req.model;
     s.model = run.settings.Describe();
   }
+  if (answer && !req.decision.empty() && !s.approval) {
+    return refuse(FailedPrecondition("run " + id +
+                                     " asked a question, not for network access: answer it "
+                                     "with text"));
+  }
+  std::string content;  // the result of the call that paused the run
+  if (answer && s.approval) {
+    // A request that can no longer be carried out fails now, with the reason, and the run
+    // with it: it must never look like progress.
+    const std::string entry = s.approval->host + ":" + std::to_string(s.approval->port);
+    auto vm = vms_.Get(run.rec.vm_id);
+    Status gone = !vm.ok()          ? vm.status()
+                  : !(*vm)->alive() ? Unavailable("its VM died: " + (*vm)->death_reason())
+                                    : Status::Ok();
+    Result<egress::Reach> granted = egress::Reach();
+    if (gone.ok() && req.decision == "approve") {
+      granted = vms_.ChangeEgress(run.rec.vm_id,
+                                  {{entry}, {}, req.by + ", approving run " + id + "'s request"});
+      gone = granted.status();
+    }
+    if (!gone.ok()) {
+      const std::string why = "the request for network access to " + entry +
+                              " can no longer be carried out: " + gone.message();
+      run.rec.outcome = "ERROR";
+      s.reason = why;
+      s.error = RunError{"vm_lost", gone.message(), std::nullopt, std::nullopt};
+      s.approval.reset();
+      Save(run);
+      return refuse(FailedPrecondition("run " + id + ": " + why));
+    }
+    if (req.decision == "approve") {
+      content = "A person approved: " + entry + " may now be reached through the proxy.";
+    } else if (req.decision == "deny") {
+      (void)vms_.RefuseNetworkRequest(run.rec.vm_id, entry,
+                                      "request_network refused by " + req.by + " (run " + id + ")");
+      content = "A person refused network access to " + entry + ".";
+    }
+    if (!req.decision.empty() && !req.answer.empty()) {
+      content += " They added:\n" + agent::SanitizeUtf8(req.answer);
+    } else if (req.decision.empty()) {
+      content = "A person did not approve network access to " + entry +
+                " (it stays refused); they answered:\n" + agent::SanitizeUtf8(req.answer);
+    }
+  }
   if (answer) {
-    // The answer is the result of the `ask` call; the calls after it were not run.
+    // The answer is the result of the call that paused the run (ask or request_network);
+    // the calls after it were not run.
     agent::Entry results;
     results.kind = agent::Entry::Kind::kToolResults;
     if (s.pending_results) results = *s.pending_results;
     std::string text = agent::SanitizeUtf8(req.answer);
+    if (content.empty()) content = "The caller answered:\n" + text;
+    if (text.empty()) text = "(" + req.decision + "d)";
     for (auto& r : results.results) {
       if (s.pending_ask_call_id && r.call_id == *s.pending_ask_call_id) {
-        r.content = "The caller answered:\n" + text;
+        r.content = content;
         r.is_error = false;
       }
     }
+    s.approval.reset();
     run.transcript.push_back(results);
     s.pending_ask_call_id.reset();
     s.pending_results.reset();
@@ -333,6 +381,15 @@ Json AgentRunner::Drive(LiveRun& run, channel::Stream& client, const AgentLimits
         s.question_truncated = r.question_truncated;
         s.pending_ask_call_id = r.ask_call_id;
         s.pending_results = r.pending;
+        s.approval.reset();
+        if (r.approval) {
+          // The daemon's own record of the request (AgentCall); the question is the agent's
+          // reason, its words.
+          s.approval = PendingApproval{r.approval->host, r.approval->port, r.approval->reason,
+                                       store::NowSeconds()};
+          s.question = r.approval->reason;
+          s.question_truncated = false;
+        }
         break;
       case End::kInProgress:
         run.rec.outcome = "IN_PROGRESS";
@@ -361,6 +418,7 @@ void AgentRunner::Cancelled(LiveRun& run, const std::string& why) {
   run.rec.outcome = "CANCELLED";
   run.state.reason = why;
   run.state.question.reset();
+  run.state.approval.reset();
   run.state.pending_ask_call_id.reset();
   run.state.pending_results.reset();
 }
@@ -422,6 +480,50 @@ Json AgentRunner::Cancel(const std::string& run_id) {
   }
   Json report = reports_.Build(r, st);
   return {{"ok", true}, {"report", report}, {"text", agent::RenderReportText(report)}};
+}
+
+Json AgentRunner::Approvals() {
+  struct Waiting {
+    std::string run, vm, task, question;
+    std::optional<PendingApproval> approval;
+    double since = 0;
+  };
+  std::vector<Waiting> waiting;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [id, slot] : runs_) {
+      // A busy run is being answered or resumed right now: it waits for nobody.
+      if (slot->busy || slot->run.rec.outcome != "NEEDS_INPUT") continue;
+      const RunState& st = slot->run.state;
+      waiting.push_back({id, slot->run.rec.vm_id, st.task, st.question.value_or(""), st.approval,
+                         st.approval ? st.approval->since : slot->run.rec.updated_at});
+    }
+  }
+  std::sort(waiting.begin(), waiting.end(),
+            [](const Waiting& a, const Waiting& b) { return a.since < b.since; });
+  Json out = Json::array();
+  for (const auto& w : waiting) {
+    Json a = {{"kind", w.approval ? "network" : "agent_question"},
+              {"run", w.run},
+              {"vm", w.vm},
+              {"task", w.task},
+              {"question", w.question},
+              {"since", w.since},
+              {"state", "pending"}};
+    if (w.approval) {
+      a["host"] = w.approval->host;
+      a["port"] = w.approval->port;
+      a["reason"] = w.approval->reason;
+    }
+    auto vm = vms_.Get(w.vm);
+    if (!vm.ok() || !(*vm)->alive()) {
+      a["state"] = "failed";
+      a["why"] = "it can no longer be carried out: " +
+                 (vm.ok() ? "its VM died: " + (*vm)->death_reason() : vm.status().message());
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 void AgentRunner::ExpireIdleRuns() {

@@ -55,6 +55,11 @@ class AgentRunner {
   // destroyed, the run recorded CANCELLED. A cancelled run can be shown, not continued.
   Json Cancel(const std::string& run_id) EXCLUDES(mu_);
   Json List(int64_t limit);
+  // What waits for a person (docs/agent.md, "Approvals"): each live run waiting on a
+  // request_network ("network") or a question ("agent_question"), oldest first, each
+  // "pending", or "failed" with the reason when it can no longer be carried out (its VM
+  // is gone).
+  Json Approvals() EXCLUDES(mu_);
   // The runs in flight or waiting for an answer or a resume (retention never prunes them).
   std::set<std::string> LiveRunIds() EXCLUDES(mu_);
   // The transcript as JSON on channel 1, then {ok, entries}.

@@ -237,6 +237,70 @@ Result<egress::Reach> EgressGateway::Change(const std::string& vm_id, EgressVm& 
   return vm.policy()->reach;
 }
 
+void EgressGateway::RecordRefusedRequest(const std::string& vm_id, const egress::AllowEntry& e,
+                                         const std::string& why) {
+  egress::Decision d;
+  d.vm_id = vm_id;
+  d.started_at = store::NowSeconds();
+  d.method = "REQUEST";
+  d.host = (e.wildcard ? "*." : "") + e.host;
+  d.port = e.port;
+  d.verdict = "refused";
+  d.reason = why;
+  audit_->Closed(audit_->Decided(d), d);
+}
+
+Result<EgressGateway::RequestAnswer> EgressGateway::AnswerRequest(const std::string& vm_id,
+                                                                  EgressVm& vm,
+                                                                  const std::string& text,
+                                                                  const std::string& who) {
+  ASSIGN_OR_RETURN(egress::AllowEntry e, egress::ParseAllowEntry(text));
+  if (e.wildcard) {
+    return InvalidArgument("request_network takes one host, not a pattern: " + text);
+  }
+  RequestAnswer a;
+  a.entry = e;
+  const std::string target = e.ToString();
+  const egress::Reach reach = vm.policy()->reach;
+  const std::string why_not = reach.Check(e.host, e.port);
+  if (why_not.empty()) {
+    a.decision = "granted";
+    a.message = target + " is already allowed for this VM: nothing changed";
+    return a;
+  }
+  for (const auto& d : reach.deny) {
+    if (d.MatchesHost(e.host) && (d.port == 0 || d.port == e.port)) {
+      a.decision = "refused";
+      a.message = "refused: " + why_not + "; only a person can lift it (trybox allow)";
+      RecordRefusedRequest(vm_id, e, "request_network refused: " + why_not);
+      return a;
+    }
+  }
+  size_t index = 0;
+  const auto& rules = settings()->config.network_requests;
+  const egress::RequestRule* rule = egress::MatchRequest(rules, e.host, e.port, &index);
+  const std::string named = rule ? "the operator's policy (network_requests[" +
+                                       std::to_string(index) + "]: " + rule->text + ")"
+                                 : "";
+  if (rule && rule->action == egress::RequestRule::Action::kAllow) {
+    ASSIGN_OR_RETURN(auto now, Change(vm_id, vm, {{target}, {}, named + ", for " + who}));
+    (void)now;
+    a.decision = "granted";
+    a.message = "granted by " + named + ": " + target + " may now be reached";
+    return a;
+  }
+  if (rule && rule->action == egress::RequestRule::Action::kDeny) {
+    a.decision = "refused";
+    a.message = "refused by " + named + ": " + target + " stays out of reach";
+    RecordRefusedRequest(vm_id, e, "request_network " + a.message);
+    return a;
+  }
+  a.decision = "ask";
+  a.message = "May the VM reach " + target + "? (" +
+              (rule ? named + " says ask" : "no rule of the operator's policy answers it") + ")";
+  return a;
+}
+
 Result<std::shared_ptr<EgressVm>> EgressGateway::NewVm(
     egress::Reach reach, std::shared_ptr<const egress::SecretSet> secrets) const {
   auto now = settings();

@@ -111,6 +111,20 @@ class EgressGateway {
   // entry that changed something is an audit row (verdict "policy", who asked in the
   // reason). Returns the reach now in force.
   Result<egress::Reach> Change(const std::string& vm_id, EgressVm& vm, const EgressChange& c);
+  // A vm_agent's request_network for `entry` (HOST[:PORT] as --allow takes it): "granted"
+  // (the operator's network_requests rule allows it, and it is added; or the VM reaches it
+  // already), "refused" (a deny rule, or the VM's own deny entry) or "ask" (no rule, or an
+  // ask rule: a person decides). Granted and refused answers are audit rows.
+  struct RequestAnswer {
+    std::string decision;
+    std::string message;  // for the model and the person
+    egress::AllowEntry entry;
+  };
+  Result<RequestAnswer> AnswerRequest(const std::string& vm_id, EgressVm& vm,
+                                      const std::string& entry, const std::string& who);
+  // A request a person refused: an audit row (verdict "refused", method "REQUEST").
+  void RecordRefusedRequest(const std::string& vm_id, const egress::AllowEntry& e,
+                            const std::string& why);
   // The handler for streams VM `vm_id`'s guest opens: egress tunnels, or refusals.
   channel::Mux::OpenHandler GuestHandler(const std::string& vm_id, std::shared_ptr<EgressVm> vm);
 

@@ -172,7 +172,7 @@ Json ReportBuilder::Build(const store::AgentRunRecord& rec, const RunState& s) c
     r["files_note"] = s.files_note;
   }
   for (const char* key :
-       {"verification", "question", "claim", "answers", "turn_times", "expired"}) {
+       {"verification", "question", "approval", "claim", "answers", "turn_times", "expired"}) {
     copy(r, key);
   }
   return r;

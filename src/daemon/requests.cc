@@ -432,7 +432,13 @@ Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer) {
   ASSIGN_OR_RETURN(r.run, RunId(f));
   if (answer) {
     ASSIGN_OR_RETURN(r.answer, f.String("answer", ""));
-    if (r.answer.empty()) return InvalidArgument("'answer' must be a non-empty string");
+    ASSIGN_OR_RETURN(bool approve, f.Bool("approve", false));
+    ASSIGN_OR_RETURN(bool deny, f.Bool("deny", false));
+    if (approve && deny) return InvalidArgument("'approve' and 'deny' cannot both be true");
+    r.decision = approve ? "approve" : deny ? "deny" : "";
+    if (r.answer.empty() && r.decision.empty()) {
+      return InvalidArgument("'answer' must be a non-empty string (or approve or deny be true)");
+    }
   }
   if (f.Has("model")) {
     auto model = agent::ModelSettings::FromJson(f.Raw("model"));

@@ -205,7 +205,11 @@ struct AgentRequest {
 
 struct AgentContinueRequest {
   std::string run;
-  std::string answer;                         // agent_answer only
+  std::string answer;  // agent_answer only
+  // agent_answer to a request_network: "approve", "deny" or "" (a text answer, which
+  // grants nothing). `by` names who answered, for the audit ("uid 1000").
+  std::string decision;
+  std::string by;
   std::optional<agent::ModelSettings> model;  // the run's own when absent
   AgentLimits limits;
 };

@@ -312,23 +312,17 @@ void HttpApi::AddRestRoutes() {
                 return CallVerb({{"verb", "agent_cancel"}, {"run", p.at("id")}});
               });
 
-  // What waits for a person: today, agent runs that asked a question (NEEDS_INPUT); the
-  // answer is POST .../answer.
+  // What waits for a person (the approvals verb): agent runs that asked for network access
+  // or asked a question. Each says how it is answered.
   router_.Add("GET", "/trybox/v1/approvals", [this](const HttpRequest&, const PathParams&) {
-    HttpResponse listed = CallVerb({{"verb", "agent_ls"}, {"limit", 1000}});
+    HttpResponse listed = CallVerb({{"verb", "approvals"}});
     if (listed.status != 200) return listed;
-    Json runs = Json::parse(listed.body, nullptr, false).value("runs", Json::array());
-    Json waiting = Json::array();
-    for (const Json& r : runs) {
-      if (r.value("outcome", "") != "NEEDS_INPUT") continue;
-      waiting.push_back({{"kind", "agent_question"},
-                         {"run", r.value("run", "")},
-                         {"question", r.value("question", "")},
-                         {"task", r.value("task", "")},
-                         {"vm", r.value("vm", "")},
-                         {"since", r.value("updated_at", 0.0)},
-                         {"answer", "POST /trybox/v1/agent-runs/" + r.value("run", "") +
-                                        "/answer {\"answer\": TEXT}"}});
+    Json waiting = Json::parse(listed.body, nullptr, false).value("approvals", Json::array());
+    for (Json& a : waiting) {
+      const std::string path = "POST /trybox/v1/agent-runs/" + a.value("run", "") + "/answer ";
+      a["answer"] = a.value("kind", "") == "network"
+                        ? path + "{\"approve\": true} or {\"deny\": true}"
+                        : path + "{\"answer\": TEXT}";
     }
     return api::JsonReply(200, Json{{"approvals", waiting}}.dump());
   });

@@ -102,6 +102,13 @@ Json RunState::ToJson() const {
   }
   if (!reason.empty()) j["reason"] = reason;
   if (question) j["question"] = {{"text", *question}, {"truncated", question_truncated}};
+  if (approval) {
+    j["approval"] = {{"kind", "network"},
+                     {"host", approval->host},
+                     {"port", approval->port},
+                     {"reason", approval->reason},
+                     {"since", approval->since}};
+  }
   if (pending_ask_call_id && pending_results) {
     j["pending"] = {{"ask_call_id", *pending_ask_call_id},
                     {"results", agent::EntryToJson(*pending_results)}};
@@ -163,6 +170,10 @@ RunState RunState::FromJson(const Json& j) {
   if (const Json& q = Obj(j, "question"); !q.is_null()) {
     s.question = Str(q, "text");
     s.question_truncated = Bool(q, "truncated");
+  }
+  if (const Json& a = Obj(j, "approval"); !a.is_null()) {
+    s.approval = PendingApproval{Str(a, "host"), static_cast<int>(Num(a, "port")), Str(a, "reason"),
+                                 Num(a, "since")};
   }
   if (const Json& p = Obj(j, "pending"); !p.is_null()) {
     s.pending_ask_call_id = Str(p, "ask_call_id");

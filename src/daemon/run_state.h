@@ -23,6 +23,14 @@ struct RunError {
   std::optional<int> attempts;
 };
 
+// A request_network call that waits for a person (docs/agent.md, "Approvals").
+struct PendingApproval {
+  std::string host;  // canonical
+  int port = 443;
+  std::string reason;  // the agent's words, capped
+  double since = 0;    // seconds since the epoch
+};
+
 struct RunClaim {
   std::string summary;
   bool truncated = false;
@@ -69,6 +77,8 @@ struct RunState {
   bool question_truncated = false;
   // While NEEDS_INPUT: the ask call's id and that turn's results.
   std::optional<std::string> pending_ask_call_id;
+  // While NEEDS_INPUT for request_network: what it asks for.
+  std::optional<PendingApproval> approval;
   std::optional<agent::Entry> pending_results;
   std::vector<std::string> answers;
   std::optional<RunClaim> claim;

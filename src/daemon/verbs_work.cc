@@ -99,8 +99,9 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
   });
   for (bool answer : {true, false}) {
     t.AddStreaming(answer ? "agent_answer" : "agent_resume",
-                   [&s, answer](channel::Stream& client, const Json& j, Connection&) {
+                   [&s, answer](channel::Stream& client, const Json& j, Connection& conn) {
                      auto req = ParseAgentContinue(j, answer);
+                     if (req.ok()) req->by = "uid " + std::to_string(conn.uid());
                      (void)client.End(req.ok() ? s.agents.Continue(*req, answer, client)
                                                : ErrorReply(req.status()));
                    });
@@ -109,6 +110,11 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
     auto req = ParseRunRequest(j);
     (void)client.End(req.ok() ? s.agents.Show(req->run, req->follow, &client)
                               : ErrorReply(req.status()));
+  });
+  t.AddUnary("approvals", [&s](const Json& j, Connection&) -> Json {
+    Fields f(j);
+    if (Status st = f.CheckObject(); !st.ok()) return ErrorReply(st);
+    return {{"ok", true}, {"approvals", s.agents.Approvals()}};
   });
   t.AddUnary("agent_cancel", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseRunRequest(j);

@@ -130,6 +130,20 @@ Result<egress::Reach> VmService::ChangeEgress(const std::string& id, const Egres
   return egress_.Change(id, *e->egress(), c);
 }
 
+Result<EgressGateway::RequestAnswer> VmService::AnswerNetworkRequest(const std::string& id,
+                                                                     const std::string& entry,
+                                                                     const std::string& who) {
+  ASSIGN_OR_RETURN(auto e, Get(id));
+  return egress_.AnswerRequest(id, *e->egress(), entry, who);
+}
+
+Status VmService::RefuseNetworkRequest(const std::string& id, const std::string& entry,
+                                       const std::string& why) {
+  ASSIGN_OR_RETURN(egress::AllowEntry e, egress::ParseAllowEntry(entry));
+  egress_.RecordRefusedRequest(id, e, why);
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<VmEntry>> VmService::Get(const std::string& id) {
   RETURN_IF_ERROR(ValidateName("VM id", id));
   if (auto e = registry_.Find(id)) return e;

@@ -70,6 +70,13 @@ class VmService {
   // A running VM's egress list grows or shrinks (EgressGateway::Change); from its next
   // connection on.
   Result<egress::Reach> ChangeEgress(const std::string& id, const EgressChange& c);
+  // A vm_agent's request_network, answered by the operator's policy or left to a person
+  // (EgressGateway::AnswerRequest); and a person's refusal of one, audited.
+  Result<EgressGateway::RequestAnswer> AnswerNetworkRequest(const std::string& id,
+                                                            const std::string& entry,
+                                                            const std::string& who);
+  Status RefuseNetworkRequest(const std::string& id, const std::string& entry,
+                              const std::string& why);
   // Kills the VM and reports what was observed. FAILED_PRECONDITION if it was already
   // destroyed (or is being destroyed), NOT_FOUND if it never existed.
   Result<vmm::DestroyReport> Destroy(const std::string& id);

@@ -8,6 +8,42 @@
 
 namespace trybox::egress {
 
+namespace {
+
+// "allow *.pythonhosted.org", "deny evil.test:22", "ask *": an action, then `*` or a host
+// pattern as `--deny` takes it (no port: every port).
+Result<RequestRule> ParseRequestRule(const nlohmann::json& j) {
+  if (!j.is_string()) {
+    return InvalidArgument("a rule is a string: \"allow|ask|deny HOST[:PORT]\" or \"... *\"");
+  }
+  const std::string text = j.get<std::string>();
+  RequestRule r;
+  r.text = text;
+  const size_t space = text.find(' ');
+  const std::string action = text.substr(0, space);
+  if (action == "allow") {
+    r.action = RequestRule::Action::kAllow;
+  } else if (action == "deny") {
+    r.action = RequestRule::Action::kDeny;
+  } else if (action == "ask") {
+    r.action = RequestRule::Action::kAsk;
+  } else {
+    return InvalidArgument("'" + text + "': a rule starts with allow, ask or deny");
+  }
+  if (space == std::string::npos || space + 1 >= text.size()) {
+    return InvalidArgument("'" + text + "': name a host pattern or * after " + action);
+  }
+  const std::string host = text.substr(space + 1);
+  if (host == "*") {
+    r.any_host = true;
+    return r;
+  }
+  ASSIGN_OR_RETURN(r.pattern, ParseDenyEntry(host));
+  return r;
+}
+
+}  // namespace
+
 Result<Config> ParseConfig(const nlohmann::json& j) {
   Config c;
   if (!j.is_object()) return InvalidArgument("egress config must be a JSON object");
@@ -15,7 +51,8 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
       "profiles",           "max_tunnels_per_vm", "head_timeout_ms",
       "connect_timeout_ms", "internal_allow",     "resolve",
       "qemu_netns",         "qemu_drop_uid",      "qemu_uid_base",
-      "audit_max_age_days", "audit_max_rows",     "upstream_ca_file"};
+      "audit_max_age_days", "audit_max_rows",     "upstream_ca_file",
+      "network_requests"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
   }
@@ -63,10 +100,52 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
     if (!c.upstream_ca_file.empty() && c.upstream_ca_file[0] != '/') {
       return InvalidArgument("egress config: upstream_ca_file must be an absolute path");
     }
+    if (j.contains("network_requests")) {
+      const auto& rules = j.at("network_requests");
+      if (!rules.is_array()) {
+        return InvalidArgument("egress config: network_requests must be an array of rules");
+      }
+      for (size_t i = 0; i < rules.size(); ++i) {
+        auto rule = ParseRequestRule(rules[i]);
+        if (!rule.ok()) {
+          return rule.status().Annotate("egress config: network_requests[" + std::to_string(i) +
+                                        "]");
+        }
+        c.network_requests.push_back(std::move(*rule));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("egress config: ") + e.what());
   }
   return c;
+}
+
+const char* RequestActionName(RequestRule::Action a) {
+  switch (a) {
+    case RequestRule::Action::kAllow:
+      return "allow";
+    case RequestRule::Action::kDeny:
+      return "deny";
+    case RequestRule::Action::kAsk:
+      break;
+  }
+  return "ask";
+}
+
+bool RequestRule::Matches(const std::string& host, int port) const {
+  if (any_host) return true;
+  return pattern.MatchesHost(host) && (pattern.port == 0 || pattern.port == port);
+}
+
+const RequestRule* MatchRequest(const std::vector<RequestRule>& rules, const std::string& host,
+                                int port, size_t* index) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (rules[i].Matches(host, port)) {
+      if (index) *index = i;
+      return &rules[i];
+    }
+  }
+  return nullptr;
 }
 
 Result<nlohmann::json> LoadConfigJson(const std::string& path) {

@@ -14,6 +14,23 @@
 
 namespace trybox::egress {
 
+// One rule of the operator's answers to network requests (a vm_agent's request_network):
+// docs/protocol/egress.md, "Requests for more network".
+struct RequestRule {
+  enum class Action { kAllow, kAsk, kDeny };
+  Action action = Action::kAsk;
+  bool any_host = false;  // "*"
+  AllowEntry pattern;     // else: HOST or *.DOMAIN; port 0 = every port
+  std::string text;       // as written: "allow *.pythonhosted.org"
+
+  bool Matches(const std::string& canonical_host, int port) const;
+};
+const char* RequestActionName(RequestRule::Action a);  // "allow", "ask", "deny"
+
+// The first rule matching `host`:`port`, or null: ask (the default).
+const RequestRule* MatchRequest(const std::vector<RequestRule>& rules,
+                                const std::string& canonical_host, int port, size_t* index);
+
 struct Config {
   // Named allow-lists: `trybox run --profile NAME`.
   std::map<std::string, std::vector<std::string>> profiles;
@@ -37,6 +54,9 @@ struct Config {
   // (docs/secrets.md): "" is the host's system store; a PEM file replaces it (tests' local
   // upstreams). Read at start and reload.
   std::string upstream_ca_file;
+  // How a vm_agent's requests for another host are answered without asking a person:
+  // evaluated in order, the first match decides; none: ask.
+  std::vector<RequestRule> network_requests;
 };
 
 // A missing file gives the defaults. Unknown keys, wrong types and invalid entries fail,

@@ -178,6 +178,134 @@ TEST_F(AgentE2E, TheReportSaysWhereTheNetworkWent) {
       << text.out;
 }
 
+// request_network: the operator's policy answers at once where a rule matches (allow adds
+// the host, deny refuses it, neither stops the run); otherwise the run waits for a person,
+// listed by `trybox approvals`, and `approve` or `deny` continues it with the host granted
+// or refused. A request whose VM is gone fails at once, naming why.
+TEST_F(AgentE2E, NetworkRequestsWaitForAPersonOrThePolicyAndNeverHang) {
+  HttpUpstream up;
+  const std::string port = std::to_string(up.port());
+  ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/egress.json",
+                              Json{{"resolve",
+                                    {{"up.test", {"127.0.0.1"}},
+                                     {"auto.test", {"127.0.0.1"}},
+                                     {"evil.test", {"127.0.0.1"}}}},
+                                   {"internal_allow", {"127.0.0.1:" + port}},
+                                   {"network_requests", {"deny evil.test", "allow auto.test"}}}
+                                  .dump())
+                  .ok());
+  ASSERT_EQ(h_->Cli({"daemon", "reload"}).code, 0);
+  const std::string fetch = "curl -s http://up.test:" + port + "/ ; echo \" rc=$?\"";
+  auto request = [&](const std::string& host) {
+    return Call("request_network", {{"host", host}, {"port", up.port()}, {"reason", "the data"}});
+  };
+
+  // 1. The policy answers without stopping; then a host no rule names waits for a person.
+  PushProbeReply();
+  model_->Push(Turn({request("auto.test"), request("evil.test")}));
+  model_->Push(Turn({request("up.test")}));
+  int code = -1;
+  std::string err;
+  Json r = Agent({"--model", ModelName(), "fetch the data"}, &code, &err);
+  ASSERT_EQ(code, 3) << err << r.dump(2);
+  EXPECT_EQ(r["outcome"], "NEEDS_INPUT");
+  EXPECT_EQ(r["approval"]["host"], "up.test") << r.dump(2);
+  EXPECT_EQ(r["approval"]["port"], up.port());
+  EXPECT_EQ(r["question"]["text"], "the data");  // the agent's reason, its words
+  const std::string run = r["run"];
+  const std::string vm = r["vm"]["id"];
+  auto tools = ToolMessages(MyRequests()[2].body);
+  ASSERT_EQ(tools.size(), 2u);
+  EXPECT_NE(tools[0].find("granted by the operator's policy (network_requests[1]: allow "
+                          "auto.test): auto.test:" +
+                          port + " may now be reached"),
+            std::string::npos)
+      << tools[0];
+  EXPECT_NE(tools[1].find("refused by the operator's policy (network_requests[0]: deny "
+                          "evil.test)"),
+            std::string::npos)
+      << tools[1];
+  CliResult list = h_->Cli({"approvals", "--json"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  Json pending = Json::parse(list.out);
+  ASSERT_EQ(pending.size(), 1u) << list.out;
+  EXPECT_EQ(pending[0]["kind"], "network");
+  EXPECT_EQ(pending[0]["run"], run);
+  EXPECT_EQ(pending[0]["vm"], vm);
+  EXPECT_EQ(pending[0]["state"], "pending");
+  EXPECT_EQ(pending[0]["host"], "up.test");
+  CliResult words = h_->Cli({"approvals"});
+  EXPECT_NE(words.out.find("network up.test:" + port + ", because \"the data\""), std::string::npos)
+      << words.out;
+  // Approved: the next command reaches the host.
+  model_->Push(Turn({Call("run", {{"command", fetch}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "fetched"}})}));
+  CliResult a = h_->Cli({"approve", run, "--model", ModelName(), "--json"});
+  ASSERT_EQ(a.code, 2) << a.err << a.out;  // DONE, UNVERIFIED
+  auto reqs = MyRequests();
+  EXPECT_NE(ToolMessages(reqs[3].body).back().find("A person approved: up.test:" + port),
+            std::string::npos);
+  EXPECT_NE(ToolMessages(reqs[4].body).back().find("hello rc=0"), std::string::npos)
+      << ToolMessages(reqs[4].body).back();
+  EXPECT_EQ(Json::parse(h_->Cli({"approvals", "--json"}).out), Json::array());
+  CliResult audit = h_->Cli({"audit", "--vm", vm, "--json"});
+  std::vector<std::string> policy;
+  for (const auto& e : Json::parse(audit.out)) {
+    if (e["verdict"] == "policy") policy.push_back(e["reason"]);
+    if (e["method"] == "REQUEST") policy.push_back(e["reason"]);
+  }
+  ASSERT_EQ(policy.size(), 3u) << audit.out;
+  EXPECT_NE(policy[0].find("allowed auto.test:" + port +
+                           " on the running VM, asked by the "
+                           "operator's policy"),
+            std::string::npos)
+      << policy[0];
+  EXPECT_NE(policy[1].find("request_network refused by the operator's policy"), std::string::npos);
+  EXPECT_NE(
+      policy[2].find("asked by uid " + std::to_string(::geteuid()) + ", approving run " + run),
+      std::string::npos)
+      << policy[2];
+
+  // 2. Refused by a person: the host stays out of reach, and the run goes on.
+  model_->Push(Turn({request("up.test")}));
+  r = Agent({"--model", ModelName(), "fetch it again"}, &code, &err);
+  ASSERT_EQ(code, 3) << err << r.dump(2);
+  const std::string run2 = r["run"];
+  model_->Push(Turn({Call("run", {{"command", fetch}})}));
+  model_->Push(Turn({Call("finish", {{"summary", "could not"}})}));
+  CliResult d = h_->Cli({"deny", run2, "--model", ModelName(), "--json"});
+  ASSERT_EQ(d.code, 2) << d.err << d.out;
+  reqs = MyRequests();
+  EXPECT_NE(ToolMessages(reqs[reqs.size() - 2].body)
+                .back()
+                .find("A person refused network "
+                      "access to up.test:" +
+                      port),
+            std::string::npos);
+  EXPECT_NE(ToolMessages(reqs.back().body).back().find("up.test is not on the VM's allow-list"),
+            std::string::npos)
+      << ToolMessages(reqs.back().body).back();
+
+  // 3. Its VM destroyed while it waits: listed as failed, and approving fails at once.
+  model_->Push(Turn({request("up.test")}));
+  r = Agent({"--model", ModelName(), "once more"}, &code, &err);
+  ASSERT_EQ(code, 3) << err << r.dump(2);
+  const std::string run3 = r["run"];
+  ASSERT_EQ(h_->Cli({"rm", r["vm"]["id"]}).code, 0);
+  pending = Json::parse(h_->Cli({"approvals", "--json"}).out);
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0]["state"], "failed");
+  EXPECT_NE(pending[0]["why"].get<std::string>().find("can no longer be carried out"),
+            std::string::npos)
+      << pending;
+  CliResult late = h_->Cli({"approve", run3, "--model", ModelName()});
+  EXPECT_NE(late.code, 0);
+  EXPECT_NE(late.err.find("can no longer be carried out"), std::string::npos) << late.err;
+  Json shown = Json::parse(h_->Cli({"agent", "show", run3, "--json"}).out);
+  EXPECT_EQ(shown["outcome"], "ERROR") << shown.dump(2);
+  EXPECT_EQ(up.accepts(), 1);  // only the approved fetch ever reached it
+}
+
 TEST_F(AgentE2E, ClaimContradictedByTheReRunIsSaidSo) {
   PushProbeReply();
   // The agent makes its file outside /workspace, so it is not there for the re-run.
