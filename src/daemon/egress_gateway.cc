@@ -97,6 +97,10 @@ Result<std::shared_ptr<const EgressSettings>> ReadSettings(const std::string& pa
   for (const auto& o : s->config.internal_allow) {
     LogWarn("daemon", "egress may reach internal address " + o.text + " (internal_allow)");
   }
+  if (s->config.model_route) {
+    LogInfo("daemon", std::string("guests reach the model route ") + s->config.model_route->text +
+                          " as http://" + egress::kModelHost);
+  }
   std::optional<std::string> ca_file;
   if (!s->config.upstream_ca_file.empty()) ca_file = s->config.upstream_ca_file;
   auto tls = egress::UpstreamTls::Create(ca_file);
@@ -309,6 +313,7 @@ Result<std::shared_ptr<EgressVm>> EgressGateway::NewVm(
   auto policy = std::make_shared<egress::Policy>();
   policy->reach = std::move(reach);
   policy->overrides = now->config.internal_allow;
+  policy->model_route = now->config.model_route;
   policy->head_timeout = now->config.head_timeout;
   policy->connect_timeout = now->config.connect_timeout;
   vm->set_policy(std::move(policy));

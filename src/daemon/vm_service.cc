@@ -103,6 +103,9 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), *eg, rec,
                                         req.privileged, disk_transfers_);
   std::map<std::string, std::string> env = manifest.env;
+  if ((*eg)->policy()->model_route) {
+    env["TRYBOX_MODEL_URL"] = std::string("http://") + egress::kModelHost;
+  }
   if (secrets) {
     Status st = InstallEgressCa(*out.entry, (*eg)->ca->cert_pem());
     if (!st.ok()) {

@@ -74,13 +74,18 @@ const char* EgressModeName(EgressMode m) {
   return m == EgressMode::kInternet ? "internet" : "allowlist";
 }
 
-std::string Reach::Check(const std::string& host, int port) const {
+std::string Reach::DeniedBy(const std::string& host, int port) const {
   for (const auto& d : deny) {
     if (d.MatchesHost(host) && (d.port == 0 || d.port == port)) {
       return host + ":" + std::to_string(port) + " is denied for this VM (deny " + d.ToString() +
              ")";
     }
   }
+  return "";
+}
+
+std::string Reach::Check(const std::string& host, int port) const {
+  if (std::string denied = DeniedBy(host, port); !denied.empty()) return denied;
   if (mode == EgressMode::kInternet) return "";
   return allow.Check(host, port);
 }

@@ -40,6 +40,8 @@ class AllowList {
 
   // Empty if `host`:`port` is allowed, otherwise the reason it is not.
   std::string Check(const std::string& canonical_host, int port) const;
+  // The deny part of Check alone: empty unless a deny entry covers `host`:`port`.
+  std::string DeniedBy(const std::string& canonical_host, int port) const;
   const std::vector<AllowEntry>& entries() const { return entries_; }
   std::vector<std::string> ToStrings() const;
 
@@ -64,6 +66,8 @@ struct Reach {
 
   // Empty if `host`:`port` may be dialled (subject to its addresses), else why not.
   std::string Check(const std::string& canonical_host, int port) const;
+  // The deny part of Check alone: empty unless a deny entry covers `host`:`port`.
+  std::string DeniedBy(const std::string& canonical_host, int port) const;
   // Why a connection this Reach let through was let through, for its audit row.
   std::string AllowedBecause() const;
   // A running VM's list grows or shrinks (`trybox allow` / `trybox deny`). Allow drops the

@@ -52,7 +52,7 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
       "connect_timeout_ms", "internal_allow",     "resolve",
       "qemu_netns",         "qemu_drop_uid",      "qemu_uid_base",
       "audit_max_age_days", "audit_max_rows",     "upstream_ca_file",
-      "network_requests"};
+      "network_requests",   "model_route"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
   }
@@ -99,6 +99,11 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
     c.upstream_ca_file = j.value("upstream_ca_file", std::string());
     if (!c.upstream_ca_file.empty() && c.upstream_ca_file[0] != '/') {
       return InvalidArgument("egress config: upstream_ca_file must be an absolute path");
+    }
+    if (j.contains("model_route")) {
+      auto o = AddressOverride::Parse(j.at("model_route").get<std::string>());
+      if (!o.ok()) return o.status().Annotate("egress config: model_route");
+      c.model_route = *o;
     }
     if (j.contains("network_requests")) {
       const auto& rules = j.at("network_requests");

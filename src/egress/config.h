@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ struct Config {
   // How a vm_agent's requests for another host are answered without asking a person:
   // evaluated in order, the first match decides; none: ask.
   std::vector<RequestRule> network_requests;
+  // The operator's model server ("127.0.0.1:11434"): guests reach it as
+  // http://model.trybox.internal (port 80), in either mode, without internal_allow.
+  std::optional<AddressOverride> model_route;
 };
 
 // A missing file gives the defaults. Unknown keys, wrong types and invalid entries fail,

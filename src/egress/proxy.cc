@@ -120,6 +120,20 @@ class Connection {
     }
   }
 
+  // Empty if the guest may use the model route on `port`, else why not.
+  static std::string ModelRouteRefusal(const Policy& pol, int port) {
+    if (!pol.model_route) {
+      return std::string(kModelHost) +
+             " leads nowhere: the operator configured no model route (egress.json model_route)";
+    }
+    std::string denied = pol.reach.DeniedBy(kModelHost, port);
+    if (!denied.empty()) return denied;
+    if (port != kModelPort) {
+      return std::string(kModelHost) + " serves port " + std::to_string(kModelPort) + " only";
+    }
+    return "";
+  }
+
   void Serve() {
     const Policy& pol = *ctx_.policy;
     auto deadline = start_ + pol.head_timeout;
@@ -163,7 +177,9 @@ class Connection {
     auto host = CanonicalHostname(target->host);
     if (!host.ok()) return Refuse(403, "refused", host.status().message());
     d_.host = *host;
-    std::string why = pol.reach.Check(*host, target->port);
+    const bool model = *host == kModelHost;
+    std::string why =
+        model ? ModelRouteRefusal(pol, target->port) : pol.reach.Check(*host, target->port);
     if (!why.empty()) return Refuse(403, "refused", why);
     // A placeholder is refused wherever it is seen heading to a host not bound to it: in a
     // request head, and in a tunnel's first bytes (plaintext protocols show it there).
@@ -179,14 +195,17 @@ class Connection {
                         std::to_string(ctx_.slots->max()) + ")");
     }
     slot_ = true;
-    auto addrs = ctx_.resolver->Resolve(*host, target->port);
+    // The model route is the operator's own address: not resolved, not classified.
+    auto addrs = model ? Result<std::vector<sockaddr_storage>>(
+                             std::vector<sockaddr_storage>{pol.model_route->addr})
+                       : ctx_.resolver->Resolve(*host, target->port);
     if (!addrs.ok()) return Refuse(502, "failed", addrs.status().message());
     // Only addresses checked here are dialled; nothing is resolved a second time.
     std::vector<std::pair<sockaddr_storage, bool>> permitted;  // address, via override
     std::string refused;
     for (const auto& a : *addrs) {
       AddressClass c = Classify(a);
-      bool over = false;
+      bool over = model;
       for (const auto& o : pol.overrides) over = over || o.Matches(a);
       if (c == AddressClass::kPublic || over) {
         permitted.emplace_back(a, over && c != AddressClass::kPublic);
@@ -214,8 +233,9 @@ class Connection {
     if (intercept) return Intercept(std::move(up), *host, buf.substr(head->size));
     d_.verdict = "allowed";
     d_.status = 200;
-    d_.reason = d_.override_used ? "internal address allowed by the operator's override"
-                                 : pol.reach.AllowedBecause();
+    d_.reason = model              ? "the operator's model route (egress.json model_route)"
+                : d_.override_used ? "internal address allowed by the operator's override"
+                                   : pol.reach.AllowedBecause();
     Decide();
     std::string first = buf.substr(head->size);
     if (target->tunnel) {

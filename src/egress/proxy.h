@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,9 +118,16 @@ class TunnelSlots {
   std::atomic<int> in_use_{0};
 };
 
+// The fixed name under which guests reach the model server the operator configured
+// (egress.json model_route): no destination of the guest's choosing.
+inline constexpr const char* kModelHost = "model.trybox.internal";
+inline constexpr int kModelPort = 80;
+
 struct Policy {
   Reach reach;
   std::vector<AddressOverride> overrides;  // operator-only; empty by default
+  // Where kModelHost:kModelPort goes; unset: the name is refused.
+  std::optional<AddressOverride> model_route;
   std::chrono::milliseconds head_timeout{10000};
   size_t max_head = kDefaultMaxHead;
   std::chrono::milliseconds connect_timeout{10000};

@@ -212,6 +212,42 @@ TEST_F(EgressProxy, ConnectTunnelIsByteExactBothWaysWithHalfClose) {
   EXPECT_TRUE(back == payload);
 }
 
+// model.trybox.internal goes to the operator's model route and nowhere else: not resolved,
+// no internal_allow needed, port 80 only, refused when no route is configured, and a deny
+// entry still wins.
+TEST_F(EgressProxy, TheModelRouteGoesOnlyWhereTheOperatorSaid) {
+  policy_.overrides.clear();  // the route needs no internal_allow
+  {
+    ProxyServer p(policy_, resolve_);
+    UniqueFd c = p.Connect();
+    ASSERT_TRUE(WriteFull(c.get(), Connect("model.trybox.internal:80")).ok());
+    ExpectRefused(ReadUntilEof(c.get()), "403", "configured no model route");
+  }
+  policy_.model_route = *AddressOverride::Parse("127.0.0.1:" + port_);
+  {
+    ProxyServer p(policy_, resolve_);
+    UniqueFd c = p.Connect();
+    ASSERT_TRUE(WriteFull(c.get(), Connect("model.trybox.internal:80") + "ping").ok());
+    EXPECT_EQ(ReadHead(c.get()), "HTTP/1.1 200 Connection established\r\n\r\n");
+    ::shutdown(c.get(), SHUT_WR);
+    EXPECT_EQ(ReadUntilEof(c.get()), "ping");
+    c.Reset();
+    UniqueFd other = p.Connect();
+    ASSERT_TRUE(WriteFull(other.get(), Connect("model.trybox.internal:8080")).ok());
+    ExpectRefused(ReadUntilEof(other.get()), "403", "serves port 80 only");
+    p.Stop();
+    auto closed = p.audit().closed;
+    ASSERT_EQ(closed.size(), 2u);
+    EXPECT_EQ(closed[0].address, "127.0.0.1:" + port_);
+    EXPECT_EQ(closed[0].reason, "the operator's model route (egress.json model_route)");
+  }
+  policy_.reach.deny.push_back(*ParseDenyEntry("model.trybox.internal"));
+  ProxyServer p(policy_, resolve_);
+  UniqueFd c = p.Connect();
+  ASSERT_TRUE(WriteFull(c.get(), Connect("model.trybox.internal:80")).ok());
+  ExpectRefused(ReadUntilEof(c.get()), "403", "is denied for this VM");
+}
+
 TEST_F(EgressProxy, AuditRecordsVerdictAddressOverrideAndBytes) {
   {
     ProxyServer p(policy_, resolve_);

@@ -106,7 +106,9 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
     up_ = new HttpUpstream();
     port_ = std::to_string(up_->port());
     tls_ = new TlsUpstream();
-    Json config = {{"resolve",
+    model_ = new HttpUpstream();  // the operator's model server: in no internal_allow
+    Json config = {{"model_route", "127.0.0.1:" + std::to_string(model_->port())},
+                   {"resolve",
                     {{"upstream.test", {"127.0.0.1"}},
                      {"evil.test", {"127.0.0.1"}},
                      {"other.test", {"127.0.0.1"}},
@@ -146,6 +148,8 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
     up_ = nullptr;
     delete tls_;
     tls_ = nullptr;
+    delete model_;
+    model_ = nullptr;
   }
   void SetUp() override {
     if (h_ == nullptr) StartSuite(GetParam());
@@ -161,6 +165,7 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
   static Harness* h_;
   static HttpUpstream* up_;
   static TlsUpstream* tls_;
+  static HttpUpstream* model_;
   static std::string port_;
   static std::string id_;
 };
@@ -168,6 +173,7 @@ EgressRun EgressE2E::run_;
 Harness* EgressE2E::h_ = nullptr;
 HttpUpstream* EgressE2E::up_ = nullptr;
 TlsUpstream* EgressE2E::tls_ = nullptr;
+HttpUpstream* EgressE2E::model_ = nullptr;
 std::string EgressE2E::port_;
 std::string EgressE2E::id_;
 
@@ -254,6 +260,29 @@ TEST_P(EgressE2E, ANameOnNoListIsReachedOnlyInInternetMode) {
     EXPECT_EQ(e["verdict"], run_.internet ? "allowed" : "refused") << e.dump();
     if (run_.internet) {
       EXPECT_EQ(e["reason"], "internal address allowed by the operator's override") << e.dump();
+    }
+  }
+  EXPECT_TRUE(seen) << r.out;
+}
+
+// The operator's model server is reached under one fixed name, in either mode, without an
+// allow entry or internal_allow, on port 80 only; its address itself stays refused.
+TEST_P(EgressE2E, TheModelRouteReachesOnlyTheOperatorsModelServer) {
+  const int before = model_->accepts();
+  CliResult r = Sh("printf '%s ' \"$TRYBOX_MODEL_URL\"; curl -sS \"$TRYBOX_MODEL_URL/v1/models\"");
+  EXPECT_EQ(r.out, "http://model.trybox.internal hello") << r.err;
+  r = Sh("curl -sv -p http://model.trybox.internal:8080/ 2>&1");
+  EXPECT_NE(r.out.find("model.trybox.internal serves port 80 only"), std::string::npos) << r.out;
+  r = Sh("curl -sv --noproxy '' http://127.0.0.1:" + std::to_string(model_->port()) + "/ 2>&1");
+  EXPECT_NE(r.out.find("< HTTP/1.1 403"), std::string::npos) << r.out;
+  EXPECT_EQ(model_->accepts(), before + 1);
+  r = h_->Cli({"audit", "--vm", id_, "--json"});
+  bool seen = false;
+  for (const auto& e : Json::parse(r.out)) {
+    if (e["host"] == "model.trybox.internal" && e["verdict"] == "allowed") {
+      seen = true;
+      EXPECT_EQ(e["reason"], "the operator's model route (egress.json model_route)");
+      EXPECT_EQ(e["address"], "127.0.0.1:" + std::to_string(model_->port()));
     }
   }
   EXPECT_TRUE(seen) << r.out;
