@@ -6,6 +6,8 @@
 //   tunnel setup           p50/p99 of CONNECT sent -> "200 Connection established" in the guest
 //   concurrent tunnels     N tunnels from one VM open at once (the upstream holds every
 //                          request until all N are in), each echoing a random body; bytes lost
+//   internet mode          the same burst of N small requests from a VM in allow-list mode and
+//                          from one in internet mode (issue 12), alternated; the ratio
 //
 // Usage: egress_bench [--mib N] [--setups N] [--tunnels N]
 #include <sys/socket.h>
@@ -232,6 +234,32 @@ int main(int argc, char** argv) {
   std::printf("  most open at once at the upstream  %d\n", up.max_concurrent_echo());
   std::printf("  bodies back %d, byte-exact %d, lost or corrupt %d, in %.1f s\n", files, matching,
               tunnels - matching, secs);
-  (void)(*h)->Cli({"rm", id});
+  // Internet mode against the allow-list on the same burst: N small requests at once, each
+  // decided by the proxy; the VMs alternate so the host's load falls on both alike.
+  CliResult ci = (*h)->Cli({"create", "--memory", "1024", "--internet"});
+  if (ci.code != 0) Die("create --internet", ci.err);
+  std::string inet = ci.out.substr(0, ci.out.find('\n'));
+  const std::string burst = "curl -sS -Z --parallel-immediate --parallel-max " +
+                            std::to_string(tunnels) + " -p -o /dev/null '" + base + "/?i=[1-" +
+                            std::to_string(tunnels) + "]' -w '%{http_code}\\n' | grep -c 200";
+  std::vector<double> list_s, inet_s;
+  for (int round = 0; round < 5; ++round) {
+    for (const std::string& vm : {id, inet}) {
+      auto t = Clock::now();
+      CliResult r = (*h)->Cli({"exec", vm, "--", "bash", "-c", burst});
+      double secs = Seconds(t);
+      if (r.code != 0 || std::atoi(r.out.c_str()) != tunnels) {
+        Die("burst in " + vm,
+            "expected " + std::to_string(tunnels) + " answers, got " + r.out + r.err);
+      }
+      (vm == id ? list_s : inet_s).push_back(secs * 1000);
+    }
+  }
+  std::printf("\n%d-connection burst, allow-list vs internet mode (5 rounds each, alternated)\n",
+              tunnels);
+  std::printf("  allow-list  p50 %7.1f ms  p99 %7.1f ms\n", Pct(list_s, 50), Pct(list_s, 99));
+  std::printf("  internet    p50 %7.1f ms  p99 %7.1f ms   internet/allow-list %.3f\n",
+              Pct(inet_s, 50), Pct(inet_s, 99), Pct(inet_s, 50) / Pct(list_s, 50));
+  (void)(*h)->Cli({"rm", id, inet});
   return 0;
 }

@@ -269,6 +269,23 @@ void HttpApi::AddRestRoutes() {
                 return CallVerb(verb);
               });
 
+  // A running VM's list grows or shrinks (trybox allow / deny); audited as the daemon's uid.
+  router_.Add("POST", "/trybox/v1/vms/{id}/egress",
+              [this](const HttpRequest& req, const PathParams& p) {
+                auto body = BodyObject(req);
+                if (!body.ok()) return ErrorOf(body.status());
+                for (const auto& [key, value] : body->items()) {
+                  if (key != "allow" && key != "deny") {
+                    return ErrorOf(InvalidArgument(key + " is not a field of an egress change "
+                                                         "(allow, deny)"));
+                  }
+                }
+                Json verb = *body;
+                verb["verb"] = "egress";
+                verb["vm"] = p.at("id");
+                return CallVerb(verb);
+              });
+
   router_.Add("GET", "/trybox/v1/agent-runs", [this](const HttpRequest& req, const PathParams&) {
     Json verb = {{"verb", "agent_ls"}};
     Status st = QueryInt(req, "limit", 1, 1000, &verb, "limit");

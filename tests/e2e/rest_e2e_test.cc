@@ -53,7 +53,13 @@ TEST_F(RestE2E, PythonRunsAnAgentFollowsItsEventsAnswersItsQuestionAndIsRefusedC
   model_->Push(Turn({Call("finish", {{"summary", "greeting.txt says bonjour"},
                                      {"verify_command", "grep -qx bonjour greeting.txt"}})}));
 
+  // A VM whose list the script changes over HTTP.
+  CliResult vm = h_->Cli({"create", "--allow", "a.test"});
+  ASSERT_EQ(vm.code, 0) << vm.err;
+  const std::string vm_id = vm.out.substr(0, vm.out.find('\n'));
+
   std::vector<std::string> env = h_->Env();
+  env.push_back("TRYBOX_VM=" + vm_id);
   env.push_back("TRYBOX_URL=" + url);
   env.push_back("TRYBOX_KEY=" + key);
   env.push_back("TRYBOX_SANDBOX_KEY=" + sandbox_key);
@@ -94,6 +100,14 @@ TEST_F(RestE2E, PythonRunsAnAgentFollowsItsEventsAnswersItsQuestionAndIsRefusedC
   EXPECT_EQ(out["answered"]["verdict"], "VERIFIED") << out.dump(2);
   EXPECT_EQ(out["approvals_after"], Json::array());
 
+  // The VM's list, changed over HTTP, then in force and audited.
+  EXPECT_EQ(out["egress"]["status"], 200) << out.dump(2);
+  EXPECT_EQ(out["egress"]["body"]["egress"]["allow"], Json({"a.test:443", "b.test:8080"}));
+  EXPECT_EQ(out["egress"]["body"]["egress"]["deny"], Json({"c.test"}));
+  CliResult audit = h_->Cli({"audit", "--vm", vm_id, "--json"});
+  EXPECT_NE(audit.out.find("allowed b.test:8080 on the running VM, asked by uid"),
+            std::string::npos)
+      << audit.out;
   EXPECT_EQ(out["audit"]["status"], 200);
   EXPECT_EQ(out["audit"]["has_rows"], true);
   EXPECT_EQ(out["vms"]["status"], 200);
@@ -111,6 +125,9 @@ TEST_F(RestE2E, PythonRunsAnAgentFollowsItsEventsAnswersItsQuestionAndIsRefusedC
   expect("bad_json", 400, "not valid JSON");
   expect("no_task", 400, "task");
   expect("collect_into", 400, "into is not taken");
+  expect("egress_field", 400, "mode is not a field of an egress change");
+  expect("egress_entry", 400, "IP literal");
+  expect("egress_no_vm", 404, "no VM with id");
   expect("bad_limit", 400, "limit");
   expect("sandbox_key", 403, "--operator");
   expect("sandbox_key_slashes", 403, "--operator");

@@ -105,6 +105,10 @@ done = (last(answered, "end") or {}).get("report", {}) if isinstance(answered, l
 out["answered"] = {"outcome": done.get("outcome"), "verdict": done.get("verdict")}
 out["approvals_after"] = call("GET", "/approvals")["body"].get("approvals")
 
+# A running VM's list, changed over HTTP.
+VM = os.environ["TRYBOX_VM"]
+out["egress"] = call("POST", f"/vms/{VM}/egress", json={"allow": ["b.test:8080"], "deny": ["c.test"]})
+
 # The record, and the VMs.
 audit = call("GET", "/audit", params={"limit": 5})
 out["audit"] = {"status": audit["status"], "has_rows": isinstance(audit["body"].get("egress"), list)}
@@ -124,6 +128,9 @@ out["refused"] = {
     "no_task": refused(call("POST", "/agent-runs", json={"model": MODEL})),
     "cancel_done": refused(call("POST", f"/agent-runs/{run}/cancel")),
     "collect_into": refused(call("POST", "/vms/abc/collect", json={"into": "/tmp/x"})),
+    "egress_field": refused(call("POST", f"/vms/{VM}/egress", json={"mode": "internet"})),
+    "egress_entry": refused(call("POST", f"/vms/{VM}/egress", json={"allow": ["10.0.0.1"]})),
+    "egress_no_vm": refused(call("POST", "/vms/nosuchvm/egress", json={"deny": ["x.test"]})),
     "bad_limit": refused(call("GET", "/audit", params={"limit": "lots"})),
     "sandbox_key": refused(call("GET", "/vms", key=os.environ["TRYBOX_SANDBOX_KEY"])),
     # Another spelling of the same route is judged the same way.
