@@ -5,8 +5,11 @@
 // services, the same errors as `trybox` on the socket. A verb's END is the reply; a
 // streaming verb's EVENTs are server-sent events.
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "daemon/http_api.h"
 #include "daemon/verbs.h"
@@ -54,6 +57,20 @@ Result<Json> BodyObject(const HttpRequest& req) {
   if (j.is_discarded()) return InvalidArgument("the body is not valid JSON");
   if (!j.is_object()) return InvalidArgument("the body must be a JSON object");
   return j;
+}
+
+// The request of `verb` on VM `vm` from a POST body that may hold only `fields`; any other
+// key is refused, in the words `refusal` gives it.
+Result<Json> VmVerbFromBody(const HttpRequest& req, const std::string& vm, const char* verb,
+                            const std::set<std::string>& fields,
+                            const std::function<std::string(const std::string&)>& refusal) {
+  ASSIGN_OR_RETURN(Json body, BodyObject(req));
+  for (const auto& [key, value] : body.items()) {
+    if (!fields.count(key)) return InvalidArgument(refusal(key));
+  }
+  body["verb"] = verb;
+  body["vm"] = vm;
+  return body;
 }
 
 // A query parameter as a whole number in [lo, hi] into `request[field]`, when given.
@@ -251,39 +268,25 @@ void HttpApi::AddRestRoutes() {
               });
   // A collect commits the VM's workspace into the repository it came from; where a copy
   // lands on the host (`into`) is not for an HTTP caller to choose.
-  router_.Add("POST", "/trybox/v1/vms/{id}/collect",
-              [this](const HttpRequest& req, const PathParams& p) {
-                auto body = BodyObject(req);
-                if (!body.ok()) return ErrorOf(body.status());
-                for (const auto& [key, value] : body->items()) {
-                  if (key != "commit" && key != "command") {
-                    return ErrorOf(InvalidArgument(
-                        key == "into" ? "into is not taken over HTTP: a collect lands in the "
-                                        "workspace's own repository (and a temporary directory)"
-                                      : key + " is not a field of a collect (commit, command)"));
-                  }
-                }
-                Json verb = *body;
-                verb["verb"] = "collect";
-                verb["vm"] = p.at("id");
-                return CallVerb(verb);
-              });
+  router_.Add(
+      "POST", "/trybox/v1/vms/{id}/collect", [this](const HttpRequest& req, const PathParams& p) {
+        auto verb = VmVerbFromBody(
+            req, p.at("id"), "collect", {"commit", "command"}, [](const std::string& key) {
+              return key == "into" ? "into is not taken over HTTP: a collect lands in the "
+                                     "workspace's own repository (and a temporary directory)"
+                                   : key + " is not a field of a collect (commit, command)";
+            });
+        return verb.ok() ? CallVerb(*verb) : ErrorOf(verb.status());
+      });
 
   // A running VM's list grows or shrinks (trybox allow / deny); audited as the daemon's uid.
   router_.Add("POST", "/trybox/v1/vms/{id}/egress",
               [this](const HttpRequest& req, const PathParams& p) {
-                auto body = BodyObject(req);
-                if (!body.ok()) return ErrorOf(body.status());
-                for (const auto& [key, value] : body->items()) {
-                  if (key != "allow" && key != "deny") {
-                    return ErrorOf(InvalidArgument(key + " is not a field of an egress change "
-                                                         "(allow, deny)"));
-                  }
-                }
-                Json verb = *body;
-                verb["verb"] = "egress";
-                verb["vm"] = p.at("id");
-                return CallVerb(verb);
+                auto verb = VmVerbFromBody(
+                    req, p.at("id"), "egress", {"allow", "deny"}, [](const std::string& key) {
+                      return key + " is not a field of an egress change (allow, deny)";
+                    });
+                return verb.ok() ? CallVerb(*verb) : ErrorOf(verb.status());
               });
 
   router_.Add("GET", "/trybox/v1/agent-runs", [this](const HttpRequest& req, const PathParams&) {
