@@ -74,7 +74,10 @@ constexpr const char* kToolDescription =
     "VM), FAILED_VERIFICATION (it failed: treat the work as not done) or UNVERIFIED (no "
     "verify command was given, so nothing was checked).\n"
     "- NEEDS_INPUT: the agent asks `question`. Call again with `run_id` and `answer`; it "
-    "continues in the same VM.\n"
+    "continues in the same VM. When the report also has `approval`, the agent asked for "
+    "network access to that host: only a person can grant it (`trybox approve RUN` or "
+    "`trybox deny RUN`), so tell the user; an `answer` from you continues the run with the "
+    "host still refused.\n"
     "- IN_PROGRESS: the run stopped before finishing (a turn, time or token limit, or an "
     "interrupted call). Call again with only `run_id` to let it continue.\n"
     "- ERROR: the run failed; the text says why.\n\n"
@@ -160,6 +163,15 @@ Json VmAgentTool(bool structured_output) {
          {{"run", {{"type", "string"}, {"description", "The run's id, for run_id"}}},
           {"outcome", {{"enum", {"DONE", "NEEDS_INPUT", "IN_PROGRESS", "ERROR"}}}},
           {"verdict", {{"enum", {"VERIFIED", "FAILED_VERIFICATION", "UNVERIFIED", nullptr}}}},
+          {"approval",
+           {{"type", {"object", "null"}},
+            {"description",
+             "NEEDS_INPUT for network access: the host and port the agent asked for, which "
+             "only a person can grant (trybox approve RUN)"},
+            {"properties",
+             {{"host", {{"type", "string"}}},
+              {"port", {{"type", "integer"}}},
+              {"reason", {{"type", "string"}}}}}}},
           {"question",
            {{"type", {"object", "null"}},
             {"description", "NEEDS_INPUT: the agent's question (its words), to answer"},

@@ -215,6 +215,10 @@ TEST(McpTest, ToolsListDescribesVmAgent) {
     EXPECT_NE(d.find(word), std::string::npos) << word;
   }
   EXPECT_EQ(tool["outputSchema"]["type"], "object");
+  // A network request is said to be a person's to grant, and its shape is declared.
+  EXPECT_NE(d.find("only a person can grant it"), std::string::npos) << d;
+  EXPECT_EQ(tool["outputSchema"]["properties"]["approval"]["properties"]["host"]["type"],
+            "string");
 }
 
 TEST(McpTest, ClientsBefore20250618GetNoOutputSchema) {
