@@ -217,8 +217,7 @@ TEST(McpTest, ToolsListDescribesVmAgent) {
   EXPECT_EQ(tool["outputSchema"]["type"], "object");
   // A network request is said to be a person's to grant, and its shape is declared.
   EXPECT_NE(d.find("only a person can grant it"), std::string::npos) << d;
-  EXPECT_EQ(tool["outputSchema"]["properties"]["approval"]["properties"]["host"]["type"],
-            "string");
+  EXPECT_EQ(tool["outputSchema"]["properties"]["approval"]["properties"]["host"]["type"], "string");
 }
 
 TEST(McpTest, ClientsBefore20250618GetNoOutputSchema) {
