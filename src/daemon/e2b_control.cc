@@ -1,6 +1,8 @@
 // The E2B-compatible control plane (docs/protocol/e2b.md): the routes E2B's SDKs call when
 // E2B_API_URL names trybox. Handlers parse E2B's JSON, call VmService, and answer in E2B's
 // shapes; every refusal is {"code", "message"} with the HTTP status E2B would give.
+#include <arpa/inet.h>
+
 #include <nlohmann/json.hpp>
 
 #include "daemon/http_api.h"
@@ -10,6 +12,14 @@
 
 namespace trybox::daemon {
 namespace {
+
+// "0.0.0.0/0", "10.1.2.3", "2001:db8::/32": an address, with or without a prefix length.
+bool IsAddressOrCidr(const std::string& s) {
+  const std::string addr = s.substr(0, s.find('/'));
+  in6_addr buf;
+  return ::inet_pton(AF_INET, addr.c_str(), &buf) == 1 ||
+         ::inet_pton(AF_INET6, addr.c_str(), &buf) == 1;
+}
 
 using api::HttpRequest;
 using api::HttpResponse;
@@ -163,6 +173,9 @@ Result<NewSandbox> ParseNewSandbox(const json& body, int64_t max_timeout_s) {
       if (!deny->is_array()) return InvalidArgument("network.denyOut must be an array of strings");
       for (const auto& d : *deny) {
         if (!d.is_string()) return InvalidArgument("network.denyOut must be an array of strings");
+        // An address or CIDR (the SDK's ALL_TRAFFIC is 0.0.0.0/0) adds nothing: the proxy
+        // refuses every address given as such, and everything off the allow-list.
+        if (IsAddressOrCidr(d.get<std::string>())) continue;
         n.create.deny.push_back(d.get<std::string>());
       }
     }

@@ -273,6 +273,7 @@ TEST_F(E2bE2E, BadRequestsGetClearErrorsAndChangeNothing) {
            {R"({"templateID":"debian-12","envVars":{"1BAD":"x"}})", "envVars"},
            {R"({"templateID":"debian-12","network":{"allowOut":["10.0.0.0/8"]}})", "10.0.0.0/8"},
            {R"({"templateID":"debian-12","network":{"rules":{"a.example":[{}]}}})", "secrets"},
+           {R"({"templateID":"debian-12","network":{"denyOut":["*.com"]}})", "deny entry"},
            {R"({"templateID":"debian-12","trybox":{"privileged":true}})", "trybox.privileged"},
            {R"({"templateID":"debian-12","trybox":{"cpus":0}})", "trybox.cpus"},
            {R"({"templateID":"debian-12","trybox":{"secrets":[{"name":"T","value":"sekrit-9",
@@ -302,6 +303,23 @@ TEST_F(E2bE2E, BadRequestsGetClearErrorsAndChangeNothing) {
   r = Request(port_, "POST", "/sandboxes/nosuch/timeout", key_, R"({})");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(LiveVms(), before);
+
+  // denyOut: names become the VM's deny entries; an address or a CIDR (the SDK's ALL_TRAFFIC
+  // is 0.0.0.0/0) adds nothing, every address being refused as such already.
+  r = Request(port_, "POST", "/sandboxes", key_,
+              R"({"templateID":"debian-12","network":{"allowOut":["a.test"],)"
+              R"("denyOut":["0.0.0.0/0","evil.test","::/0"]}})");
+  ASSERT_EQ(r.status, 201) << r.body.dump();
+  const std::string denied = r.body["sandboxID"];
+  bool listed = false;
+  for (const auto& v : Json::parse(h_->Cli({"ls", "--json"}).out)) {
+    if (v["id"] != denied) continue;
+    listed = true;
+    EXPECT_EQ(v["egress"]["allow"], Json({"a.test:443"})) << v.dump();
+    EXPECT_EQ(v["egress"]["deny"], Json({"evil.test"})) << v.dump();
+  }
+  EXPECT_TRUE(listed);
+  EXPECT_EQ(Request(port_, "DELETE", "/sandboxes/" + denied, key_).status, 204);
 
   // Another key's sandbox is not there for this one: not seen, not killed, not extended.
   const std::string other = NewKey("other");
