@@ -641,6 +641,21 @@ int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out
   return rc;
 }
 
+// A VM's policy as `trybox allow`/`deny` print it.
+Result<std::string> PolicyText(const ReplyView& egress) {
+  ASSIGN_OR_RETURN(std::string mode, egress.String("mode"));
+  ASSIGN_OR_RETURN(auto allow, egress.Strings("allow"));
+  ASSIGN_OR_RETURN(auto deny, egress.Strings("deny"));
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+    return s.empty() ? std::string("(none)") : s;
+  };
+  std::string out = "mode:  " + mode + "\n";
+  if (mode != "internet") out += "allow: " + join(allow) + "\n";
+  return out + "deny:  " + join(deny) + "\n";
+}
+
 // `trybox allow ID HOST...` / `trybox deny ID HOST...`: prints the policy now in force.
 int CmdEgress(Client& client, const Invocation& inv, std::ostream& out, std::ostream& err) {
   auto r =
@@ -655,21 +670,38 @@ int CmdEgress(Client& client, const Invocation& inv, std::ostream& out, std::ost
     out << egress->json().dump() << "\n";
     return 0;
   }
-  auto mode = egress->String("mode");
-  auto allow = egress->Strings("allow");
-  auto deny = egress->Strings("deny");
-  if (!mode.ok() || !allow.ok() || !deny.ok()) {
-    return Fail(err, !mode.ok() ? mode.status() : !allow.ok() ? allow.status() : deny.status());
-  }
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
-    return s.empty() ? std::string("(none)") : s;
-  };
-  out << "mode:  " << *mode << "\n";
-  if (*mode != "internet") out << "allow: " << join(*allow) << "\n";
-  out << "deny:  " << join(*deny) << "\n";
+  auto text = PolicyText(*egress);
+  if (!text.ok()) return Fail(err, text.status());
+  out << *text;
   return 0;
+}
+
+// One line of `trybox approvals`, `now` seconds since the epoch.
+Result<std::string> ApprovalLine(const ReplyView& a, double now) {
+  ASSIGN_OR_RETURN(std::string run, a.String("run"));
+  ASSIGN_OR_RETURN(std::string vm, a.String("vm"));
+  ASSIGN_OR_RETURN(std::string kind, a.String("kind"));
+  ASSIGN_OR_RETURN(std::string state, a.String("state"));
+  ASSIGN_OR_RETURN(double since, a.Number("since"));
+  std::string what;
+  if (kind == "network") {
+    ASSIGN_OR_RETURN(std::string host, a.String("host"));
+    ASSIGN_OR_RETURN(int64_t port, a.Int("port", 1, 65535));
+    ASSIGN_OR_RETURN(std::string reason, a.StringOr("reason", ""));
+    what = "network " + host + ":" + std::to_string(port) + ", because " +
+           agent::InlineQuote(reason, 200) + " (trybox approve|deny " + run + ")";
+  } else {
+    ASSIGN_OR_RETURN(std::string question, a.StringOr("question", ""));
+    what =
+        "question " + agent::InlineQuote(question, 200) + " (trybox agent answer " + run + " TEXT)";
+  }
+  if (state != "pending") {
+    ASSIGN_OR_RETURN(std::string why, a.StringOr("why", ""));
+    what += "; " + why;
+  }
+  const std::string waited = std::to_string(static_cast<int64_t>(std::max(0.0, now - since))) + "s";
+  return Format("%-12s  %-12s  %-8s  %-7s  %s\n", run.c_str(), vm.c_str(), waited.c_str(),
+                state.c_str(), what.c_str());
 }
 
 // `trybox approvals`: one line each, oldest first.
@@ -689,37 +721,14 @@ int CmdApprovals(Client& client, bool json, std::ostream& out, std::ostream& err
     return 0;
   }
   const double now = static_cast<double>(::time(nullptr));
-  out << Format("%-12s  %-12s  %-8s  %-7s  %s\n", "RUN", "VM", "WAITING", "STATE", "WHAT");
+  std::string table =
+      Format("%-12s  %-12s  %-8s  %-7s  %s\n", "RUN", "VM", "WAITING", "STATE", "WHAT");
   for (const auto& a : *list) {
-    auto run = a.String("run");
-    auto vm = a.String("vm");
-    auto kind = a.String("kind");
-    auto state = a.String("state");
-    auto since = a.Number("since");
-    if (!run.ok() || !vm.ok() || !kind.ok() || !state.ok() || !since.ok()) {
-      return Fail(err, !run.ok()     ? run.status()
-                       : !vm.ok()    ? vm.status()
-                       : !kind.ok()  ? kind.status()
-                       : !state.ok() ? state.status()
-                                     : since.status());
-    }
-    std::string what;
-    if (*kind == "network") {
-      auto host = a.String("host");
-      auto port = a.Int("port", 1, 65535);
-      if (!host.ok() || !port.ok()) return Fail(err, !host.ok() ? host.status() : port.status());
-      what = "network " + *host + ":" + std::to_string(*port) + ", because " +
-             agent::InlineQuote(a.StringOr("reason", "").value_or(""), 200) +
-             " (trybox approve|deny " + *run + ")";
-    } else {
-      what = "question " + agent::InlineQuote(a.StringOr("question", "").value_or(""), 200) +
-             " (trybox agent answer " + *run + " TEXT)";
-    }
-    if (*state != "pending") what += "; " + a.StringOr("why", "").value_or("");
-    out << Format("%-12s  %-12s  %-8s  %-7s  %s\n", run->c_str(), vm->c_str(),
-                  (std::to_string(static_cast<int64_t>(std::max(0.0, now - *since))) + "s").c_str(),
-                  state->c_str(), what.c_str());
+    auto line = ApprovalLine(a, now);
+    if (!line.ok()) return Fail(err, line.status());
+    table += *line;
   }
+  out << table;
   return 0;
 }
 

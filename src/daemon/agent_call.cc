@@ -80,11 +80,7 @@ Status AgentCall::OwnVm(const Json& req) const {
   return Status::Ok();
 }
 
-Result<std::shared_ptr<VmEntry>> AgentCall::Vm() {
-  ASSIGN_OR_RETURN(auto vm, env_.vms.Get(run_->rec.vm_id));
-  if (!vm->alive()) return Unavailable("the VM died: " + vm->death_reason());
-  return vm;
-}
+Result<std::shared_ptr<VmEntry>> AgentCall::Vm() { return env_.vms.GetLive(run_->rec.vm_id); }
 
 void AgentCall::Progress(const std::string& message, int turn, int max_turns) {
   Json ev = {{"run", run_ ? run_->id : ""},

@@ -262,15 +262,11 @@ Json AgentRunner::Continue(const AgentContinueRequest& req, bool answer, channel
     // A request that can no longer be carried out fails now, with the reason, and the run
     // with it: it must never look like progress.
     const std::string entry = s.approval->host + ":" + std::to_string(s.approval->port);
-    auto vm = vms_.Get(run.rec.vm_id);
-    Status gone = !vm.ok()          ? vm.status()
-                  : !(*vm)->alive() ? Unavailable("its VM died: " + (*vm)->death_reason())
-                                    : Status::Ok();
-    Result<egress::Reach> granted = egress::Reach();
+    Status gone = vms_.GetLive(run.rec.vm_id).status();
     if (gone.ok() && req.decision == "approve") {
-      granted = vms_.ChangeEgress(run.rec.vm_id,
-                                  {{entry}, {}, req.by + ", approving run " + id + "'s request"});
-      gone = granted.status();
+      gone = vms_.ChangeEgress(run.rec.vm_id,
+                               {{entry}, {}, req.by + ", approving run " + id + "'s request"})
+                 .status();
     }
     if (!gone.ok()) {
       const std::string why = "the request for network access to " + entry +
@@ -515,11 +511,9 @@ Json AgentRunner::Approvals() {
       a["port"] = w.approval->port;
       a["reason"] = w.approval->reason;
     }
-    auto vm = vms_.Get(w.vm);
-    if (!vm.ok() || !(*vm)->alive()) {
+    if (Status gone = vms_.GetLive(w.vm).status(); !gone.ok()) {
       a["state"] = "failed";
-      a["why"] = "it can no longer be carried out: " +
-                 (vm.ok() ? "its VM died: " + (*vm)->death_reason() : vm.status().message());
+      a["why"] = "it can no longer be carried out: " + gone.message();
     }
     out.push_back(std::move(a));
   }

@@ -220,38 +220,37 @@ Result<egress::Reach> EgressGateway::Change(const std::string& vm_id, EgressVm& 
   if (allow.empty() && deny.empty()) {
     return InvalidArgument("nothing to change: name at least one host to allow or deny");
   }
-  auto record = [&](const char* what, const egress::AllowEntry& e) {
-    egress::Decision d;
-    d.vm_id = vm_id;
-    d.started_at = store::NowSeconds();
-    d.method = what;
-    d.host = (e.wildcard ? "*." : "") + e.host;
-    d.port = e.port;
-    d.verdict = "policy";
-    d.reason = std::string(what == std::string("ALLOW") ? "allowed " : "denied ") + e.ToString() +
-               " on the running VM, asked by " + c.by;
-    audit_->Closed(audit_->Decided(d), d);
-  };
+  const std::string asked = " on the running VM, asked by " + c.by;
   for (const auto& e : allow) {
-    if (vm.Change([&](egress::Reach& r) { return r.Allow(e); })) record("ALLOW", e);
+    if (vm.Change([&](egress::Reach& r) { return r.Allow(e); })) {
+      RecordEntryRow(vm_id, "ALLOW", e, "policy", "allowed " + e.ToString() + asked);
+    }
   }
   for (const auto& e : deny) {
-    if (vm.Change([&](egress::Reach& r) { return r.Deny(e); })) record("DENY", e);
+    if (vm.Change([&](egress::Reach& r) { return r.Deny(e); })) {
+      RecordEntryRow(vm_id, "DENY", e, "policy", "denied " + e.ToString() + asked);
+    }
   }
   return vm.policy()->reach;
 }
 
-void EgressGateway::RecordRefusedRequest(const std::string& vm_id, const egress::AllowEntry& e,
-                                         const std::string& why) {
+void EgressGateway::RecordEntryRow(const std::string& vm_id, const char* method,
+                                   const egress::AllowEntry& e, const char* verdict,
+                                   const std::string& reason) {
   egress::Decision d;
   d.vm_id = vm_id;
   d.started_at = store::NowSeconds();
-  d.method = "REQUEST";
+  d.method = method;
   d.host = (e.wildcard ? "*." : "") + e.host;
   d.port = e.port;
-  d.verdict = "refused";
-  d.reason = why;
+  d.verdict = verdict;
+  d.reason = reason;
   audit_->Closed(audit_->Decided(d), d);
+}
+
+void EgressGateway::RecordRefusedRequest(const std::string& vm_id, const egress::AllowEntry& e,
+                                         const std::string& why) {
+  RecordEntryRow(vm_id, "REQUEST", e, "refused", why);
 }
 
 Result<EgressGateway::RequestAnswer> EgressGateway::AnswerRequest(const std::string& vm_id,
@@ -272,13 +271,11 @@ Result<EgressGateway::RequestAnswer> EgressGateway::AnswerRequest(const std::str
     a.message = target + " is already allowed for this VM: nothing changed";
     return a;
   }
-  for (const auto& d : reach.deny) {
-    if (d.MatchesHost(e.host) && (d.port == 0 || d.port == e.port)) {
-      a.decision = "refused";
-      a.message = "refused: " + why_not + "; only a person can lift it (trybox allow)";
-      RecordRefusedRequest(vm_id, e, "request_network refused: " + why_not);
-      return a;
-    }
+  if (!reach.DeniedBy(e.host, e.port).empty()) {
+    a.decision = "refused";
+    a.message = "refused: " + why_not + "; only a person can lift it (trybox allow)";
+    RecordRefusedRequest(vm_id, e, "request_network refused: " + why_not);
+    return a;
   }
   size_t index = 0;
   const auto& rules = settings()->config.network_requests;
@@ -287,8 +284,7 @@ Result<EgressGateway::RequestAnswer> EgressGateway::AnswerRequest(const std::str
                                        std::to_string(index) + "]: " + rule->text + ")"
                                  : "";
   if (rule && rule->action == egress::RequestRule::Action::kAllow) {
-    ASSIGN_OR_RETURN(auto now, Change(vm_id, vm, {{target}, {}, named + ", for " + who}));
-    (void)now;
+    RETURN_IF_ERROR(Change(vm_id, vm, {{target}, {}, named + ", for " + who}).status());
     a.decision = "granted";
     a.message = "granted by " + named + ": " + target + " may now be reached";
     return a;

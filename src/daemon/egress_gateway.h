@@ -61,7 +61,7 @@ struct EgressVm {
   std::atomic<int> streams{0};
   explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
 
-  // The policy in force. Each connection takes it when it starts, so a change (Replace)
+  // The policy in force. Each connection takes it when it starts, so a change (Change)
   // applies from the next connection on and never to one already decided.
   std::shared_ptr<const egress::Policy> policy() const EXCLUDES(mu_);
   void set_policy(std::shared_ptr<const egress::Policy> p) EXCLUDES(mu_);
@@ -141,6 +141,10 @@ class EgressGateway {
  private:
   EgressGateway(std::string path, store::Store& store) : path_(std::move(path)), store_(store) {}
   void Serve(const std::string& vm_id, EgressVm& eg, channel::Stream& s, const Json& req);
+  // An audit row that is not a connection: a change of the VM's list ("ALLOW"/"DENY",
+  // verdict "policy") or a refused request_network ("REQUEST", verdict "refused").
+  void RecordEntryRow(const std::string& vm_id, const char* method, const egress::AllowEntry& e,
+                      const char* verdict, const std::string& reason);
 
   const std::string path_;
   store::Store& store_;

@@ -11,7 +11,7 @@ Json CreatedJson(const CreatedVm& c) {
   VmEntry& e = *c.entry;
   const vmm::VmConfig& cfg = e.vm().config();
   store::VmRecord rec = e.record();
-  Json egress = EgressPolicyJson(c.reach);
+  Json egress = EgressPolicyJson(e.egress()->policy()->reach);
   egress["max_tunnels"] = e.egress()->slots.max();
   egress["qemu_netns"] = cfg.netns;
   egress["qemu_uid"] = cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr);

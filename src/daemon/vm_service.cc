@@ -91,7 +91,6 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   rec.dir = cfg.vm_dir;
   rec.created_at = store::NowSeconds();
   CreatedVm out;
-  out.reach = reach;
   out.start = launched->start;
   out.boot_ms = launched->vm->boot_ms();
   auto eg = egress_.NewVm(std::move(reach), secrets);
@@ -145,6 +144,12 @@ Status VmService::RefuseNetworkRequest(const std::string& id, const std::string&
   ASSIGN_OR_RETURN(egress::AllowEntry e, egress::ParseAllowEntry(entry));
   egress_.RecordRefusedRequest(id, e, why);
   return Status::Ok();
+}
+
+Result<std::shared_ptr<VmEntry>> VmService::GetLive(const std::string& id) {
+  ASSIGN_OR_RETURN(auto vm, Get(id));
+  if (!vm->alive()) return Unavailable("the VM died: " + vm->death_reason());
+  return vm;
 }
 
 Result<std::shared_ptr<VmEntry>> VmService::Get(const std::string& id) {

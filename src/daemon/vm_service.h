@@ -32,7 +32,6 @@ struct CreatedVm {
   std::shared_ptr<VmEntry> entry;
   Json start;  // how it started (LaunchedVm::start)
   double boot_ms = 0;
-  egress::Reach reach;  // its egress policy by name, as created
 };
 
 // An exec started with no client (`exec -d`).
@@ -82,6 +81,8 @@ class VmService {
   Result<vmm::DestroyReport> Destroy(const std::string& id);
   // A running VM, or an error naming why not (destroyed, reaped, dead, unknown).
   Result<std::shared_ptr<VmEntry>> Get(const std::string& id);
+  // Get, and UNAVAILABLE ("the VM died: ...") for a VM whose QEMU is gone.
+  Result<std::shared_ptr<VmEntry>> GetLive(const std::string& id);
   // The running VMs' records (deaths noticed on the way).
   std::vector<store::VmRecord> List();
 

@@ -27,6 +27,10 @@ bool AllowEntry::MatchesHost(const std::string& h) const {
          h[h.size() - host.size() - 1] == '.';
 }
 
+bool AllowEntry::Covers(const std::string& h, int p) const {
+  return MatchesHost(h) && (port == 0 || port == p);
+}
+
 std::string AllowEntry::ToString() const {
   return (wildcard ? "*." : "") + host + (port == 0 ? "" : ":" + std::to_string(port));
 }
@@ -76,7 +80,7 @@ const char* EgressModeName(EgressMode m) {
 
 std::string Reach::DeniedBy(const std::string& host, int port) const {
   for (const auto& d : deny) {
-    if (d.MatchesHost(host) && (d.port == 0 || d.port == port)) {
+    if (d.Covers(host, port)) {
       return host + ":" + std::to_string(port) + " is denied for this VM (deny " + d.ToString() +
              ")";
     }

@@ -24,6 +24,8 @@ struct AllowEntry {
   int port = kDefaultPort;
 
   bool MatchesHost(const std::string& canonical_host) const;
+  // MatchesHost, on this entry's port or, for port 0 (a deny entry's "every port"), any.
+  bool Covers(const std::string& canonical_host, int port) const;
   std::string ToString() const;
 };
 
@@ -40,8 +42,6 @@ class AllowList {
 
   // Empty if `host`:`port` is allowed, otherwise the reason it is not.
   std::string Check(const std::string& canonical_host, int port) const;
-  // The deny part of Check alone: empty unless a deny entry covers `host`:`port`.
-  std::string DeniedBy(const std::string& canonical_host, int port) const;
   const std::vector<AllowEntry>& entries() const { return entries_; }
   std::vector<std::string> ToStrings() const;
 

@@ -125,21 +125,8 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
   return c;
 }
 
-const char* RequestActionName(RequestRule::Action a) {
-  switch (a) {
-    case RequestRule::Action::kAllow:
-      return "allow";
-    case RequestRule::Action::kDeny:
-      return "deny";
-    case RequestRule::Action::kAsk:
-      break;
-  }
-  return "ask";
-}
-
 bool RequestRule::Matches(const std::string& host, int port) const {
-  if (any_host) return true;
-  return pattern.MatchesHost(host) && (pattern.port == 0 || pattern.port == port);
+  return any_host || pattern.Covers(host, port);
 }
 
 const RequestRule* MatchRequest(const std::vector<RequestRule>& rules, const std::string& host,

@@ -26,7 +26,6 @@ struct RequestRule {
 
   bool Matches(const std::string& canonical_host, int port) const;
 };
-const char* RequestActionName(RequestRule::Action a);  // "allow", "ask", "deny"
 
 // The first rule matching `host`:`port`, or null: ask (the default).
 const RequestRule* MatchRequest(const std::vector<RequestRule>& rules,
