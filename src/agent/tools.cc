@@ -73,7 +73,7 @@ const std::vector<ToolSpec>& AgentTools() {
        "answer. The run pauses; the answer comes back as the next message, in the same VM.",
        Schema({{"question", {{"type", "string"}}}}, {"question"})},
       {"request_network",
-       "Ask for network access to one more host (through the VM's HTTP proxy), when the work "
+       "Ask for network access to one more host, when the work "
        "cannot go on without it. Give the host, the port (443 unless another) and why. The "
        "operator's policy may grant or refuse it at once; otherwise the run pauses until a "
        "person approves or refuses, and the answer comes back as this call's result.",
@@ -113,9 +113,11 @@ std::string SystemPrompt(const ImageFacts& image) {
          tools +
          "- Your working directory is /workspace. Only files under /workspace are kept when you "
          "finish; everything else in the VM is discarded.\n"
-         "- The VM has no network except through an HTTP proxy that allows only what the "
-         "caller's policy allows; a refused connection says why. If the work needs a host "
-         "that is refused, call request_network.\n"
+         "- The VM's network reaches only the hosts the caller's policy allows, by name: "
+         "through the HTTP proxy in HTTPS_PROXY (a refusal says why in its 403), and for "
+         "programs that ignore it through the VM's own resolver (a refused name does not "
+         "resolve). UDP other than DNS goes nowhere. If the work needs a host that is "
+         "refused, call request_network.\n"
          "- Tool results are capped; a cut is marked.\n"
          "- When you are done, call finish with a summary and a verification command that "
          "exits 0 when the work is correct. It is re-run by the supervisor in a fresh VM from "

@@ -69,8 +69,9 @@ const std::vector<ToolSpec>& Specs() {
         {"vm_create", "Start a throwaway Linux VM",
          "Boot a fresh, throwaway Linux microVM (about a second) and return its id for the other "
          "vm_ tools. It has no network except the hosts listed in `allow`, or with `internet` "
-         "any public host (reached through trybox's audited proxy; this machine's own network "
-         "stays out of reach). Unless `keep` is true, trybox destroys it when this MCP "
+         "any public host (every connection decided by name and audited by trybox, whether a "
+         "program uses the proxy variables or not; this machine's own network stays out of "
+         "reach). Unless `keep` is true, trybox destroys it when this MCP "
          "session ends; destroy it yourself with vm_destroy when done.",
          Object({{"image", Str("Image to boot (default debian-12); `trybox image ls` lists "
                                "them.")},

@@ -339,17 +339,46 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
       --a;
     }
   } done{in_flight_, eg.streams};
+  // The guest is untrusted: it may open egress streams, ask its resolver's questions and
+  // report dropped datagrams, nothing else (docs/protocol/egress.md).
+  const std::string op = req.is_object() && req.contains("op") && req["op"].is_string()
+                             ? req["op"].get<std::string>()
+                             : "";
+  if (op == "resolve") return Resolve(vm_id, eg, s, req);
+  if (op == "udp") return RecordUdp(vm_id, s, req);
+  if (op != "egress") {
+    (void)s.End({{"ok", false},
+                 {"error", "bad_request"},
+                 {"message", "the host serves only egress, resolve and udp"}});
+    return;
+  }
+  std::optional<egress::TransparentTarget> transparent;
+  if (req.contains("target")) {
+    const Json& t = req["target"];
+    if (!t.is_object() || !t.contains("host") || !t["host"].is_string() || !t.contains("port") ||
+        !t["port"].is_number_integer()) {
+      (void)s.Reset("target must be {\"host\": string, \"port\": integer}");
+      return;
+    }
+    transparent = egress::TransparentTarget{t["host"].get<std::string>(),
+                                            static_cast<int>(t["port"].get<int64_t>())};
+  }
   // Undecided connections hold a thread each; beyond four times the tunnel cap they are
   // refused before their request head is even read.
   if (eg.streams > 4 * eg.slots.max()) {
     egress::Decision d;
     d.vm_id = vm_id;
     d.started_at = store::NowSeconds();
+    d.method = transparent ? "TCP" : "";
     d.verdict = "refused";
-    d.status = 503;
+    d.status = transparent ? 0 : 503;
     d.reason = "too many open egress connections for this VM (" +
                std::to_string(4 * eg.slots.max()) + ", undecided ones included)";
     audit_->Closed(audit_->Decided(d), d);
+    if (transparent) {
+      (void)s.Reset(d.reason);
+      return;
+    }
     egress::StreamClient client(s);
     (void)client.Write(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: "
@@ -359,22 +388,81 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
     (void)s.End({{"ok", true}, {"verdict", d.verdict}, {"status", d.status}});
     return;
   }
-  // The guest is untrusted: it may open egress streams and nothing else.
-  if (!req.is_object() || !req.contains("op") || !req["op"].is_string() || req["op"] != "egress") {
-    (void)s.End(
-        {{"ok", false}, {"error", "bad_request"}, {"message", "the host serves only egress"}});
-    return;
-  }
   egress::StreamClient client(s);
   const std::shared_ptr<const egress::Policy> policy = eg.policy();  // this connection's
   egress::Decision d = egress::ServeConnection(
-      client, {policy.get(), eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id,
-               eg.secrets.get(), eg.ca.get(), eg.settings->upstream_tls.get()});
+      client,
+      {policy.get(), eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id, eg.secrets.get(),
+       eg.ca.get(), eg.settings->upstream_tls.get()},
+      transparent);
   (void)s.End({{"ok", true},
                {"verdict", d.verdict},
                {"status", d.status},
                {"bytes_up", d.bytes_up},
                {"bytes_down", d.bytes_down}});
+}
+
+namespace {
+constexpr int64_t kDnsTypeAAAA = 28;
+}  // namespace
+
+void EgressGateway::Resolve(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
+                            const Json& req) {
+  if (!req.contains("host") || !req["host"].is_string()) {
+    (void)s.End({{"ok", false}, {"error", "bad_request"}, {"message", "host must be a string"}});
+    return;
+  }
+  const std::string host = req["host"].get<std::string>();
+  std::string why = egress::NameRefusal(*eg.policy(), host);
+  if (why.empty()) {
+    (void)s.End({{"ok", true}, {"allowed", true}});
+    return;
+  }
+  (void)s.End({{"ok", true}, {"allowed", false}, {"reason", why}});
+  // One lookup asks A and AAAA together: the AAAA question's refusal is the A question's.
+  const Json* type = req.contains("type") ? &req["type"] : nullptr;
+  if (type && type->is_number_integer() && type->get<int64_t>() == kDnsTypeAAAA) return;
+  egress::Decision d;
+  d.vm_id = vm_id;
+  d.started_at = store::NowSeconds();
+  d.method = "DNS";
+  d.host = host.substr(0, egress::kMaxAuditHost);
+  d.verdict = "refused";
+  d.reason = "name lookup answered NXDOMAIN: " + why;
+  audit_->Closed(audit_->Decided(d), d);
+}
+
+void EgressGateway::RecordUdp(const std::string& vm_id, channel::Stream& s, const Json& req) {
+  const Json* dropped =
+      req.contains("dropped") && req["dropped"].is_array() ? &req["dropped"] : nullptr;
+  if (!dropped) {
+    (void)s.End({{"ok", false}, {"error", "bad_request"}, {"message", "dropped must be an array"}});
+    return;
+  }
+  size_t n = 0;
+  for (const Json& e : *dropped) {
+    if (++n > kMaxUdpRowsPerReport) break;
+    if (!e.is_object() || !e.contains("to") || !e["to"].is_string() || !e.contains("datagrams") ||
+        !e["datagrams"].is_number_unsigned()) {
+      continue;
+    }
+    std::string to = e["to"].get<std::string>().substr(0, egress::kMaxAuditHost);
+    egress::Decision d;
+    d.vm_id = vm_id;
+    d.started_at = store::NowSeconds();
+    d.method = "UDP";
+    size_t colon = to.rfind(':');
+    d.host = to.substr(0, colon);
+    if (colon != std::string::npos) {
+      d.port = std::atoi(to.c_str() + colon + 1);
+    }
+    d.verdict = "refused";
+    d.reason = std::to_string(e["datagrams"].get<uint64_t>()) +
+               " UDP datagram(s) dropped in the guest: only TCP leaves the VM (DNS is answered "
+               "by trybox-init)";
+    audit_->Closed(audit_->Decided(d), d);
+  }
+  (void)s.End({{"ok", true}});
 }
 
 Result<AuditPage> EgressGateway::Audit(const std::string& vm_id, int64_t limit,

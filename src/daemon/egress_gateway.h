@@ -141,6 +141,13 @@ class EgressGateway {
  private:
   EgressGateway(std::string path, store::Store& store) : path_(std::move(path)), store_(store) {}
   void Serve(const std::string& vm_id, EgressVm& eg, channel::Stream& s, const Json& req);
+  // The guest resolver's question ({"op":"resolve"}): answered by the VM's policy, a refusal
+  // recorded (method "DNS").
+  void Resolve(const std::string& vm_id, EgressVm& eg, channel::Stream& s, const Json& req);
+  // The guest's report of UDP datagrams it dropped ({"op":"udp"}): a row per destination
+  // (method "UDP"), at most kMaxUdpRowsPerReport of them.
+  void RecordUdp(const std::string& vm_id, channel::Stream& s, const Json& req);
+  static constexpr size_t kMaxUdpRowsPerReport = 17;
   // An audit row that is not a connection: a change of the VM's list ("ALLOW"/"DENY",
   // verdict "policy") or a refused request_network ("REQUEST", verdict "refused").
   void RecordEntryRow(const std::string& vm_id, const char* method, const egress::AllowEntry& e,

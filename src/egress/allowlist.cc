@@ -94,6 +94,23 @@ std::string Reach::Check(const std::string& host, int port) const {
   return allow.Check(host, port);
 }
 
+std::string Reach::CheckName(const std::string& host) const {
+  for (const auto& d : deny) {
+    if (d.port == 0 && d.MatchesHost(host)) {
+      return host + " is denied for this VM (deny " + d.ToString() + ")";
+    }
+  }
+  if (mode == EgressMode::kInternet) return "";
+  bool listed = false;
+  for (const auto& e : allow.entries()) {
+    if (!e.MatchesHost(host)) continue;
+    if (DeniedBy(host, e.port).empty()) return "";
+    listed = true;
+  }
+  if (listed) return host + " is denied for this VM on every port its allow-list entries name";
+  return host + " is not on the VM's allow-list";
+}
+
 std::string Reach::AllowedBecause() const {
   return mode == EgressMode::kInternet ? "internet mode: any public host"
                                        : "host and port on the allow-list";

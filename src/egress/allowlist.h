@@ -66,6 +66,9 @@ struct Reach {
 
   // Empty if `host`:`port` may be dialled (subject to its addresses), else why not.
   std::string Check(const std::string& canonical_host, int port) const;
+  // The question a name lookup asks, before any port is known: empty if `host` may be
+  // dialled on at least one port, else why not.
+  std::string CheckName(const std::string& canonical_host) const;
   // The deny part of Check alone: empty unless a deny entry covers `host`:`port`.
   std::string DeniedBy(const std::string& canonical_host, int port) const;
   // Why a connection this Reach let through was let through, for its audit row.

@@ -26,7 +26,6 @@ using Kind = channel::Stream::Message::Kind;
 constexpr size_t kRelayChunk = 256 * 1024;
 // A stream Read re-checks for a local abort this often (Stream::Next has no other wake-up).
 constexpr auto kAbortPoll = std::chrono::milliseconds(200);
-constexpr size_t kMaxAuditHost = 255;
 // The guest's side of an intercepted TLS handshake. Not head_timeout: under TCG on a loaded
 // 2-core host a guest's curl took 6-9 s to its first request and 10 s timed some out; the
 // tunnel holds one of the VM's capped slots meanwhile, so a stalled guest only stalls itself.
@@ -82,9 +81,24 @@ Result<UniqueFd> Dial(const sockaddr_storage& a, std::chrono::milliseconds timeo
   return fd;
 }
 
+// Empty if the guest may use the model route on `port`, else why not.
+std::string ModelRouteRefusal(const Policy& pol, int port) {
+  if (!pol.model_route) {
+    return std::string(kModelHost) +
+           " leads nowhere: the operator configured no model route (egress.json model_route)";
+  }
+  std::string denied = pol.reach.DeniedBy(kModelHost, port);
+  if (!denied.empty()) return denied;
+  if (port != kModelPort) {
+    return std::string(kModelHost) + " serves port " + std::to_string(kModelPort) + " only";
+  }
+  return "";
+}
+
 class Connection {
  public:
-  Connection(Client& c, const ProxyContext& ctx) : client_(c), ctx_(ctx) {
+  Connection(Client& c, const ProxyContext& ctx, const std::optional<TransparentTarget>& t)
+      : client_(c), ctx_(ctx), transparent_(t) {
     d_.vm_id = ctx.vm_id;
     d_.started_at = EpochSeconds();
   }
@@ -110,41 +124,41 @@ class Connection {
   }
 
   void Refuse(int status, const std::string& verdict, const std::string& reason) {
-    d_.status = status;
+    d_.status = transparent_ ? 0 : status;
     d_.verdict = verdict;
     d_.reason = reason;
     Decide();
+    // A program that dialled the address itself speaks no HTTP: its connection is reset.
+    if (transparent_) {
+      client_.Abort(reason);
+      return;
+    }
     if (status != 0) {
       (void)client_.Write(RefusalResponse(status, reason));
       (void)client_.CloseWrite();
     }
   }
 
-  // Empty if the guest may use the model route on `port`, else why not.
-  static std::string ModelRouteRefusal(const Policy& pol, int port) {
-    if (!pol.model_route) {
-      return std::string(kModelHost) +
-             " leads nowhere: the operator configured no model route (egress.json model_route)";
+  // The request head, or for a transparent connection what the guest's stream named.
+  Result<ProxyTarget> ReadTarget(std::string& buf, std::optional<RequestHead>& head,
+                                 std::string& origin_head) {
+    if (transparent_) {
+      d_.method = "TCP";
+      d_.host = transparent_->host.substr(0, kMaxAuditHost);
+      d_.port = transparent_->port;
+      if (transparent_->port < 1 || transparent_->port > 65535) {
+        return InvalidArgument("port " + std::to_string(transparent_->port) + " is out of range");
+      }
+      return ProxyTarget{true, transparent_->host, transparent_->port, ""};
     }
-    std::string denied = pol.reach.DeniedBy(kModelHost, port);
-    if (!denied.empty()) return denied;
-    if (port != kModelPort) {
-      return std::string(kModelHost) + " serves port " + std::to_string(kModelPort) + " only";
-    }
-    return "";
-  }
-
-  void Serve() {
     const Policy& pol = *ctx_.policy;
     auto deadline = start_ + pol.head_timeout;
-    std::string buf;
-    std::optional<RequestHead> head;
     for (;;) {
       auto parsed = ParseRequestHead(buf, pol.max_head);
       if (!parsed.ok()) {
         bool big = parsed.status().code() == Code::kResourceExhausted;
-        return Refuse(big ? 431 : 400, "refused",
-                      "malformed request: " + parsed.status().message());
+        refuse_status_ = big ? 431 : 400;
+        return InvalidArgument("malformed request: " + parsed.status().message());
       }
       if (parsed->has_value()) {
         head = std::move(**parsed);
@@ -153,27 +167,37 @@ class Connection {
       auto more = client_.Read(deadline);
       if (!more.ok()) {
         if (more.status().code() == Code::kDeadlineExceeded) {
-          return Refuse(408, "refused",
-                        "request head not complete within " +
-                            std::to_string(pol.head_timeout.count()) + " ms");
+          refuse_status_ = 408;
+          return InvalidArgument("request head not complete within " +
+                                 std::to_string(pol.head_timeout.count()) + " ms");
         }
-        return Refuse(0, "refused",
-                      "client aborted before its request head: " + more.status().message());
+        refuse_status_ = 0;
+        return InvalidArgument("client aborted before its request head: " +
+                               more.status().message());
       }
-      if (more->empty()) return Refuse(0, "refused", "client closed before its request head");
+      if (more->empty()) {
+        refuse_status_ = 0;
+        return InvalidArgument("client closed before its request head");
+      }
       buf += *more;
     }
     d_.method = head->method.substr(0, 32);
-    auto target = ParseProxyTarget(*head);
-    if (!target.ok()) return Refuse(400, "refused", target.status().message());
-    d_.host = target->host.substr(0, kMaxAuditHost);
-    d_.port = target->port;
-    std::string origin_head;  // plain HTTP: the head the upstream gets
-    if (!target->tunnel) {
-      auto origin = OriginRequest(*head, *target);
-      if (!origin.ok()) return Refuse(400, "refused", origin.status().message());
-      origin_head = std::move(*origin);
+    ASSIGN_OR_RETURN(ProxyTarget target, ParseProxyTarget(*head));
+    d_.host = target.host.substr(0, kMaxAuditHost);
+    d_.port = target.port;
+    if (!target.tunnel) {  // plain HTTP: the head the upstream gets
+      ASSIGN_OR_RETURN(origin_head, OriginRequest(*head, target));
     }
+    return target;
+  }
+
+  void Serve() {
+    const Policy& pol = *ctx_.policy;
+    std::string buf;
+    std::optional<RequestHead> head;
+    std::string origin_head;
+    auto target = ReadTarget(buf, head, origin_head);
+    if (!target.ok()) return Refuse(refuse_status_, "refused", target.status().message());
     auto host = CanonicalHostname(target->host);
     if (!host.ok()) return Refuse(403, "refused", host.status().message());
     d_.host = *host;
@@ -230,15 +254,17 @@ class Connection {
       dial_errors += (dial_errors.empty() ? "" : "; ") + fd.status().message();
     }
     if (!up.valid()) return Refuse(502, "failed", dial_errors);
-    if (intercept) return Intercept(std::move(up), *host, buf.substr(head->size));
+    if (intercept) return Intercept(std::move(up), *host, head ? buf.substr(head->size) : "");
     d_.verdict = "allowed";
     d_.status = 200;
     d_.reason = model              ? "the operator's model route (egress.json model_route)"
                 : d_.override_used ? "internal address allowed by the operator's override"
                                    : pol.reach.AllowedBecause();
     Decide();
-    std::string first = buf.substr(head->size);
-    if (target->tunnel) {
+    std::string first = head ? buf.substr(head->size) : "";
+    if (transparent_) {
+      // Nothing to answer: the program's connection is already open.
+    } else if (target->tunnel) {
       if (!client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) return;
     } else {
       first = origin_head + first;
@@ -265,7 +291,9 @@ class Connection {
                                   : pol.reach.AllowedBecause()) +
                 "; TLS intercepted for its secrets";
     Decide();
-    if (!client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) return;
+    if (!transparent_ && !client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) {
+      return;
+    }
     // TLS runs over a socket (tls.h) and the guest's bytes arrive on a channel stream: a
     // socketpair joins the two, with one thread per direction.
     int sp[2];
@@ -379,6 +407,8 @@ class Connection {
 
   Client& client_;
   const ProxyContext& ctx_;
+  const std::optional<TransparentTarget>& transparent_;
+  int refuse_status_ = 400;  // the HTTP status for a ReadTarget error
   Decision d_;
   Clock::time_point start_ = Clock::now();
   bool slot_ = false;
@@ -519,8 +549,16 @@ bool TunnelSlots::TryAcquire() {
 
 void TunnelSlots::Release() { in_use_.fetch_sub(1); }
 
-Decision ServeConnection(Client& client, const ProxyContext& ctx) {
-  return Connection(client, ctx).Run();
+Decision ServeConnection(Client& client, const ProxyContext& ctx,
+                         const std::optional<TransparentTarget>& transparent) {
+  return Connection(client, ctx, transparent).Run();
+}
+
+std::string NameRefusal(const Policy& pol, const std::string& raw_host) {
+  auto host = CanonicalHostname(raw_host);
+  if (!host.ok()) return host.status().message();
+  if (*host == kModelHost) return ModelRouteRefusal(pol, kModelPort);
+  return pol.reach.CheckName(*host);
 }
 
 }  // namespace trybox::egress

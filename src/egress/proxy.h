@@ -133,6 +133,9 @@ struct Policy {
   std::chrono::milliseconds connect_timeout{10000};
 };
 
+// Guest text in an audit row's host is cut to this many bytes.
+inline constexpr size_t kMaxAuditHost = 255;
+
 // One connection's outcome. verdict: "allowed" (dialled), "refused" (policy or malformed
 // request), "failed" (allowed but the upstream could not be reached).
 struct Decision {
@@ -177,6 +180,22 @@ struct ProxyContext {
   UpstreamTls* upstream_tls = nullptr;
 };
 
-Decision ServeConnection(Client& client, const ProxyContext& ctx);
+// A connection a guest program dialled itself (docs/protocol/egress.md, "Transparent
+// egress"): the name its address maps back to in the guest's resolver (or the address
+// literal, which is refused), and the port. It comes with the stream, not in a request head.
+struct TransparentTarget {
+  std::string host;
+  int port = 0;
+};
+
+// Serves one connection. With `transparent`, no request head is read and no HTTP is
+// answered: the same decision by name, then raw bytes; a refusal aborts the client with
+// its reason (the guest resets the program's connection). Audited with method "TCP".
+Decision ServeConnection(Client& client, const ProxyContext& ctx,
+                         const std::optional<TransparentTarget>& transparent = std::nullopt);
+
+// The guest resolver's question: empty if `host` may be dialled on some port under `pol`
+// (Reach::CheckName; the model route's name when one is configured), else why not.
+std::string NameRefusal(const Policy& pol, const std::string& host);
 
 }  // namespace trybox::egress

@@ -121,8 +121,10 @@ class RecordingAudit : public AuditSink {
 // The proxy on a loopback listener; each connection is served on its own thread.
 class ProxyServer {
  public:
-  ProxyServer(Policy policy, json resolve, int max_tunnels = 8)
-      : policy_(std::move(policy)), slots_(max_tunnels) {
+  // With `transparent`, every connection is served as one a guest program dialled itself.
+  ProxyServer(Policy policy, json resolve, int max_tunnels = 8,
+              std::optional<TransparentTarget> transparent = std::nullopt)
+      : policy_(std::move(policy)), slots_(max_tunnels), transparent_(std::move(transparent)) {
     resolver_ = MapResolver::FromJson(resolve).value();
     l_ = ListenTcpLoopback(0).value();
     thread_ = std::thread([this] {
@@ -131,7 +133,8 @@ class ProxyServer {
         if (!c.ok()) return;
         conns_.emplace_back([this, fd = std::move(*c)] {
           FdClient client(fd.get());
-          ServeConnection(client, {&policy_, resolver_.get(), &slots_, &audit_, "vm1"});
+          ServeConnection(client, {&policy_, resolver_.get(), &slots_, &audit_, "vm1"},
+                          transparent_);
         });
       }
     });
@@ -158,6 +161,7 @@ class ProxyServer {
   Policy policy_;
   std::unique_ptr<MapResolver> resolver_;
   TunnelSlots slots_;
+  std::optional<TransparentTarget> transparent_;
   RecordingAudit audit_;
   TcpListener l_;
   std::thread thread_;
@@ -210,6 +214,81 @@ TEST_F(EgressProxy, ConnectTunnelIsByteExactBothWaysWithHalfClose) {
   writer.join();
   EXPECT_EQ(back.size(), payload.size());
   EXPECT_TRUE(back == payload);
+}
+
+// A connection a guest program dialled itself: no request head and no HTTP answer, the same
+// decision by name, raw bytes both ways, audited as "TCP".
+TEST_F(EgressProxy, TransparentConnectionIsDecidedByNameAndRelaysRawBytes) {
+  ProxyServer p(policy_, resolve_, 8, TransparentTarget{"Upstream.Test", std::stoi(port_)});
+  UniqueFd c = p.Connect();
+  ASSERT_TRUE(WriteFull(c.get(), "GET / HTTP/1.0\r\n\r\n").ok());
+  ::shutdown(c.get(), SHUT_WR);
+  EXPECT_EQ(ReadUntilEof(c.get()), "GET / HTTP/1.0\r\n\r\n");  // the echo, nothing before it
+  c.Reset();
+  p.Stop();
+  auto closed = p.audit().Closed();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].method, "TCP");
+  EXPECT_EQ(closed[0].host, "upstream.test");
+  EXPECT_EQ(closed[0].verdict, "allowed");
+  EXPECT_EQ(closed[0].bytes_up, 18);
+  EXPECT_EQ(closed[0].bytes_down, 18);
+}
+
+// Every refusal of the proxied path holds for the transparent one; the client's connection
+// is torn down (the guest resets the program's) instead of answered.
+TEST_F(EgressProxy, TransparentRefusalsTearTheConnectionDownWithTheSameReasons) {
+  const std::pair<TransparentTarget, std::string> cases[] = {
+      {{"evil.test", std::stoi(port_)}, "evil.test is not on the VM's allow-list"},
+      {{"upstream.test", 443}, "port 443 is not allowed for upstream.test"},
+      {{"127.0.0.1", std::stoi(port_)}, "IP literal"},
+      {{"10.0.2.2", 80}, "IP literal"},
+      {{"metadata.test", std::stoi(port_)}, "(cloud metadata)"},
+      {{"upstream.test", 0}, "port 0 is out of range"},
+      {{"upstream.test", 70000}, "port 70000 is out of range"},
+  };
+  for (const auto& [target, why] : cases) {
+    int before = up_.accepts();
+    ProxyServer p(policy_, resolve_, 8, target);
+    UniqueFd c = p.Connect();
+    EXPECT_EQ(ReadUntilEof(c.get()), "") << target.host;  // no HTTP answer of any kind
+    c.Reset();
+    p.Stop();
+    auto closed = p.audit().Closed();
+    ASSERT_EQ(closed.size(), 1u) << target.host;
+    EXPECT_EQ(closed[0].method, "TCP");
+    EXPECT_EQ(closed[0].verdict, "refused") << target.host;
+    EXPECT_NE(closed[0].reason.find(why), std::string::npos) << closed[0].reason;
+    EXPECT_EQ(up_.accepts(), before) << target.host;
+  }
+}
+
+// The guest resolver's question: any port will do, a deny entry for every port wins, the
+// model route's name only when a route is configured.
+TEST_F(EgressProxy, NameRefusalAnswersTheResolversQuestionWithTheSamePolicy) {
+  EXPECT_EQ(NameRefusal(policy_, "upstream.test"), "");
+  EXPECT_EQ(NameRefusal(policy_, "UPSTREAM.test."), "");
+  EXPECT_EQ(NameRefusal(policy_, "a.b.wild.test"), "");
+  EXPECT_EQ(NameRefusal(policy_, "wild.test"), "wild.test is not on the VM's allow-list");
+  EXPECT_EQ(NameRefusal(policy_, "evil.test"), "evil.test is not on the VM's allow-list");
+  EXPECT_NE(NameRefusal(policy_, "127.0.0.1").find("IP literal"), std::string::npos);
+  EXPECT_NE(NameRefusal(policy_, "a..b").find("empty label"), std::string::npos);
+  EXPECT_NE(NameRefusal(policy_, "model.trybox.internal").find("no model route"),
+            std::string::npos);
+  Policy p = policy_;
+  p.model_route = *AddressOverride::Parse("127.0.0.1:" + port_);
+  EXPECT_EQ(NameRefusal(p, "model.trybox.internal"), "");
+  // A deny entry on the listed port leaves no port; one on another port leaves the name.
+  p.reach.deny.push_back(*ParseDenyEntry("upstream.test:" + port_));
+  EXPECT_EQ(NameRefusal(p, "upstream.test"),
+            "upstream.test is denied for this VM on every port its allow-list entries name");
+  p.reach.mode = EgressMode::kInternet;
+  EXPECT_EQ(NameRefusal(p, "upstream.test"), "");
+  EXPECT_EQ(NameRefusal(p, "anything.example.org"), "");
+  p.reach.deny.push_back(*ParseDenyEntry("*.example.org"));
+  EXPECT_EQ(NameRefusal(p, "anything.example.org"),
+            "anything.example.org is denied for this VM (deny *.example.org)");
+  EXPECT_NE(NameRefusal(p, "10.0.0.1").find("IP literal"), std::string::npos);
 }
 
 // model.trybox.internal goes to the operator's model route and nowhere else: not resolved,

@@ -31,9 +31,20 @@ void Answer503(int fd, const std::string& why) {
                           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
 }
 
-// Host -> client: channel 1 to the socket. Sets `ended` on the host's END or RESET and
-// writes a byte to `wake` so the upstream loop notices without polling on a timer.
-void Downstream(Stream& s, int fd, std::atomic<bool>& ended, int wake) {
+// The program sees its connection reset, not closed: what a refused connect() looks like
+// once the kernel has already accepted it.
+void ResetOnClose(int fd) {
+  linger l{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+
+// Host -> client: channel 1 to the socket. Sets `ended` on the host's END or RESET (and
+// `reset` on a RESET) and writes a byte to `wake` so the upstream loop notices without
+// polling on a timer.
+// For a transparent connection a RESET leaves the socket alone: the caller closes it with a
+// reset, and a FIN first would tell the program the host merely closed.
+void Downstream(Stream& s, int fd, bool transparent, std::atomic<bool>& ended,
+                std::atomic<bool>& reset, int wake) {
   auto finish = [&] {
     ended = true;
     (void)!::write(wake, "x", 1);
@@ -53,6 +64,11 @@ void Downstream(Stream& s, int fd, std::atomic<bool>& ended, int wake) {
       finish();
       return;
     } else if (m->kind == Kind::kReset) {
+      reset = true;
+      if (transparent) {
+        finish();
+        return;
+      }
       break;
     }
   }
@@ -61,10 +77,25 @@ void Downstream(Stream& s, int fd, std::atomic<bool>& ended, int wake) {
   finish();
 }
 
-void Relay(UniqueFd sock, std::shared_ptr<channel::Mux> mux) {
-  auto opened = mux->Open({{"op", "egress"}});
+}  // namespace
+
+void RelayConnection(UniqueFd sock, std::shared_ptr<channel::Mux> mux, const channel::Json& request,
+                     bool transparent) {
+  if (!mux) {
+    if (transparent) {
+      ResetOnClose(sock.get());
+    } else {
+      Answer503(sock.get(), "no host session");
+    }
+    return;
+  }
+  auto opened = mux->Open(request);
   if (!opened.ok()) {
-    Answer503(sock.get(), "the host is not connected: " + opened.status().message());
+    if (transparent) {
+      ResetOnClose(sock.get());
+    } else {
+      Answer503(sock.get(), "the host is not connected: " + opened.status().message());
+    }
     return;
   }
   std::shared_ptr<Stream> s = std::move(*opened);
@@ -74,13 +105,14 @@ void Relay(UniqueFd sock, std::shared_ptr<channel::Mux> mux) {
     return;
   }
   UniqueFd wake_r(wake[0]), wake_w(wake[1]);
-  std::atomic<bool> ended{false};
-  std::thread down([&] { Downstream(*s, sock.get(), ended, wake_w.get()); });
+  std::atomic<bool> ended{false}, reset{false};
+  std::thread down([&] { Downstream(*s, sock.get(), transparent, ended, reset, wake_w.get()); });
   // Client -> host: the socket to channel 0, until the client's EOF or the host's END.
   std::string buf(kChunk, '\0');
   bool open = true;
   std::optional<Clock::time_point> drain_until;
   for (;;) {
+    if (reset && transparent) break;
     if (ended && !drain_until) drain_until = Clock::now() + kDrainAfterEnd;
     int timeout = -1;
     if (drain_until) {
@@ -107,9 +139,8 @@ void Relay(UniqueFd sock, std::shared_ptr<channel::Mux> mux) {
     }
   }
   down.join();
+  if (reset && transparent) ResetOnClose(sock.get());
 }
-
-}  // namespace
 
 Status StartEgressListener(CurrentMux current) {
   ASSIGN_OR_RETURN(TcpListener l, ListenTcpLoopback(kEgressPort));
@@ -123,11 +154,7 @@ Status StartEgressListener(CurrentMux current) {
       }
       std::shared_ptr<channel::Mux> mux = current();
       std::thread([sock = std::move(*c), mux]() mutable {
-        if (!mux) {
-          Answer503(sock.get(), "no host session");
-          return;
-        }
-        Relay(std::move(sock), std::move(mux));
+        RelayConnection(std::move(sock), std::move(mux), {{"op", "egress"}}, false);
       }).detach();
     }
   }).detach();

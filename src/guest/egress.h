@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "channel/mux.h"
+#include "util/fd.h"
 #include "util/status.h"
 
 namespace trybox::guest {
@@ -17,6 +18,13 @@ inline constexpr const char* kEgressProxyUrl = "http://127.0.0.1:3128";
 
 // The current session's Mux, or null between sessions.
 using CurrentMux = std::function<std::shared_ptr<channel::Mux>()>;
+
+// Relays one accepted guest connection over a stream opened on `mux` with `request` (null
+// `mux`: no host session). For the proxy (`transparent` false) a failure to open answers
+// 503; for a connection a program dialled itself (guest/transparent.h) every failure, and
+// the host's reset of the stream, resets the program's connection.
+void RelayConnection(UniqueFd sock, std::shared_ptr<channel::Mux> mux, const channel::Json& request,
+                     bool transparent);
 
 // Binds 127.0.0.1:3128 and serves it on a detached thread, one thread per connection.
 // Fails only if the port cannot be bound.

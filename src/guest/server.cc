@@ -18,6 +18,7 @@
 #include "guest/identity.h"
 #include "guest/layer.h"
 #include "guest/requests.h"
+#include "guest/transparent.h"
 #include "guest/watch.h"
 #include "util/log.h"
 #include "util/names.h"
@@ -56,6 +57,16 @@ void Server::Run() {
     return mux_;
   });
   if (!egress.ok()) LogError("init", "egress listener: " + egress.message());
+  Status transparent = StartTransparentEgress([this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return mux_;
+  });
+  if (!transparent.ok()) {
+    LogError("init",
+             "transparent egress (programs that ignore the proxy variables stay "
+             "offline): " +
+                 transparent.message());
+  }
   // Opened once and never closed: its /dev node is gone once it is open (guest/port.h).
   UniqueFd port;
   for (bool reported = false;;) {

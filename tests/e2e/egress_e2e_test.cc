@@ -86,6 +86,37 @@ struct TlsUpstream {
   ChildProcess server;
 };
 
+// `git daemon` on loopback serving one repository with one commit: a protocol (git://,
+// port 9418 by default) that no proxy variable covers.
+struct GitUpstream {
+  GitUpstream() {
+    tmp.emplace(TempDir::Make("/tmp", "tbx-git-").value());
+    const std::string work = tmp->path() + "/work";
+    Status st = RunChecked({"bash", "-c",
+                            "set -e; git init -q -b main " + work + "; cd " + work +
+                                "; echo 'served over git://' > README; git add README; "
+                                "git -c user.name=t -c user.email=t@t commit -qm first; "
+                                "git clone -q --bare . ../repo.git"},
+                           std::chrono::seconds(60));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    port = std::to_string(ListenTcpLoopback(0).value().port);
+    SpawnOptions o;
+    o.argv = {"git",
+              "daemon",
+              "--reuseaddr",
+              "--export-all",
+              "--listen=127.0.0.1",
+              "--port=" + port,
+              "--base-path=" + tmp->path(),
+              tmp->path()};
+    server = ChildProcess::Spawn(o).value();
+    for (int i = 0; i < 500 && !ConnectTcpLoopback(std::stoi(port)).ok(); ++i) ::usleep(10000);
+  }
+  std::optional<TempDir> tmp;
+  std::string port;
+  ChildProcess server;
+};
+
 // The whole suite runs once per egress mode and, in each mode, once more with layer 1 (QEMU
 // in a network namespace of its own, under a uid of its own) removed, so that every
 // refusal below is shown to hold by the proxy alone. Each run is a ctest entry of its own
@@ -107,6 +138,7 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
     port_ = std::to_string(up_->port());
     tls_ = new TlsUpstream();
     model_ = new HttpUpstream();  // the operator's model server: in no internal_allow
+    git_ = new GitUpstream();
     Json config = {{"model_route", "127.0.0.1:" + std::to_string(model_->port())},
                    {"resolve",
                     {{"upstream.test", {"127.0.0.1"}},
@@ -114,7 +146,8 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
                      {"other.test", {"127.0.0.1"}},
                      {"metadata.test", {"169.254.169.254"}},
                      {"loopback.test", {"127.0.0.2"}}}},
-                   {"internal_allow", {"127.0.0.1:" + port_, "127.0.0.1:" + tls_->port}},
+                   {"internal_allow",
+                    {"127.0.0.1:" + port_, "127.0.0.1:" + tls_->port, "127.0.0.1:" + git_->port}},
                    {"max_tunnels_per_vm", 3},
                    {"head_timeout_ms", 2000},
                    {"profiles", {{"meta", {"metadata.test:" + port_}}}}};
@@ -138,6 +171,8 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
             "loopback.test:" + port_,
             "--allow",
             "upstream.test:" + tls_->port,
+            "--allow",
+            "upstream.test:" + git_->port,
             "--profile",
             "meta"};
   }
@@ -150,6 +185,8 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
     tls_ = nullptr;
     delete model_;
     model_ = nullptr;
+    delete git_;
+    git_ = nullptr;
   }
   void SetUp() override {
     if (h_ == nullptr) StartSuite(GetParam());
@@ -166,6 +203,7 @@ class EgressE2E : public ::testing::TestWithParam<EgressRun> {
   static HttpUpstream* up_;
   static TlsUpstream* tls_;
   static HttpUpstream* model_;
+  static GitUpstream* git_;
   static std::string port_;
   static std::string id_;
 };
@@ -174,6 +212,7 @@ Harness* EgressE2E::h_ = nullptr;
 HttpUpstream* EgressE2E::up_ = nullptr;
 TlsUpstream* EgressE2E::tls_ = nullptr;
 HttpUpstream* EgressE2E::model_ = nullptr;
+GitUpstream* EgressE2E::git_ = nullptr;
 std::string EgressE2E::port_;
 std::string EgressE2E::id_;
 
@@ -410,24 +449,127 @@ TEST_P(EgressE2E, TunnelsOverTheCapAreRefusedNotHeld) {
   EXPECT_EQ(r.out, "hellohellohello") << r.err;
 }
 
-TEST_P(EgressE2E, GuestHasNoResolverAndNoRouteWithoutTheProxy) {
-  int before = up_->accepts();
-  CliResult r = Sh("ls /sys/class/net");
-  EXPECT_EQ(r.out, "lo\n");
-  r = Sh("getent hosts upstream.test");
-  EXPECT_EQ(r.code, 2) << r.out;
-  // DNS straight to an address (QEMU's usual slirp resolver): no route, nothing sent.
-  r = Sh("echo x > /dev/udp/10.0.2.3/53");
+// Audit rows of this suite's VM, newest first.
+Json AuditRows(Harness& h, const std::string& vm) {
+  CliResult r = h.Cli({"audit", "--vm", vm, "--json", "--limit", "1000"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  return r.code == 0 ? Json::parse(r.out) : Json::array();
+}
+
+const Json* FindRow(const Json& rows, const std::string& method, const std::string& host) {
+  for (const auto& e : rows) {
+    if (e["method"] == method && e["host"] == host) return &e;
+  }
+  return nullptr;
+}
+
+// Programs that ignore the proxy variables: the guest's resolver answers an allowed name with
+// a pool address, a refused one with NXDOMAIN, and their connections reach the host by name,
+// decided and audited there exactly as proxied ones.
+TEST_P(EgressE2E, ProgramsThatIgnoreTheProxyReachAllowedNamesOnly) {
+  const int before = up_->accepts();
+  const std::string noproxy = "unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY; ";
+  CliResult r = Sh("getent hosts upstream.test");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("198.18.", 0), 0u) << r.out;  // the pool, never the real address
+  r = Sh("getent hosts evil.test");
+  EXPECT_EQ(r.code, 2) << r.out;  // not found
+  r = Sh("cat /etc/resolv.conf");
+  EXPECT_NE(r.out.find("nameserver 127.0.0.53"), std::string::npos) << r.out;
+  // curl resolving and connecting itself; Python's socket module; bash's /dev/tcp.
+  r = Sh(noproxy + "curl -sS http://upstream.test:" + port_ + "/");
+  EXPECT_EQ(r.out, "hello") << r.err;
+  r = Sh(noproxy +
+         "python3 -c 'import socket\n"
+         "s = socket.create_connection((\"upstream.test\", " +
+         port_ +
+         "), timeout=30)\n"
+         "s.sendall(b\"GET / HTTP/1.0\\r\\nHost: upstream.test\\r\\n\\r\\n\")\n"
+         "data = b\"\"\n"
+         "while not data.endswith(b\"hello\"):\n"
+         "    b = s.recv(65536)\n"
+         "    if not b: break\n"
+         "    data += b\n"
+         "print(data.split(b\"\\r\\n\\r\\n\", 1)[-1].decode())'");
+  EXPECT_EQ(r.out, "hello\n") << r.err;
+  r = Sh("exec 3<>/dev/tcp/upstream.test/" + port_ +
+         "; printf 'GET / HTTP/1.0\\r\\nHost: upstream.test\\r\\n\\r\\n' >&3; "
+         "timeout 30 head -c 1000 <&3 | tail -c 5");
+  EXPECT_EQ(r.out, "hello") << r.err;
+  EXPECT_EQ(up_->accepts(), before + 3);
+  // Refused: the name does not resolve; an address literal is reset, never dialled.
+  r =
+      Sh("python3 -c 'import socket\n"
+         "try:\n"
+         "    socket.create_connection((\"evil.test\", " +
+         port_ +
+         "), timeout=30)\n"
+         "except socket.gaierror as e: print(\"gaierror\", e.errno)'");
+  EXPECT_EQ(r.out, "gaierror -2\n") << r.err;  // EAI_NONAME
+  r = Sh(noproxy + "curl -sS --max-time 30 http://10.0.2.2:" + port_ + "/");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("Network is unreachable"), std::string::npos) << r.err;
-  // Raw TCP to the host, bypassing the proxy: no route; the guest's own loopback is not the
-  // host's.
-  r = Sh("echo x > /dev/tcp/10.0.2.2/" + port_);
-  EXPECT_NE(r.err.find("Network is unreachable"), std::string::npos) << r.err;
-  r = Sh("curl -sS --noproxy '*' http://127.0.0.1:" + port_ + "/");
-  EXPECT_EQ(r.code, 7) << r.err;  // couldn't connect
-  EXPECT_NE(r.err.find("Failed to connect to 127.0.0.1"), std::string::npos) << r.err;
-  EXPECT_EQ(up_->accepts(), before);
+  EXPECT_EQ(r.out, "");
+  r = Sh(noproxy + "curl -sS --max-time 30 http://other.test:" + port_ + "/");
+  if (run_.internet) {
+    EXPECT_EQ(r.out, "hello") << r.err;
+  } else {
+    EXPECT_EQ(r.code, 6) << r.err;  // could not resolve host
+  }
+  EXPECT_EQ(up_->accepts(), before + 3 + (run_.internet ? 1 : 0));
+  // Every decision is in the record, by name: the allowed connections, the refused lookup,
+  // the refused literal.
+  Json rows = AuditRows(*h_, id_);
+  const Json* ok = FindRow(rows, "TCP", "upstream.test");
+  ASSERT_NE(ok, nullptr) << rows.dump();
+  EXPECT_EQ((*ok)["verdict"], "allowed");
+  EXPECT_EQ((*ok)["address"], "127.0.0.1:" + port_);
+  const Json* dns = FindRow(rows, "DNS", "evil.test");
+  ASSERT_NE(dns, nullptr) << rows.dump();
+  EXPECT_EQ((*dns)["verdict"], "refused");
+  EXPECT_NE((*dns)["reason"].get<std::string>().find("NXDOMAIN"), std::string::npos);
+  const Json* literal = FindRow(rows, "TCP", "10.0.2.2");
+  ASSERT_NE(literal, nullptr) << rows.dump();
+  EXPECT_EQ((*literal)["verdict"], "refused");
+  EXPECT_NE((*literal)["reason"].get<std::string>().find("IP literal"), std::string::npos);
+}
+
+// UDP other than DNS goes nowhere: the datagram is taken in the guest, dropped, and counted
+// in the host's record by destination.
+TEST_P(EgressE2E, UdpIsDroppedAndCountedNotCarried) {
+  CliResult r = Sh("for i in 1 2 3; do echo x > /dev/udp/10.0.2.3/53; done; echo sent");
+  EXPECT_EQ(r.out, "sent\n") << r.err;
+  const Json* row = nullptr;
+  Json rows;
+  for (auto give_up = Clock::now() + std::chrono::seconds(20); Clock::now() < give_up;) {
+    rows = AuditRows(*h_, id_);
+    if ((row = FindRow(rows, "UDP", "10.0.2.3")) != nullptr) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_NE(row, nullptr) << rows.dump();
+  EXPECT_EQ((*row)["verdict"], "refused");
+  EXPECT_EQ((*row)["port"], 53);
+  EXPECT_EQ((*row)["reason"].get<std::string>().rfind("3 UDP datagram(s) dropped", 0), 0u)
+      << row->dump();
+  // The guest has still no network card of its own.
+  r = Sh("ls /sys/class/net");
+  EXPECT_EQ(r.out, "lo\n");
+}
+
+// git:// is a protocol no proxy variable covers: the clone goes through the resolver and the
+// steered connection, by name.
+TEST_P(EgressE2E, GitCloneOverGitProtocolGoesByName) {
+  CliResult r = Sh("cd /tmp && rm -rf clone && git clone -q git://upstream.test:" + git_->port +
+                   "/repo.git clone && cat clone/README");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "served over git://\n") << r.err;
+  Json rows = AuditRows(*h_, id_);
+  const Json* row = nullptr;
+  for (const auto& e : rows) {
+    if (e["method"] == "TCP" && e["port"] == std::stoi(git_->port)) row = &e;
+  }
+  ASSERT_NE(row, nullptr) << rows.dump();
+  EXPECT_EQ((*row)["host"], "upstream.test");
+  EXPECT_EQ((*row)["verdict"], "allowed");
 }
 
 // Layer 1 alone: even with the proxy out of the picture and the upstream explicitly allowed

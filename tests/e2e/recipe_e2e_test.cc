@@ -9,6 +9,7 @@
 #include <netdb.h>
 
 #include "tests/e2e/harness.h"
+#include "tests/e2e/upstream.h"
 #include "util/fd.h"
 
 namespace trybox::e2e {
@@ -62,9 +63,15 @@ class RecipeE2E : public ::testing::Test {
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     ASSERT_TRUE((*h)->StopDaemon().ok());
     ASSERT_TRUE(MakeDirs((*h)->home() + "/config", 0700).ok());
-    ASSERT_TRUE(WriteFileAtomic((*h)->home() + "/config/egress.json",
-                                Json{{"internal_allow", {addr + ":443"}}}.dump())
-                    .ok());
+    // An HTTP origin on loopback for the transparent-path test; with a resolver map the
+    // registry's name must be in it too (the map never falls back to DNS).
+    up_ = new HttpUpstream();
+    const std::string up_port = std::to_string(up_->port());
+    Json config = {
+        {"internal_allow", {addr + ":443", "127.0.0.1:" + up_port}},
+        {"resolve",
+         {{registry_, {addr}}, {"upstream.test", {"127.0.0.1"}}, {"evil.test", {"127.0.0.1"}}}}};
+    ASSERT_TRUE(WriteFileAtomic((*h)->home() + "/config/egress.json", config.dump()).ok());
     ASSERT_TRUE((*h)->RestartDaemon().ok());
     h_ = std::move(*h).release();
     name_ = "recipe-e2e-" + std::to_string(::getpid());
@@ -73,8 +80,41 @@ class RecipeE2E : public ::testing::Test {
     if (h_) (void)h_->Call({{"verb", "image_rm"}, {"name", name_}});
     delete h_;
     h_ = nullptr;
+    delete up_;
+    up_ = nullptr;
   }
 
+  // debian-12 with nodejs, a small package from the npm registry fetched in the guest
+  // through the egress proxy, a copy, env and checks.
+  static Json NodeRecipe() {
+    const std::string tgz = "https://" + registry_ + "/is-number/-/is-number-7.0.0.tgz";
+    return {{"from", "debian-12"},
+            {"packages", {"nodejs"}},
+            {"allow", {registry_ + ":443"}},
+            {"env", {{"RECIPE_E2E", "baked"}}},
+            {"steps",
+             {{{"copy", "files"}, {"to", "/opt/recipe/files"}},
+              // The CA bundle the host's npm trusts (a local mirror may have its own CA).
+              {{"copy", "host-ca.crt"}, {"to", "/opt/recipe/host-ca.crt"}},
+              {{"run",
+                "mkdir -p npm && curl -fsS --cacert /opt/recipe/host-ca.crt \"$TGZ\" | "
+                "tar -xz -C npm && test -f npm/package/package.json"},
+               {"workdir", "/opt"},
+               {"env", {{"TGZ", tgz}}}}}},
+            {"check",
+             {"node --version", "test -f /opt/npm/package/package.json",
+              "grep -q 'hello from the recipe' /opt/recipe/files/hello.txt",
+              "test \"$RECIPE_E2E\" = baked"}}};
+  }
+  // Builds the image of NodeRecipe (a no-op when the first test already did).
+  static void BuildNodeImage() {
+    const std::string file = WriteRecipe("ok", NodeRecipe());
+    auto ca = ReadFileToString(NpmCaFile());
+    ASSERT_TRUE(ca.ok()) << NpmCaFile();
+    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/ok/host-ca.crt", *ca).ok());
+    CliResult b = h_->Cli({"image", "build", name_, "-f", file});
+    ASSERT_EQ(b.code, 0) << b.err;
+  }
   // A recipe folder under the harness home with `recipe` as recipe.json and one file.
   static std::string WriteRecipe(const std::string& dir_name, const Json& recipe) {
     const std::string dir = h_->home() + "/" + dir_name;
@@ -96,30 +136,13 @@ class RecipeE2E : public ::testing::Test {
   }
 
   static inline Harness* h_ = nullptr;
+  static inline HttpUpstream* up_ = nullptr;
   static inline std::string registry_;
   static inline std::string name_;
 };
 
 TEST_F(RecipeE2E, BuildsAPackageAnNpmDownloadACopyAndEnvThenRebuildIsANoOp) {
-  // A small package from the npm registry, fetched in the guest through the egress proxy.
-  const std::string tgz = "https://" + registry_ + "/is-number/-/is-number-7.0.0.tgz";
-  Json recipe = {{"from", "debian-12"},
-                 {"packages", {"nodejs"}},
-                 {"allow", {registry_ + ":443"}},
-                 {"env", {{"RECIPE_E2E", "baked"}}},
-                 {"steps",
-                  {{{"copy", "files"}, {"to", "/opt/recipe/files"}},
-                   // The CA bundle the host's npm trusts (a local mirror may have its own CA).
-                   {{"copy", "host-ca.crt"}, {"to", "/opt/recipe/host-ca.crt"}},
-                   {{"run",
-                     "mkdir -p npm && curl -fsS --cacert /opt/recipe/host-ca.crt \"$TGZ\" | "
-                     "tar -xz -C npm && test -f npm/package/package.json"},
-                    {"workdir", "/opt"},
-                    {"env", {{"TGZ", tgz}}}}}},
-                 {"check",
-                  {"node --version", "test -f /opt/npm/package/package.json",
-                   "grep -q 'hello from the recipe' /opt/recipe/files/hello.txt",
-                   "test \"$RECIPE_E2E\" = baked"}}};
+  const Json recipe = NodeRecipe();
   const std::string file = WriteRecipe("ok", recipe);
   auto ca = ReadFileToString(NpmCaFile());
   ASSERT_TRUE(ca.ok()) << NpmCaFile();
@@ -255,6 +278,41 @@ TEST_F(RecipeE2E, BadInputIsRefusedBeforeAnyVmStarts) {
   EXPECT_NE(n.code, 0);
   EXPECT_NE(n.err.find("image name"), std::string::npos) << n.err;
   EXPECT_TRUE(NoVms());
+}
+
+// Node's built-in fetch ignores HTTP_PROXY: it resolves through the guest's resolver and its
+// connection is steered to the host, decided and audited by name (docs/protocol/egress.md,
+// "Transparent egress"). A name off the list does not resolve.
+TEST_F(RecipeE2E, NodesBuiltInFetchIgnoresTheProxyAndIsDecidedByName) {
+  BuildNodeImage();
+  const std::string port = std::to_string(up_->port());
+  CliResult c = h_->Cli({"create", "--image", name_, "--allow", "upstream.test:" + port});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string id = c.out.substr(0, c.out.find('\n'));
+  const int before = up_->accepts();
+  auto fetch = [&](const std::string& host) {
+    return h_->Cli({"exec", id, "--", "node", "-e",
+                    "fetch('http://" + host + ":" + port +
+                        "/').then(r => r.text()).then(t => console.log(t), "
+                        "e => console.log('error', e.cause && e.cause.code))"});
+  };
+  CliResult r = fetch("upstream.test");
+  EXPECT_EQ(r.out, "hello\n") << r.err;
+  EXPECT_EQ(up_->accepts(), before + 1);
+  r = fetch("evil.test");
+  EXPECT_EQ(r.out, "error ENOTFOUND\n") << r.err;
+  EXPECT_EQ(up_->accepts(), before + 1);
+  CliResult audit = h_->Cli({"audit", "--vm", id, "--json"});
+  ASSERT_EQ(audit.code, 0) << audit.err;
+  bool allowed = false, refused = false;
+  for (const auto& e : Json::parse(audit.out)) {
+    allowed = allowed ||
+              (e["method"] == "TCP" && e["host"] == "upstream.test" && e["verdict"] == "allowed");
+    refused = refused || (e["method"] == "DNS" && e["host"] == "evil.test");
+  }
+  EXPECT_TRUE(allowed) << audit.out;
+  EXPECT_TRUE(refused) << audit.out;
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
 }
 
 }  // namespace
