@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <system_error>
 #include <thread>
 
 #include "util/log.h"
@@ -142,20 +144,36 @@ void RelayConnection(UniqueFd sock, std::shared_ptr<channel::Mux> mux, const cha
   if (reset && transparent) ResetOnClose(sock.get());
 }
 
+UniqueFd AcceptRetrying(int listen_fd) {
+  for (;;) {
+    auto c = AcceptTcp(listen_fd);
+    if (c.ok()) return std::move(*c);
+    LogError("egress", c.status().message());
+    std::this_thread::sleep_for(std::chrono::milliseconds(kAcceptRetryMs));
+  }
+}
+
+bool SpawnDetached(std::function<void()> f) {
+  try {
+    std::thread(std::move(f)).detach();
+    return true;
+  } catch (const std::system_error& e) {
+    LogError("egress", std::string("cannot start a thread: ") + e.what());
+    return false;
+  }
+}
+
 Status StartEgressListener(CurrentMux current) {
   ASSIGN_OR_RETURN(TcpListener l, ListenTcpLoopback(kEgressPort));
   std::thread([l = std::move(l), current = std::move(current)] {
     for (;;) {
-      auto c = AcceptTcp(l.fd.get());
-      if (!c.ok()) {
-        LogError("egress", c.status().message());
-        std::this_thread::sleep_for(std::chrono::milliseconds(kAcceptRetryMs));
-        continue;
-      }
+      UniqueFd sock = AcceptRetrying(l.fd.get());
       std::shared_ptr<channel::Mux> mux = current();
-      std::thread([sock = std::move(*c), mux]() mutable {
-        RelayConnection(std::move(sock), std::move(mux), {{"op", "egress"}}, false);
-      }).detach();
+      // std::function needs a copyable callable: the socket travels as a shared_ptr.
+      auto fd = std::make_shared<UniqueFd>(std::move(sock));
+      SpawnDetached([fd, mux]() mutable {
+        RelayConnection(std::move(*fd), std::move(mux), {{"op", "egress"}}, false);
+      });
     }
   }).detach();
   return Status::Ok();

@@ -26,6 +26,14 @@ using CurrentMux = std::function<std::shared_ptr<channel::Mux>()>;
 void RelayConnection(UniqueFd sock, std::shared_ptr<channel::Mux> mux, const channel::Json& request,
                      bool transparent);
 
+// Blocks until a connection arrives on `listen_fd`; a failed accept (EMFILE) is logged and
+// retried after a pause.
+UniqueFd AcceptRetrying(int listen_fd);
+
+// Runs `f` on a detached thread; false (logged, nothing started) when the guest is out of
+// threads. PID 1 must not die of std::system_error.
+bool SpawnDetached(std::function<void()> f);
+
 // Binds 127.0.0.1:3128 and serves it on a detached thread, one thread per connection.
 // Fails only if the port cannot be bound.
 Status StartEgressListener(CurrentMux current);

@@ -32,20 +32,6 @@ constexpr int kMaxQueriesInFlight = 64;
 // Dropped datagrams are reported at most this often, with their counts by destination.
 constexpr auto kUdpReportEvery = std::chrono::seconds(1);
 constexpr size_t kUdpDestinationsPerReport = 16;
-constexpr int kAcceptRetryMs = 100;
-
-// A thread per connection or question; false (and nothing started) when the guest is out
-// of threads. PID 1 must not die of std::system_error.
-template <typename F>
-bool Spawn(F&& f) {
-  try {
-    std::thread(std::forward<F>(f)).detach();
-    return true;
-  } catch (const std::system_error& e) {
-    LogError("egress", std::string("cannot start a thread: ") + e.what());
-    return false;
-  }
-}
 
 std::string Dotted(uint32_t host_order) {
   in_addr a{htonl(host_order)};
@@ -107,6 +93,11 @@ void ServeQuestion(Shared& sh, int fd, sockaddr_in from, std::string packet) {
   if (q->qclass != kDnsClassIn || q->name.empty()) {
     return Answer(fd, from, DnsAnswer(*q, DnsRcode::kRefused));
   }
+  // A name with bytes no hostname has (control bytes, non-ASCII) is refused here: it could
+  // not even be carried to the host as JSON text. The host decides every other name.
+  for (char c : q->name) {
+    if (c <= 0x20 || c >= 0x7f) return Answer(fd, from, DnsAnswer(*q, DnsRcode::kNxDomain));
+  }
   auto allowed = AskHost(sh, q->name, q->qtype);
   if (!allowed.ok()) {
     LogError("dns", q->name + ": " + allowed.status().message());
@@ -137,7 +128,7 @@ void ServeResolver(std::shared_ptr<Shared> sh, UniqueFd fd) {
     std::string packet(buf.data(), static_cast<size_t>(n));
     // Beyond the cap a question is answered at once rather than queued behind the others.
     if (sh->queries.fetch_add(1) >= kMaxQueriesInFlight ||
-        !Spawn([sh, fd = fd.get(), from, packet]() mutable {
+        !SpawnDetached([sh, fd = fd.get(), from, packet]() mutable {
           ServeQuestion(*sh, fd, from, std::move(packet));
           sh->queries.fetch_sub(1);
         })) {
@@ -151,12 +142,7 @@ void ServeResolver(std::shared_ptr<Shared> sh, UniqueFd fd) {
 
 void ServeTcp(std::shared_ptr<Shared> sh, TcpListener l) {
   for (;;) {
-    auto c = AcceptTcp(l.fd.get());
-    if (!c.ok()) {
-      LogError("egress", c.status().message());
-      std::this_thread::sleep_for(std::chrono::milliseconds(kAcceptRetryMs));
-      continue;
-    }
+    auto c = std::make_shared<UniqueFd>(AcceptRetrying(l.fd.get()));
     sockaddr_in local{};
     socklen_t len = sizeof local;
     if (::getsockname(c->get(), reinterpret_cast<sockaddr*>(&local), &len) != 0 ||
@@ -173,9 +159,8 @@ void ServeTcp(std::shared_ptr<Shared> sh, TcpListener l) {
     channel::Json open = {{"op", "egress"},
                           {"target", {{"host", host}, {"port", ntohs(local.sin_port)}}}};
     std::shared_ptr<channel::Mux> mux = sh->current();
-    Spawn([sock = std::move(*c), mux, open]() mutable {
-      RelayConnection(std::move(sock), std::move(mux), open, true);
-    });
+    SpawnDetached(
+        [c, mux, open]() mutable { RelayConnection(std::move(*c), std::move(mux), open, true); });
   }
 }
 
