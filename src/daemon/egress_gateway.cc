@@ -402,10 +402,6 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
                {"bytes_down", d.bytes_down}});
 }
 
-namespace {
-constexpr int64_t kDnsTypeAAAA = 28;
-}  // namespace
-
 void EgressGateway::Resolve(const std::string& vm_id, EgressVm& eg, channel::Stream& s,
                             const Json& req) {
   if (!req.contains("host") || !req["host"].is_string()) {
@@ -419,9 +415,6 @@ void EgressGateway::Resolve(const std::string& vm_id, EgressVm& eg, channel::Str
     return;
   }
   (void)s.End({{"ok", true}, {"allowed", false}, {"reason", why}});
-  // One lookup asks A and AAAA together: the AAAA question's refusal is the A question's.
-  const Json* type = req.contains("type") ? &req["type"] : nullptr;
-  if (type && type->is_number_integer() && type->get<int64_t>() == kDnsTypeAAAA) return;
   egress::Decision d;
   d.vm_id = vm_id;
   d.started_at = store::NowSeconds();

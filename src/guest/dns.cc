@@ -4,7 +4,8 @@ namespace trybox::guest {
 namespace {
 
 constexpr size_t kHeader = 12;
-constexpr size_t kMaxName = 255;  // wire length, RFC 1035 2.3.4
+constexpr size_t kMaxName = 255;   // wire length, RFC 1035 2.3.4
+constexpr size_t kSweepAt = 4096;  // NameDecisions entries before the expired ones go
 
 uint16_t Get16(std::string_view p, size_t at) {
   return static_cast<uint16_t>((static_cast<uint8_t>(p[at]) << 8) |
@@ -110,6 +111,45 @@ std::optional<std::string> NamePool::NameAt(uint32_t addr) const {
   auto it = by_addr_.find(addr);
   if (it == by_addr_.end()) return std::nullopt;
   return it->second;
+}
+
+Result<bool> NameDecisions::Decide(const std::string& name, const Ask& ask) {
+  std::promise<Result<bool>> promise;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    auto it = entries_.find(name);
+    if (it != entries_.end() && it->second.expires > now) {
+      std::shared_future<Result<bool>> answer = it->second.answer;
+      lock.unlock();
+      return answer.get();  // kept, or being asked by another question right now
+    }
+    // Names are many and kept briefly: the expired ones go when the map grows.
+    if (entries_.size() >= kSweepAt) {
+      std::erase_if(entries_, [&](const auto& e) { return e.second.expires <= now; });
+    }
+    entries_[name] = Entry{promise.get_future().share(), Clock::time_point::max()};
+    ++asked_;
+  }
+  Result<bool> answer = ask(name);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(name);
+    if (it == entries_.end()) {
+      // Not reachable: an entry being asked never expires, so nothing removes it.
+    } else if (!answer.ok()) {
+      entries_.erase(it);
+    } else {
+      it->second.expires = Clock::now() + (*answer ? allowed_ttl_ : refused_ttl_);
+    }
+  }
+  promise.set_value(answer);
+  return answer;
+}
+
+uint64_t NameDecisions::asked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return asked_;
 }
 
 }  // namespace trybox::guest

@@ -8,7 +8,10 @@
 // 198.18.0.0/15 that maps back to the name, so the host dials (and audits) by name.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -73,6 +76,35 @@ class NamePool {
   std::map<std::string, uint32_t> by_name_;
   std::map<uint32_t, std::string> by_addr_;
   uint32_t next_ = kBase + 1;
+};
+
+// The host's answers about names, shared by concurrent questions and kept a short while: a
+// lookup's A and AAAA questions (sent together) cost one round trip to the host, and the
+// same name asked again within the TTL none. Allowed answers are kept `allowed_ttl` (the
+// host decides again at every connection anyway); refusals `refused_ttl`, short, so that
+// `trybox allow` shows at the next lookup; errors not at all. Thread-safe.
+class NameDecisions {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Asks the host: true (allowed), false (refused), or why it could not be asked.
+  using Ask = std::function<Result<bool>(const std::string& name)>;
+
+  NameDecisions(Clock::duration allowed_ttl, Clock::duration refused_ttl)
+      : allowed_ttl_(allowed_ttl), refused_ttl_(refused_ttl) {}
+  Result<bool> Decide(const std::string& name, const Ask& ask);
+  // How many times `ask` ran (for tests and the benchmark).
+  uint64_t asked() const;
+
+ private:
+  struct Entry {
+    std::shared_future<Result<bool>> answer;
+    Clock::time_point expires = Clock::time_point::max();  // max: still being asked
+  };
+  const Clock::duration allowed_ttl_;
+  const Clock::duration refused_ttl_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+  uint64_t asked_ = 0;
 };
 
 }  // namespace trybox::guest

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -139,6 +140,53 @@ TEST(NamePool, ConcurrentLookupsOfOneNameAgree) {
   }
   for (auto& t : ts) t.join();
   for (uint32_t a : got) EXPECT_EQ(a, got[0]);
+}
+
+TEST(NameDecisions, QuestionsArrivingTogetherShareOneAskAndAllowedAnswersAreKept) {
+  NameDecisions d(std::chrono::hours(1), std::chrono::seconds(0));
+  std::promise<void> asking, release;
+  std::shared_future<void> go = release.get_future().share();
+  auto slow_yes = [&](const std::string&) -> Result<bool> {
+    asking.set_value();
+    go.wait();
+    return true;
+  };
+  std::thread first([&] { EXPECT_TRUE(d.Decide("a.test", slow_yes).value()); });
+  asking.get_future().wait();  // the first question is with the host
+  std::thread second([&] {
+    // Shares the first's answer: this ask would fail the test if it ran.
+    EXPECT_TRUE(d.Decide("a.test", [](const std::string&) -> Result<bool> {
+                   ADD_FAILURE() << "asked twice";
+                   return false;
+                 }).value());
+  });
+  release.set_value();
+  first.join();
+  second.join();
+  EXPECT_EQ(d.asked(), 1u);
+  // Kept: asked again, the host is not.
+  EXPECT_TRUE(d.Decide("a.test", [](const std::string&) -> Result<bool> { return false; }).value());
+  EXPECT_EQ(d.asked(), 1u);
+}
+
+TEST(NameDecisions, RefusalsAreKeptOnlyTheirTtlAndErrorsNotAtAll) {
+  NameDecisions d(std::chrono::hours(1), std::chrono::seconds(0));
+  int asks = 0;
+  auto no = [&](const std::string&) -> Result<bool> {
+    ++asks;
+    return false;
+  };
+  EXPECT_FALSE(d.Decide("evil.test", no).value());
+  EXPECT_FALSE(d.Decide("evil.test", no).value());
+  EXPECT_EQ(asks, 2);  // a refusal kept 0 s: the next lookup asks again (trybox allow shows)
+  auto broken = [&](const std::string&) -> Result<bool> {
+    ++asks;
+    return Unavailable("no host session");
+  };
+  EXPECT_EQ(d.Decide("x.test", broken).status().code(), Code::kUnavailable);
+  EXPECT_TRUE(d.Decide("x.test", [](const std::string&) -> Result<bool> { return true; }).value());
+  EXPECT_EQ(asks, 3);
+  EXPECT_EQ(d.asked(), 4u);
 }
 
 }  // namespace

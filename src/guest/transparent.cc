@@ -27,6 +27,8 @@ using Clock = std::chrono::steady_clock;
 using Kind = channel::Stream::Message::Kind;
 
 constexpr uint32_t kDnsTtl = 10;  // the host decides again at every connection anyway
+constexpr auto kAllowedTtl = std::chrono::seconds(kDnsTtl);
+constexpr auto kRefusedTtl = std::chrono::seconds(1);
 constexpr auto kResolveTimeout = std::chrono::seconds(5);
 constexpr int kMaxQueriesInFlight = 64;
 // Dropped datagrams are reported at most this often, with their counts by destination.
@@ -56,6 +58,7 @@ Result<UniqueFd> BindUdp(const char* ip, uint16_t port) {
 struct Shared {
   CurrentMux current;
   NamePool pool;
+  NameDecisions decisions{kAllowedTtl, kRefusedTtl};
   std::atomic<int> queries{0};
 };
 
@@ -98,7 +101,8 @@ void ServeQuestion(Shared& sh, int fd, sockaddr_in from, std::string packet) {
   for (char c : q->name) {
     if (c <= 0x20 || c >= 0x7f) return Answer(fd, from, DnsAnswer(*q, DnsRcode::kNxDomain));
   }
-  auto allowed = AskHost(sh, q->name, q->qtype);
+  auto allowed = sh.decisions.Decide(
+      q->name, [&](const std::string& name) { return AskHost(sh, name, q->qtype); });
   if (!allowed.ok()) {
     LogError("dns", q->name + ": " + allowed.status().message());
     return Answer(fd, from, DnsAnswer(*q, DnsRcode::kServFail));
