@@ -227,8 +227,8 @@ Result<Steering> Steering::Install(int tcp_listener, int udp_sink) {
                       err);
   }
   s.prog_.Reset(static_cast<int>(prog));
-  UniqueFd netns(::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC));
-  if (!netns.valid()) return ErrnoError("open /proc/self/ns/net");
+  UniqueFd netns(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+  if (!netns.valid()) return ErrnoError("open /proc/thread-self/ns/net");
   bpf_attr l{};
   l.link_create.prog_fd = static_cast<uint32_t>(s.prog_.get());
   l.link_create.target_fd = static_cast<uint32_t>(netns.get());
