@@ -1,5 +1,6 @@
 #include "guest/steer.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/bpf.h>
 #include <linux/netlink.h>
@@ -190,6 +191,40 @@ Status AddLocalDefaultRoute() {
   std::memcpy(RTA_DATA(attr), &oif, sizeof oif);
   req.h.nlmsg_len = NLMSG_LENGTH(sizeof(rtmsg)) + RTA_ALIGN(attr->rta_len);
   return NetlinkRequest(&req, req.h.nlmsg_len, "route: add local 0.0.0.0/0 dev lo");
+}
+
+Status AskForDestinations(int udp_sink) {
+  int one = 1;
+  if (::setsockopt(udp_sink, IPPROTO_IP, IP_RECVORIGDSTADDR, &one, sizeof one) != 0) {
+    return ErrnoError("setsockopt IP_RECVORIGDSTADDR");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReceiveSteered(int udp_sink, int flags) {
+  char data[2048];
+  alignas(cmsghdr) char control[256];
+  iovec iov{data, sizeof data};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(udp_sink, &mh, flags);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return ErrnoError("recvmsg");
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_ORIGDSTADDR) {
+      sockaddr_in o{};
+      std::memcpy(&o, CMSG_DATA(c), sizeof o);
+      char ip[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &o.sin_addr, ip, sizeof ip);
+      return std::string(ip) + ":" + std::to_string(ntohs(o.sin_port));
+    }
+  }
+  return std::string("unknown");
 }
 
 Result<Steering> Steering::Install(int tcp_listener, int udp_sink) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "util/fd.h"
 #include "util/status.h"
@@ -33,6 +34,12 @@ class Steering {
   UniqueFd prog_;
   UniqueFd link_;
 };
+
+// The UDP sink's side: asks the kernel for each datagram's destination (IP_RECVORIGDSTADDR),
+// then reads one datagram (MSG_DONTWAIT with `flags`) and returns where it was sent,
+// "ip:port" ("unknown" if the kernel gave none). The payload is discarded.
+Status AskForDestinations(int udp_sink);
+Result<std::string> ReceiveSteered(int udp_sink, int flags = 0);
 
 // The route alone: `local 0.0.0.0/0 dev lo` in the main table (an existing one is fine).
 Status AddLocalDefaultRoute();

@@ -57,8 +57,7 @@ void SteerInANewNamespace(std::string* skip) {
   UniqueFd sink(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_in sink_addr = Addr("127.0.0.1", 0);
   ASSERT_EQ(::bind(sink.get(), reinterpret_cast<sockaddr*>(&sink_addr), sizeof sink_addr), 0);
-  int one = 1;
-  ::setsockopt(sink.get(), IPPROTO_IP, IP_RECVORIGDSTADDR, &one, sizeof one);
+  ASSERT_TRUE(AskForDestinations(sink.get()).ok());
   auto steering = Steering::Install(tcp.fd.get(), sink.get());
   if (!steering.ok() && steering.status().code() == Code::kPermissionDenied) {
     *skip = steering.status().message();
@@ -82,24 +81,9 @@ void SteerInANewNamespace(std::string* skip) {
   UniqueFd u(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_in dns = Addr("10.0.2.3", 53);
   ASSERT_EQ(::sendto(u.get(), "x", 1, 0, reinterpret_cast<sockaddr*>(&dns), sizeof dns), 1);
-  char data[16];
-  alignas(cmsghdr) char control[128];
-  iovec iov{data, sizeof data};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  ASSERT_EQ(::recvmsg(sink.get(), &mh, 0), 1);
-  std::string to;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_ORIGDSTADDR) {
-      sockaddr_in o{};
-      std::memcpy(&o, CMSG_DATA(c), sizeof o);
-      to = Format(o);
-    }
-  }
-  EXPECT_EQ(to, "10.0.2.3:53");
+  auto to = ReceiveSteered(sink.get());
+  ASSERT_TRUE(to.ok()) << to.status().ToString();
+  EXPECT_EQ(*to, "10.0.2.3:53");
   // Loopback is untouched: a loopback listener gets its own connections, the steering's
   // listener none of them.
   TcpListener other = ListenTcpLoopback(0).value();
@@ -113,8 +97,9 @@ void SteerInANewNamespace(std::string* skip) {
   socklen_t len = sizeof lo_addr;
   ::getsockname(lo_udp.get(), reinterpret_cast<sockaddr*>(&lo_addr), &len);
   ASSERT_EQ(::sendto(u.get(), "y", 1, 0, reinterpret_cast<sockaddr*>(&lo_addr), sizeof lo_addr), 1);
+  char data[16];
   EXPECT_EQ(::recv(lo_udp.get(), data, sizeof data, 0), 1);
-  EXPECT_EQ(::recv(sink.get(), data, sizeof data, MSG_DONTWAIT), -1);  // nothing more steered
+  EXPECT_FALSE(ReceiveSteered(sink.get(), MSG_DONTWAIT).ok());  // nothing more steered
 }
 
 TEST(Steering, TcpAndUdpToNonLoopbackAddressesReachTryboxInitWithTheirDestination) {

@@ -171,13 +171,10 @@ void ServeTcp(std::shared_ptr<Shared> sh, TcpListener l) {
 // Reads and discards every steered datagram; reports the counts by destination to the host
 // at most once per kUdpReportEvery, and only when there is something to report.
 void ServeUdpSink(std::shared_ptr<Shared> sh, UniqueFd fd) {
-  int one = 1;
-  ::setsockopt(fd.get(), IPPROTO_IP, IP_RECVORIGDSTADDR, &one, sizeof one);
+  if (Status st = AskForDestinations(fd.get()); !st.ok()) LogError("egress", st.message());
   std::map<std::string, uint64_t> counts;
   bool pending = false;  // counts wait for their report at `report_at`
   Clock::time_point report_at{};
-  char data[2048];
-  alignas(cmsghdr) char control[256];
   for (;;) {
     int timeout = -1;
     if (pending) {
@@ -187,21 +184,9 @@ void ServeUdpSink(std::shared_ptr<Shared> sh, UniqueFd fd) {
     pollfd p{fd.get(), POLLIN, 0};
     int ready = ::poll(&p, 1, timeout);
     if (ready > 0) {
-      iovec iov{data, sizeof data};
-      msghdr mh{};
-      mh.msg_iov = &iov;
-      mh.msg_iovlen = 1;
-      mh.msg_control = control;
-      mh.msg_controllen = sizeof control;
-      if (::recvmsg(fd.get(), &mh, MSG_DONTWAIT) < 0) continue;
-      std::string to = "unknown";
-      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_ORIGDSTADDR) {
-          sockaddr_in o{};
-          std::memcpy(&o, CMSG_DATA(c), sizeof o);
-          to = Dotted(ntohl(o.sin_addr.s_addr)) + ":" + std::to_string(ntohs(o.sin_port));
-        }
-      }
+      auto got = ReceiveSteered(fd.get(), MSG_DONTWAIT);
+      if (!got.ok()) continue;
+      const std::string& to = *got;
       if (counts.size() < kUdpDestinationsPerReport || counts.count(to)) {
         ++counts[to];
       } else {
