@@ -5,6 +5,7 @@
 #include "agent/text.h"
 #include "util/log.h"
 #include "util/names.h"
+#include "util/numbers.h"
 
 namespace trybox::daemon {
 namespace {
@@ -234,18 +235,23 @@ Result<egress::Reach> EgressGateway::Change(const std::string& vm_id, EgressVm& 
   return vm.policy()->reach;
 }
 
-void EgressGateway::RecordEntryRow(const std::string& vm_id, const char* method,
-                                   const egress::AllowEntry& e, const char* verdict,
-                                   const std::string& reason) {
+void EgressGateway::RecordRow(const std::string& vm_id, const char* method, std::string host,
+                              int port, const char* verdict, const std::string& reason) {
   egress::Decision d;
   d.vm_id = vm_id;
   d.started_at = store::NowSeconds();
   d.method = method;
-  d.host = (e.wildcard ? "*." : "") + e.host;
-  d.port = e.port;
+  d.host = std::move(host);
+  d.port = port;
   d.verdict = verdict;
   d.reason = reason;
   audit_->Closed(audit_->Decided(d), d);
+}
+
+void EgressGateway::RecordEntryRow(const std::string& vm_id, const char* method,
+                                   const egress::AllowEntry& e, const char* verdict,
+                                   const std::string& reason) {
+  RecordRow(vm_id, method, (e.wildcard ? "*." : "") + e.host, e.port, verdict, reason);
 }
 
 void EgressGateway::RecordRefusedRequest(const std::string& vm_id, const egress::AllowEntry& e,
@@ -415,14 +421,8 @@ void EgressGateway::Resolve(const std::string& vm_id, EgressVm& eg, channel::Str
     return;
   }
   (void)s.End({{"ok", true}, {"allowed", false}, {"reason", why}});
-  egress::Decision d;
-  d.vm_id = vm_id;
-  d.started_at = store::NowSeconds();
-  d.method = "DNS";
-  d.host = host.substr(0, egress::kMaxAuditHost);
-  d.verdict = "refused";
-  d.reason = "name lookup answered NXDOMAIN: " + why;
-  audit_->Closed(audit_->Decided(d), d);
+  RecordRow(vm_id, "DNS", host.substr(0, egress::kMaxAuditHost), 0, "refused",
+            "name lookup answered NXDOMAIN: " + why);
 }
 
 void EgressGateway::RecordUdp(const std::string& vm_id, channel::Stream& s, const Json& req) {
@@ -440,20 +440,17 @@ void EgressGateway::RecordUdp(const std::string& vm_id, channel::Stream& s, cons
       continue;
     }
     std::string to = e["to"].get<std::string>().substr(0, egress::kMaxAuditHost);
-    egress::Decision d;
-    d.vm_id = vm_id;
-    d.started_at = store::NowSeconds();
-    d.method = "UDP";
+    // "ip:port" as the guest saw it; a port that does not parse is recorded as 0.
     size_t colon = to.rfind(':');
-    d.host = to.substr(0, colon);
+    int port = 0;
     if (colon != std::string::npos) {
-      d.port = std::atoi(to.c_str() + colon + 1);
+      port = static_cast<int>(
+          ParseBoundedInt(std::string_view(to).substr(colon + 1), 0, 65535, "port").value_or(0));
     }
-    d.verdict = "refused";
-    d.reason = std::to_string(e["datagrams"].get<uint64_t>()) +
-               " UDP datagram(s) dropped in the guest: only TCP leaves the VM (DNS is answered "
-               "by trybox-init)";
-    audit_->Closed(audit_->Decided(d), d);
+    RecordRow(vm_id, "UDP", to.substr(0, colon), port, "refused",
+              std::to_string(e["datagrams"].get<uint64_t>()) +
+                  " UDP datagram(s) dropped in the guest: only TCP leaves the VM (DNS is "
+                  "answered by trybox-init)");
   }
   (void)s.End({{"ok", true}});
 }

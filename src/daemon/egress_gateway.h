@@ -148,8 +148,11 @@ class EgressGateway {
   // (method "UDP"), at most kMaxUdpRowsPerReport of them.
   void RecordUdp(const std::string& vm_id, channel::Stream& s, const Json& req);
   static constexpr size_t kMaxUdpRowsPerReport = 17;
-  // An audit row that is not a connection: a change of the VM's list ("ALLOW"/"DENY",
-  // verdict "policy") or a refused request_network ("REQUEST", verdict "refused").
+  // An audit row that is not a connection, written whole at once.
+  void RecordRow(const std::string& vm_id, const char* method, std::string host, int port,
+                 const char* verdict, const std::string& reason);
+  // RecordRow for an entry: a change of the VM's list ("ALLOW"/"DENY", verdict "policy") or
+  // a refused request_network ("REQUEST", verdict "refused").
   void RecordEntryRow(const std::string& vm_id, const char* method, const egress::AllowEntry& e,
                       const char* verdict, const std::string& reason);
 

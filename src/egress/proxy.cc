@@ -254,14 +254,15 @@ class Connection {
       dial_errors += (dial_errors.empty() ? "" : "; ") + fd.status().message();
     }
     if (!up.valid()) return Refuse(502, "failed", dial_errors);
-    if (intercept) return Intercept(std::move(up), *host, head ? buf.substr(head->size) : "");
+    // Bytes the client sent after its head (none on the transparent path: nothing was read).
+    std::string first = head ? buf.substr(head->size) : "";
+    if (intercept) return Intercept(std::move(up), *host, std::move(first));
     d_.verdict = "allowed";
     d_.status = 200;
     d_.reason = model              ? "the operator's model route (egress.json model_route)"
                 : d_.override_used ? "internal address allowed by the operator's override"
                                    : pol.reach.AllowedBecause();
     Decide();
-    std::string first = head ? buf.substr(head->size) : "";
     if (transparent_) {
       // Nothing to answer: the program's connection is already open.
     } else if (target->tunnel) {

@@ -83,23 +83,16 @@ void Downstream(Stream& s, int fd, bool transparent, std::atomic<bool>& ended,
 
 void RelayConnection(UniqueFd sock, std::shared_ptr<channel::Mux> mux, const channel::Json& request,
                      bool transparent) {
-  if (!mux) {
+  auto fail = [&](const std::string& why) {
     if (transparent) {
       ResetOnClose(sock.get());
     } else {
-      Answer503(sock.get(), "no host session");
+      Answer503(sock.get(), why);
     }
-    return;
-  }
+  };
+  if (!mux) return fail("no host session");
   auto opened = mux->Open(request);
-  if (!opened.ok()) {
-    if (transparent) {
-      ResetOnClose(sock.get());
-    } else {
-      Answer503(sock.get(), "the host is not connected: " + opened.status().message());
-    }
-    return;
-  }
+  if (!opened.ok()) return fail("the host is not connected: " + opened.status().message());
   std::shared_ptr<Stream> s = std::move(*opened);
   int wake[2];
   if (::pipe2(wake, O_CLOEXEC) != 0) {

@@ -193,6 +193,13 @@ Status AddLocalDefaultRoute() {
   return NetlinkRequest(&req, req.h.nlmsg_len, "route: add local 0.0.0.0/0 dev lo");
 }
 
+std::string Ipv4Text(uint32_t host_order) {
+  in_addr a{htonl(host_order)};
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
 Status AskForDestinations(int udp_sink) {
   int one = 1;
   if (::setsockopt(udp_sink, IPPROTO_IP, IP_RECVORIGDSTADDR, &one, sizeof one) != 0) {
@@ -219,9 +226,7 @@ Result<std::string> ReceiveSteered(int udp_sink, int flags) {
     if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_ORIGDSTADDR) {
       sockaddr_in o{};
       std::memcpy(&o, CMSG_DATA(c), sizeof o);
-      char ip[INET_ADDRSTRLEN] = {};
-      ::inet_ntop(AF_INET, &o.sin_addr, ip, sizeof ip);
-      return std::string(ip) + ":" + std::to_string(ntohs(o.sin_port));
+      return Ipv4Text(ntohl(o.sin_addr.s_addr)) + ":" + std::to_string(ntohs(o.sin_port));
     }
   }
   return std::string("unknown");

@@ -35,6 +35,9 @@ class Steering {
   UniqueFd link_;
 };
 
+// "198.18.0.5" for an IPv4 address in host byte order.
+std::string Ipv4Text(uint32_t host_order);
+
 // The UDP sink's side: asks the kernel for each datagram's destination (IP_RECVORIGDSTADDR),
 // then reads one datagram (MSG_DONTWAIT with `flags`) and returns where it was sent,
 // "ip:port" ("unknown" if the kernel gave none). The payload is discarded.

@@ -35,13 +35,6 @@ constexpr int kMaxQueriesInFlight = 64;
 constexpr auto kUdpReportEvery = std::chrono::seconds(1);
 constexpr size_t kUdpDestinationsPerReport = 16;
 
-std::string Dotted(uint32_t host_order) {
-  in_addr a{htonl(host_order)};
-  char buf[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &a, buf, sizeof buf);
-  return buf;
-}
-
 Result<UniqueFd> BindUdp(const char* ip, uint16_t port) {
   UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoError("socket");
@@ -154,7 +147,7 @@ void ServeTcp(std::shared_ptr<Shared> sh, TcpListener l) {
       continue;  // closes it
     }
     uint32_t addr = ntohl(local.sin_addr.s_addr);
-    std::string host = Dotted(addr);
+    std::string host = Ipv4Text(addr);
     if (NamePool::Contains(addr)) {
       auto name = sh->pool.NameAt(addr);
       // An address the resolver never gave out: sent as the literal, which the host refuses.
