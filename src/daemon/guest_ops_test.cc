@@ -4,11 +4,15 @@
 // exec is a second real Mux connection, as the daemon's socket is.
 #include "daemon/guest_ops.h"
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -365,9 +369,52 @@ TEST(GuestOpsExecTest, RequestLeavesCwdToTheGuestWhenEmpty) {
 
 // ---- files, against trybox-init's own handlers ----
 
+// trybox-init's handlers fork tar through its reaper, which takes SIGCHLD with sigwaitinfo
+// and reaps with waitpid(-1): it needs SIGCHLD blocked in every thread and a process of its
+// own, as in the guest. In this process it would have neither (a get of a directory once
+// waited forever on a tar no one reaped), so each test runs in a death-test child,
+// re-executed so that no thread exists before SIGCHLD is blocked; the child exits 0 iff no
+// check in it failed, and its checks' messages are shown when one did.
 class GuestOpsFilesTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void InGuestProcess(const std::function<void()>& body) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_EXIT(
+        {
+          sigset_t chld;
+          sigemptyset(&chld);
+          sigaddset(&chld, SIGCHLD);
+          ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+          // The child's checks are collected and printed here: a death test shows only
+          // the child's stderr.
+          ::testing::TestPartResultArray results;
+          {
+            ::testing::ScopedFakeTestPartResultReporter collect(
+                ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
+            Start();
+            body();
+            Stop();
+          }
+          int failed = 0;
+          for (int i = 0; i < results.size(); ++i) {
+            const ::testing::TestPartResult& r = results.GetTestPartResult(i);
+            if (!r.failed()) continue;
+            ++failed;
+            std::fprintf(stderr, "%s:%d: %s\n", r.file_name() ? r.file_name() : "?",
+                         r.line_number(), r.message());
+          }
+          std::fflush(stderr);
+          std::_Exit(failed == 0 ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "");
+  }
+  std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
+
+  std::unique_ptr<MuxGuest> guest_;
+
+ private:
+  void Start() {
+    guest_side_->reaper.Start();
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     guest_mux_ = std::make_unique<Mux>(UniqueFd(sv[1]), channel::Role::kGuest);
@@ -389,15 +436,13 @@ class GuestOpsFilesTest : public ::testing::Test {
     dir_.emplace(std::move(dir).value());
   }
   // The guest's handlers run on detached threads of their own (as in trybox-init), which may
-  // still be finishing a request the host has given up on (a get of a directory): they share
-  // the guest side, and the fixture waits for those running (the host side closed first, so
-  // that none waits on it). ASan found one using a freed fixture's reaper.
-  void TearDown() override {
+  // still be finishing a request the host has given up on (a get of a directory): the host
+  // side closes first, so that none waits on it, and then those running are waited for.
+  void Stop() {
     guest_.reset();
     std::unique_lock<std::mutex> lock(guest_side_->mu);
     guest_side_->cv.wait(lock, [this] { return guest_side_->running == 0; });
   }
-  std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
 
   struct GuestSide {
     guest::Reaper reaper;
@@ -407,78 +452,86 @@ class GuestOpsFilesTest : public ::testing::Test {
   };
   std::shared_ptr<GuestSide> guest_side_ = std::make_shared<GuestSide>();
   std::unique_ptr<Mux> guest_mux_;
-  std::unique_ptr<MuxGuest> guest_;
   std::optional<TempDir> dir_;
 };
 
 TEST_F(GuestOpsFilesTest, WriteThenReadRoundTrips) {
-  std::string data(300000, 'z');
-  ASSERT_TRUE(WriteFile(*guest_, Path("a/b.txt"), data, 0600, /*mkdirs=*/true).ok());
-  auto r = ReadFile(*guest_, Path("a/b.txt"), 1 << 20);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->data, data);
-  EXPECT_FALSE(r->truncated);
-  EXPECT_EQ(r->size, 300000);
-  auto cut = ReadFile(*guest_, Path("a/b.txt"), 1000);
-  ASSERT_TRUE(cut.ok());
-  EXPECT_EQ(cut->data.size(), 1000u);
-  EXPECT_TRUE(cut->truncated);
+  InGuestProcess([&] {
+    std::string data(300000, 'z');
+    ASSERT_TRUE(WriteFile(*guest_, Path("a/b.txt"), data, 0600, /*mkdirs=*/true).ok());
+    auto r = ReadFile(*guest_, Path("a/b.txt"), 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->data, data);
+    EXPECT_FALSE(r->truncated);
+    EXPECT_EQ(r->size, 300000);
+    auto cut = ReadFile(*guest_, Path("a/b.txt"), 1000);
+    ASSERT_TRUE(cut.ok());
+    EXPECT_EQ(cut->data.size(), 1000u);
+    EXPECT_TRUE(cut->truncated);
+  });
 }
 
 TEST_F(GuestOpsFilesTest, ReadOfADirectoryOrAMissingFileSaysWhich) {
-  ASSERT_TRUE(WriteFile(*guest_, Path("d/f"), "x", 0644, true).ok());
-  auto dir = ReadFile(*guest_, Path("d"), 100);
-  EXPECT_EQ(dir.status().code(), Code::kFailedPrecondition) << dir.status().ToString();
-  EXPECT_NE(dir.status().message().find("directory"), std::string::npos);
-  auto missing = ReadFile(*guest_, Path("nope"), 100);
-  EXPECT_EQ(missing.status().code(), Code::kNotFound) << missing.status().ToString();
-  Status no_parent = WriteFile(*guest_, Path("x/y/z"), "x", 0644, /*mkdirs=*/false);
-  EXPECT_FALSE(no_parent.ok());
+  InGuestProcess([&] {
+    ASSERT_TRUE(WriteFile(*guest_, Path("d/f"), "x", 0644, true).ok());
+    auto dir = ReadFile(*guest_, Path("d"), 100);
+    EXPECT_EQ(dir.status().code(), Code::kFailedPrecondition) << dir.status().ToString();
+    EXPECT_NE(dir.status().message().find("directory"), std::string::npos);
+    auto missing = ReadFile(*guest_, Path("nope"), 100);
+    EXPECT_EQ(missing.status().code(), Code::kNotFound) << missing.status().ToString();
+    Status no_parent = WriteFile(*guest_, Path("x/y/z"), "x", 0644, /*mkdirs=*/false);
+    EXPECT_FALSE(no_parent.ok());
+  });
 }
 
 TEST_F(GuestOpsFilesTest, GetRelaysMetaDataAndEndToTheClient) {
-  ASSERT_TRUE(WriteFile(*guest_, Path("g"), "hello", 0640, true).ok());
-  ClientConn c = MakeClient({{"verb", "get"}});
-  RelayGet(*guest_, {{"op", "get"}, {"path", Path("g")}}, *c.server);
-  Json meta, end;
-  std::string data;
-  for (;;) {
-    auto m = c.client->Next();
-    ASSERT_TRUE(m.ok());
-    if (m->kind == Kind::kEvent) meta = m->body;
-    if (m->kind == Kind::kData) data += m->data;
-    if (m->kind == Kind::kEnd) {
-      end = m->body;
-      break;
+  InGuestProcess([&] {
+    ASSERT_TRUE(WriteFile(*guest_, Path("g"), "hello", 0640, true).ok());
+    ClientConn c = MakeClient({{"verb", "get"}});
+    RelayGet(*guest_, {{"op", "get"}, {"path", Path("g")}}, *c.server);
+    Json meta, end;
+    std::string data;
+    for (;;) {
+      auto m = c.client->Next();
+      ASSERT_TRUE(m.ok());
+      if (m->kind == Kind::kEvent) meta = m->body;
+      if (m->kind == Kind::kData) data += m->data;
+      if (m->kind == Kind::kEnd) {
+        end = m->body;
+        break;
+      }
     }
-  }
-  EXPECT_EQ(meta["type"], "meta");
-  EXPECT_EQ(meta["kind"], "file");
-  EXPECT_EQ(meta["mode"], 0640);
-  EXPECT_EQ(data, "hello");
-  EXPECT_EQ(end, (Json{{"ok", true}, {"bytes", 5}, {"via", "channel"}}));
+    EXPECT_EQ(meta["type"], "meta");
+    EXPECT_EQ(meta["kind"], "file");
+    EXPECT_EQ(meta["mode"], 0640);
+    EXPECT_EQ(data, "hello");
+    EXPECT_EQ(end, (Json{{"ok", true}, {"bytes", 5}, {"via", "channel"}}));
+  });
 }
 
 TEST_F(GuestOpsFilesTest, PutErrorsKeepTheGuestsKind) {
-  ClientConn c = MakeClient({{"verb", "put"}});
-  std::thread upload([&] {
-    (void)c.client->Write(channel::kChanIn, "data");
-    (void)c.client->CloseWrite(channel::kChanIn);
-  });
-  RelayPut(*guest_, {{"op", "put"}, {"path", Path("missing/dir/f")}, {"kind", "file"}}, *c.server);
-  upload.join();
-  Json end;
-  for (;;) {
-    auto m = c.client->Next();
-    ASSERT_TRUE(m.ok());
-    if (m->kind == Kind::kEnd) {
-      end = m->body;
-      break;
+  InGuestProcess([&] {
+    ClientConn c = MakeClient({{"verb", "put"}});
+    std::thread upload([&] {
+      (void)c.client->Write(channel::kChanIn, "data");
+      (void)c.client->CloseWrite(channel::kChanIn);
+    });
+    RelayPut(*guest_, {{"op", "put"}, {"path", Path("missing/dir/f")}, {"kind", "file"}},
+             *c.server);
+    upload.join();
+    Json end;
+    for (;;) {
+      auto m = c.client->Next();
+      ASSERT_TRUE(m.ok());
+      if (m->kind == Kind::kEnd) {
+        end = m->body;
+        break;
+      }
     }
-  }
-  EXPECT_EQ(end["ok"], false);
-  EXPECT_EQ(end["error"]["code"], "NOT_FOUND") << end.dump();
-  EXPECT_EQ(end["error"]["kind"], "not_found") << end.dump();
+    EXPECT_EQ(end["ok"], false);
+    EXPECT_EQ(end["error"]["code"], "NOT_FOUND") << end.dump();
+    EXPECT_EQ(end["error"]["kind"], "not_found") << end.dump();
+  });
 }
 
 TEST(GuestOpsFilesHostileTest, MalformedFileEndsAreNamedNotThrown) {
