@@ -276,6 +276,7 @@ int CmdAgent(Client& client, const Invocation& inv, std::ostream& out, std::ostr
         if (!secrets.ok()) return Fail(err, secrets.status());
         req["secrets"] = std::move(*secrets);
       }
+      if (!inv.vm.http_rules.empty()) req["http_rules"] = inv.vm.http_rules;
       if (!inv.vm.workspace.empty()) {
         char real[PATH_MAX];
         if (!::realpath(inv.vm.workspace.c_str(), real)) {

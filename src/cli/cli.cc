@@ -47,6 +47,11 @@ constexpr int kTryboxFailed = 125;
 // Pages asked of a paging daemon: its own caps (docs/protocol/daemon.md).
 constexpr int64_t kDiffPage = 2000;
 
+constexpr const char* kHttpRuleHelp =
+    "'allow|deny METHODS HOST[/PATH]', e.g. 'allow GET,POST api.github.com/repos/OWNER/NAME': "
+    "once HOST has a rule, each HTTPS request to it goes only if the first rule matching its "
+    "method (or *) and path prefix allows it (repeatable, in order; docs/secrets.md)";
+
 // Numeric flags arrive as text and are parsed by Parse() with their bounds; CLI11's own
 // conversion would wrap 4294967808 to 512 and read 1e20 as a double.
 struct NumberFlags {
@@ -100,6 +105,7 @@ void AddVmOptions(CLI::App* cmd, VmOptions& vm, NumberFlags& nf) {
                   "egress proxy puts the real value (SOURCE: env:VAR or file:PATH) in its place "
                   "only in HTTPS requests to HOST (repeatable; docs/secrets.md)")
       ->allow_extra_args(false);
+  cmd->add_option("--http-rule", vm.http_rules, kHttpRuleHelp)->allow_extra_args(false);
   cmd->add_option("--workspace", vm.workspace,
                   "Copy this git working tree into /workspace (the default working directory)");
   cmd->add_option("--workspace-quota", vm.workspace_quota,
@@ -335,6 +341,7 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
   if (!vm.secrets.empty()) {
     ASSIGN_OR_RETURN(request["secrets"], ResolveSecrets(Paths::FromEnvironment(), vm.secrets));
   }
+  if (!vm.http_rules.empty()) request["http_rules"] = vm.http_rules;
   ASSIGN_OR_RETURN(auto s, client.Open(request));
   ASSIGN_OR_RETURN(Json r, AwaitWithProgress(*s, ShowProgress(quiet), err));
   ASSIGN_OR_RETURN(ReplyView v, ReplyView(r).Object("vm"));
@@ -1199,6 +1206,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
                    "its verification VM) sees NAME set to a placeholder; the real value goes "
                    "only into HTTPS requests to HOST (repeatable; docs/secrets.md)")
       ->allow_extra_args(false);
+  agent->add_option("--http-rule", inv.vm.http_rules, kHttpRuleHelp)->allow_extra_args(false);
   AddAgentModelOptions(agent, inv.model, nf);
   agent->add_flag("--json", inv.json, "Print the report as JSON");
   agent->add_option("task", inv.agent.task, "The task, in words");

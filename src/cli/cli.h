@@ -44,6 +44,7 @@ struct VmOptions {
   std::vector<std::string> profiles;    // named allow-lists from the daemon's egress.json
   std::vector<std::string> deny;        // --deny HOST[:PORT], validated; wins in either mode
   std::vector<std::string> secrets;     // --secret NAME=SOURCE@HOST[,HOST...], syntax checked
+  std::vector<std::string> http_rules;  // --http-rule 'ACTION METHODS HOST[/PATH]'
   std::string workspace;                // --workspace DIR: a git working tree copied to /workspace
   std::string workspace_quota;          // --workspace-quota SIZE (default: the daemon's, 1 GiB)
   uint64_t quota_bytes = 0;             // parsed; 0 = the daemon's default

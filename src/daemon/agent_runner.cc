@@ -102,6 +102,7 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   create.profiles = req.profiles;
   create.deny = req.deny;
   create.secrets = req.secrets;
+  create.http_rules = req.http_rules;
   // Checked before a VM is booted, and before the probe spends a request, for nothing.
   if (Status st = vms_.Validate(create); !st.ok()) return ErrorReply(st);
   agent::Outcome probe = Probe(req.model);

@@ -308,7 +308,8 @@ Result<EgressGateway::RequestAnswer> EgressGateway::AnswerRequest(const std::str
 }
 
 Result<std::shared_ptr<EgressVm>> EgressGateway::NewVm(
-    egress::Reach reach, std::shared_ptr<const egress::SecretSet> secrets) const {
+    egress::Reach reach, std::shared_ptr<const egress::SecretSet> secrets,
+    std::shared_ptr<const egress::HttpRules> rules) const {
   auto now = settings();
   auto vm = std::make_shared<EgressVm>(now->config.max_tunnels_per_vm);
   vm->settings = now;
@@ -319,10 +320,13 @@ Result<std::shared_ptr<EgressVm>> EgressGateway::NewVm(
   policy->head_timeout = now->config.head_timeout;
   policy->connect_timeout = now->config.connect_timeout;
   vm->set_policy(std::move(policy));
-  if (secrets && !secrets->empty()) {
+  const bool has_secrets = secrets && !secrets->empty();
+  const bool has_rules = rules && !rules->empty();
+  if (has_secrets || has_rules) {
     ASSIGN_OR_RETURN(vm->ca, egress::CertAuthority::Create("trybox egress CA"));
-    vm->secrets = std::move(secrets);
   }
+  if (has_secrets) vm->secrets = std::move(secrets);
+  if (has_rules) vm->rules = std::move(rules);
   return vm;
 }
 
@@ -399,7 +403,7 @@ void EgressGateway::Serve(const std::string& vm_id, EgressVm& eg, channel::Strea
   egress::Decision d = egress::ServeConnection(
       client,
       {policy.get(), eg.settings->resolver.get(), &eg.slots, audit_.get(), vm_id, eg.secrets.get(),
-       eg.ca.get(), eg.settings->upstream_tls.get()},
+       eg.ca.get(), eg.settings->upstream_tls.get(), eg.rules.get()},
       transparent);
   (void)s.End({{"ok", true},
                {"verdict", d.verdict},

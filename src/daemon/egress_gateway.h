@@ -57,6 +57,9 @@ struct EgressVm {
   // null when the VM has no secret. The CA's key never leaves this process.
   std::shared_ptr<const egress::SecretSet> secrets;
   std::unique_ptr<egress::CertAuthority> ca;
+  // The VM's HTTP rules (egress/http_rules.h); null without any. The CA exists for
+  // them too: the hosts they cover are intercepted.
+  std::shared_ptr<const egress::HttpRules> rules;
   // Streams the guest has open, decided or not: bounds the threads a guest can hold.
   std::atomic<int> streams{0};
   explicit EgressVm(int max_tunnels) : slots(max_tunnels) {}
@@ -106,7 +109,8 @@ class EgressGateway {
                               const std::vector<std::string>& deny) const;
   // A VM's egress state; with secrets, a CA of its own for the guest to trust.
   Result<std::shared_ptr<EgressVm>> NewVm(egress::Reach reach,
-                                          std::shared_ptr<const egress::SecretSet> secrets) const;
+                                          std::shared_ptr<const egress::SecretSet> secrets,
+                                          std::shared_ptr<const egress::HttpRules> rules) const;
   // Changes running VM `vm_id`'s reach: every entry is checked before any applies. Each
   // entry that changed something is an audit row (verdict "policy", who asked in the
   // reason). Returns the reach now in force.

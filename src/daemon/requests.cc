@@ -91,6 +91,7 @@ Result<CreateRequest> ParseCreate(const Json& j, const std::string& what) {
   ASSIGN_OR_RETURN(r.deny, f.StringList("deny"));
   ASSIGN_OR_RETURN(r.privileged, f.Bool("privileged", false));
   ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets"), what));
+  ASSIGN_OR_RETURN(r.http_rules, f.StringList("http_rules"));
   return r;
 }
 
@@ -422,6 +423,7 @@ Result<AgentRequest> ParseAgent(const Json& j) {
   r.model = std::move(*model);
   ASSIGN_OR_RETURN(r.limits, ParseLimits(f.Raw("limits")));
   ASSIGN_OR_RETURN(r.secrets, Secrets(f.Raw("secrets"), ""));
+  ASSIGN_OR_RETURN(r.http_rules, f.StringList("http_rules"));
   return r;
 }
 

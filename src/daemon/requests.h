@@ -51,6 +51,8 @@ struct CreateRequest {
   bool privileged = false;
   // Secrets the guest sees only as placeholders (docs/secrets.md). Values are never echoed.
   std::vector<egress::SecretInput> secrets;
+  // HTTP rules (egress/http_rules.h), as written: "allow GET api.github.com/repos/A/B".
+  std::vector<std::string> http_rules;
 };
 
 struct VmRequest {  // destroy
@@ -201,6 +203,9 @@ struct AgentRequest {
   // The run's VM and its verification VM get these as create's `secrets` (placeholders in
   // the guest). Values: never logged, never stored.
   std::vector<egress::SecretInput> secrets;
+  // The run's VM's HTTP rules (create's `http_rules`); not its verification VM's,
+  // which runs the operator's command rather than the agent's.
+  std::vector<std::string> http_rules;
 };
 
 struct AgentContinueRequest {

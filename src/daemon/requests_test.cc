@@ -29,6 +29,14 @@ TEST(DaemonRequestsTest, CreateDefaultsAndRanges) {
   EXPECT_EQ(r->allow, std::vector<std::string>{"a.com"});
 }
 
+TEST(DaemonRequestsTest, CreateAndAgentTakeHttpRulesAsTheirTexts) {
+  auto r = ParseCreate(J(R"({"http_rules":["allow GET a.test/x","deny * a.test"]})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->http_rules, (std::vector<std::string>{"allow GET a.test/x", "deny * a.test"}));
+  EXPECT_FALSE(ParseCreate(J(R"({"http_rules":"allow GET a.test"})")).ok());
+  EXPECT_FALSE(ParseCreate(J(R"({"http_rules":[1]})")).ok());
+}
+
 TEST(DaemonRequestsTest, CreateTakesSecretsAndItsErrorsNeverQuoteAValue) {
   auto r = ParseCreate(J(R"({"secrets":[{"name":"GH","value":"v-123","hosts":["a.test"]},
                          {"name":"B","value":"w","hosts":["*.b.test"],"body":true,

@@ -50,6 +50,7 @@ Status VmService::Validate(const CreateRequest& req) const {
   RETURN_IF_ERROR(image::VerifyImage(dir));
   RETURN_IF_ERROR(egress_.Reach(req.internet, req.allow, req.profiles, req.deny).status());
   if (!req.secrets.empty()) RETURN_IF_ERROR(egress::SecretSet::Make(req.secrets).status());
+  RETURN_IF_ERROR(egress::HttpRules::Make(req.http_rules).status());
   return disks_.Admit(DiskUses());
 }
 
@@ -63,6 +64,11 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   std::shared_ptr<const egress::SecretSet> secrets;
   if (!req.secrets.empty()) {
     ASSIGN_OR_RETURN(secrets, egress::SecretSet::Make(req.secrets));
+  }
+  std::shared_ptr<const egress::HttpRules> rules;
+  if (!req.http_rules.empty()) {
+    ASSIGN_OR_RETURN(egress::HttpRules made, egress::HttpRules::Make(req.http_rules));
+    rules = std::make_shared<const egress::HttpRules>(std::move(made));
   }
   RETURN_IF_ERROR(disks_.Admit(DiskUses()));
   // A VM the store could not record would run unrecorded: refused before it boots.
@@ -93,7 +99,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   CreatedVm out;
   out.start = launched->start;
   out.boot_ms = launched->vm->boot_ms();
-  auto eg = egress_.NewVm(std::move(reach), secrets);
+  auto eg = egress_.NewVm(std::move(reach), secrets, std::move(rules));
   if (!eg.ok()) {
     (void)launched->vm->Destroy();
     return eg.status().Annotate("set up the VM's egress");
@@ -105,13 +111,15 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   if ((*eg)->policy()->model_route) {
     env["TRYBOX_MODEL_URL"] = std::string("http://") + egress::kModelHost;
   }
-  if (secrets) {
+  if ((*eg)->ca) {  // secrets or HTTP rules: the guest trusts the VM's CA
     Status st = InstallEgressCa(*out.entry, (*eg)->ca->cert_pem());
     if (!st.ok()) {
       out.entry->Destroy();
       return st.Annotate("install the VM's egress CA in the guest");
     }
     for (auto& [k, v] : TrustEnv()) env[k] = v;
+  }
+  if (secrets) {
     for (auto& [k, v] : secrets->GuestEnv()) env[k] = v;
   }
   out.entry->set_image_env(std::move(env));

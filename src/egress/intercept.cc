@@ -492,10 +492,11 @@ struct EditedHead {
 class Relay {
  public:
   Relay(ByteStream& guest, ByteStream& upstream, const SecretSet& secrets, const std::string& host,
-        const InterceptLimits& limits)
+        const InterceptLimits& limits, const HttpRules* rules)
       : guest_(guest),
         upstream_(upstream),
         secrets_(secrets),
+        rules_(rules),
         host_(host),
         limits_(limits),
         guest_out_(guest, bytes_down_, guest_mu_, false, "the guest"),
@@ -643,6 +644,11 @@ class Relay {
     if (!framing.ok()) return Refuse(400, "malformed request: " + framing.status().message());
     if (framing->kind == Framing::kChunked && head.version == "HTTP/1.0") {
       return Refuse(400, "malformed request: Transfer-Encoding in an HTTP/1.0 request");
+    }
+    if (rules_) {
+      if (std::string why = rules_->Check(host_, head.method, head.target); !why.empty()) {
+        return Refuse(403, why);
+      }
     }
     if (const Secret* f = secrets_.ForeignPlaceholder(raw, host_)) return RefuseForeign(*f);
 
@@ -1115,6 +1121,7 @@ class Relay {
   ByteStream& guest_;
   ByteStream& upstream_;
   const SecretSet& secrets_;
+  const HttpRules* rules_;  // may be null
   const std::string host_;
   const InterceptLimits limits_;
   Substituter head_subst_;  // secrets bound to host_
@@ -1177,8 +1184,9 @@ Result<std::optional<ResponseHead>> ParseResponseHead(std::string_view buf, size
 }
 
 InterceptResult RelayHttp(ByteStream& guest, ByteStream& upstream, const SecretSet& secrets,
-                          const std::string& host, const InterceptLimits& limits) {
-  return Relay(guest, upstream, secrets, host, limits).Run();
+                          const std::string& host, const InterceptLimits& limits,
+                          const HttpRules* rules) {
+  return Relay(guest, upstream, secrets, host, limits, rules).Run();
 }
 
 }  // namespace trybox::egress

@@ -20,6 +20,8 @@
 //    raw bytes both ways.
 //
 // Rules the relay adds, each refused with a status and an X-Trybox-Reason header:
+//  - the VM's HTTP rules for the host (http_rules.h), checked on each request's method
+//    and target before anything of it is sent (403 naming the rule);
 //  - the request target must be origin-form ("/path?query") or "*" (OPTIONS); absolute-form
 //    is refused with 400 (clients inside a tunnel never send it, and accepting it would give a
 //    second place to name the host);
@@ -54,6 +56,7 @@
 
 #include "egress/byte_stream.h"
 #include "egress/http.h"
+#include "egress/http_rules.h"
 #include "egress/secrets.h"
 #include "util/status.h"
 
@@ -84,8 +87,11 @@ struct InterceptResult {
 
 // Relays HTTP/1.1 between `guest` and `upstream` for requests to `host` (canonical, the
 // CONNECT target) until both directions are done. See the file comment for the rules.
+// `rules` (may be null): a request they refuse for `host` gets a 403 naming the rule
+// (http_rules.h) and goes no further.
 InterceptResult RelayHttp(ByteStream& guest, ByteStream& upstream, const SecretSet& secrets,
-                          const std::string& host, const InterceptLimits& limits = {});
+                          const std::string& host, const InterceptLimits& limits = {},
+                          const HttpRules* rules = nullptr);
 
 struct ResponseHead {
   std::string version;  // "HTTP/1.1" or "HTTP/1.0"

@@ -108,7 +108,11 @@ class InterceptTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { ::signal(SIGPIPE, SIG_IGN); }
 
-  void Start(std::vector<SecretInput> inputs, InterceptLimits limits = {}) {
+  void Start(std::vector<SecretInput> inputs, InterceptLimits limits = {},
+             std::vector<std::string> rules = {}) {
+    auto made = HttpRules::Make(rules);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    rules_ = std::move(*made);
     auto set = SecretSet::Make(std::move(inputs));
     ASSERT_TRUE(set.ok()) << set.status().ToString();
     secrets_ = *set;
@@ -122,7 +126,8 @@ class InterceptTest : public ::testing::Test {
     guest_stream_ = std::make_unique<FdStream>(g[1]);
     upstream_stream_ = std::make_unique<FdStream>(u[1]);
     relay_ = std::thread([this, limits] {
-      result_ = RelayHttp(*guest_stream_, *upstream_stream_, *secrets_, kHost, limits);
+      result_ = RelayHttp(*guest_stream_, *upstream_stream_, *secrets_, kHost, limits,
+                          rules_.empty() ? nullptr : &rules_);
     });
   }
 
@@ -154,6 +159,7 @@ class InterceptTest : public ::testing::Test {
 
  private:
   std::shared_ptr<const SecretSet> secrets_;
+  HttpRules rules_;
   UniqueFd guest_, relay_guest_, upstream_, relay_upstream_;
   std::unique_ptr<FdStream> guest_stream_, upstream_stream_;
   std::thread relay_;
@@ -260,6 +266,45 @@ TEST_F(InterceptTest, AForeignPlaceholderAfterAnsweredRequestsIsRefusedAfterThei
   InterceptResult r = Join();
   EXPECT_EQ(r.requests, 1);
   EXPECT_EQ(r.refused_status, 403);
+}
+
+TEST_F(InterceptTest, HttpRulesPassAnAllowedRequestAndRefuseTheNextWithItsRuleNamed) {
+  Start({Declare("API_KEY", kValue, {kHost})}, {},
+        {"deny * api.test/repos/me/proj/settings", "allow GET,POST api.test/repos/me/proj"});
+  // Pipelined: the allowed request is forwarded (substituted) and answered; the refused one
+  // never reaches the upstream, and its 403 queues behind the first response.
+  Write(guest(),
+        "GET /repos/me/proj/pulls HTTP/1.1\r\nHost: api.test\r\nX-Key: " + Placeholder("API_KEY") +
+            "\r\n\r\nGET /repos/ME/Proj/settings HTTP/1.1\r\nHost: api.test\r\n\r\n");
+  EXPECT_EQ(ReadHead(upstream()),
+            std::string("GET /repos/me/proj/pulls HTTP/1.1\r\nHost: api.test\r\nX-Key: ") + kValue +
+                "\r\n\r\n");
+  Write(upstream(), "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+  std::string reply = ReadUntilEof(guest());
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 403 Forbidden", 0),
+            0u)
+      << reply;
+  EXPECT_NE(reply.find("\r\nX-Trybox-Reason: HTTP rule 'deny * api.test/repos/me/proj/settings' "
+                       "refuses GET /repos/ME/Proj/settings\r\n"),
+            std::string::npos)
+      << reply;
+  EXPECT_EQ(ReadUntilEof(upstream()), "");
+  InterceptResult r = Join();
+  EXPECT_EQ(r.requests, 1);
+  EXPECT_EQ(r.refused_status, 403);
+  EXPECT_NE(r.refused_reason.find("HTTP rule 'deny"), std::string::npos) << r.refused_reason;
+  ExpectNoValue(r, kValue);
+}
+
+TEST_F(InterceptTest, HttpRulesRefuseARequestNoRuleAllows) {
+  Start({}, {}, {"allow GET api.test/repos/me/proj"});
+  Write(guest(), "DELETE /repos/me/proj HTTP/1.1\r\nHost: api.test\r\n\r\n");
+  std::string reply = ReadUntilEof(guest());
+  EXPECT_EQ(reply.rfind("HTTP/1.1 403 Forbidden\r\n", 0), 0u) << reply;
+  EXPECT_NE(reply.find("no HTTP rule for api.test allows DELETE /repos/me/proj"), std::string::npos)
+      << reply;
+  EXPECT_EQ(ReadUntilEof(upstream()), "");
+  EXPECT_EQ(Join().requests, 0);
 }
 
 TEST_F(InterceptTest, TwoRequestsOnAKeptAliveConnectionAreBothSubstitutedAndAnsweredInOrder) {

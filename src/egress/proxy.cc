@@ -212,7 +212,15 @@ class Connection {
         return Refuse(403, "refused", PlaceholderRefusal(*s));
       }
     }
-    const bool intercept = target->tunnel && ctx_.secrets && ctx_.secrets->BindsHost(*host);
+    const bool ruled = ctx_.rules && ctx_.rules->Covers(*host);
+    if (ruled && !target->tunnel) {
+      return Refuse(403, "refused",
+                    *host +
+                        " has HTTP rules, which the proxy can apply only inside HTTPS: "
+                        "plain HTTP to it is refused");
+    }
+    const bool intercept =
+        target->tunnel && (ruled || (ctx_.secrets && ctx_.secrets->BindsHost(*host)));
     if (!ctx_.slots->TryAcquire()) {
       return Refuse(503, "refused",
                     "too many concurrent tunnels for this VM (cap " +
@@ -290,7 +298,11 @@ class Connection {
     d_.status = 200;
     d_.reason = (d_.override_used ? "internal address allowed by the operator's override"
                                   : pol.reach.AllowedBecause()) +
-                "; TLS intercepted for its secrets";
+                "; TLS intercepted for its " +
+                (ctx_.rules && ctx_.rules->Covers(host)
+                     ? (ctx_.secrets && ctx_.secrets->BindsHost(host) ? "secrets and HTTP rules"
+                                                                      : "HTTP rules")
+                     : "secrets");
     Decide();
     if (!transparent_ && !client_.Write("HTTP/1.1 200 Connection established\r\n\r\n").ok()) {
       return;
@@ -341,7 +353,9 @@ class Connection {
     InterceptResult r;
     auto guest = TlsStream::Accept(std::move(inner), *server, Clock::now() + kGuestTlsTimeout);
     if (guest.ok()) {
-      r = RelayHttp(**guest, **upstream, *ctx_.secrets, host);
+      static const SecretSet kNoSecrets;
+      r = RelayHttp(**guest, **upstream, ctx_.secrets ? *ctx_.secrets : kNoSecrets, host, {},
+                    ctx_.rules);
       (void)(*guest)->CloseWrite();
       guest->reset();  // closes the inner socket: `out` sees the end
     } else {

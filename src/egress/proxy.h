@@ -26,6 +26,7 @@
 #include "channel/mux.h"
 #include "egress/allowlist.h"
 #include "egress/http.h"
+#include "egress/http_rules.h"
 #include "egress/secrets.h"
 #include "egress/tls.h"
 #include "util/fd.h"
@@ -178,6 +179,10 @@ struct ProxyContext {
   const SecretSet* secrets = nullptr;
   CertAuthority* ca = nullptr;
   UpstreamTls* upstream_tls = nullptr;
+  // The VM's HTTP rules (http_rules.h): tunnels to a host they cover are intercepted
+  // as secrets' hosts are (so `ca` and `upstream_tls` are set), and plain HTTP to it is
+  // refused. Null for a VM without rules.
+  const HttpRules* rules = nullptr;
 };
 
 // A connection a guest program dialled itself (docs/protocol/egress.md, "Transparent

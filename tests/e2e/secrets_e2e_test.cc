@@ -134,6 +134,7 @@ class SecretsE2E : public ::testing::Test {
     api_ = new TlsOrigin(*ca_, "api.secret.test");
     other_ = new TlsOrigin(*ca_, "other.secret.test");
     rogue_ = new TlsOrigin(*rogue_ca_, "rogue.secret.test");
+    forge_ = new TlsOrigin(*ca_, "forge.secret.test");
     auto h = Harness::Start();
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     h_ = h->release();
@@ -141,13 +142,15 @@ class SecretsE2E : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(h_->home() + "/config", 0700).ok());
     ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/upstream-ca.pem", ca_->cert_pem()).ok());
     std::string api = std::to_string(api_->port()), other = std::to_string(other_->port()),
-                rogue = std::to_string(rogue_->port());
+                rogue = std::to_string(rogue_->port()), forge = std::to_string(forge_->port());
     Json config = {
         {"resolve",
          {{"api.secret.test", {"127.0.0.1"}},
           {"other.secret.test", {"127.0.0.1"}},
-          {"rogue.secret.test", {"127.0.0.1"}}}},
-        {"internal_allow", {"127.0.0.1:" + api, "127.0.0.1:" + other, "127.0.0.1:" + rogue}},
+          {"rogue.secret.test", {"127.0.0.1"}},
+          {"forge.secret.test", {"127.0.0.1"}}}},
+        {"internal_allow",
+         {"127.0.0.1:" + api, "127.0.0.1:" + other, "127.0.0.1:" + rogue, "127.0.0.1:" + forge}},
         {"upstream_ca_file", h_->home() + "/config/upstream-ca.pem"}};
     ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/egress.json", config.dump()).ok());
     ASSERT_TRUE(h_->RestartDaemon().ok());
@@ -166,6 +169,7 @@ class SecretsE2E : public ::testing::Test {
     delete api_;
     delete other_;
     delete rogue_;
+    delete forge_;
     delete ca_;
     delete rogue_ca_;
     h_ = nullptr;
@@ -190,6 +194,7 @@ class SecretsE2E : public ::testing::Test {
   static TlsOrigin* api_;
   static TlsOrigin* other_;
   static TlsOrigin* rogue_;
+  static TlsOrigin* forge_;
   static std::string id_;
 };
 Harness* SecretsE2E::h_ = nullptr;
@@ -198,6 +203,7 @@ egress::CertAuthority* SecretsE2E::rogue_ca_ = nullptr;
 TlsOrigin* SecretsE2E::api_ = nullptr;
 TlsOrigin* SecretsE2E::other_ = nullptr;
 TlsOrigin* SecretsE2E::rogue_ = nullptr;
+TlsOrigin* SecretsE2E::forge_ = nullptr;
 std::string SecretsE2E::id_;
 
 TEST_F(SecretsE2E, CurlAuthenticatesWithThePlaceholderAndTheBoundHostGetsTheRealValue) {
@@ -258,6 +264,58 @@ TEST_F(SecretsE2E, AnOriginWhoseCertificateTheHostDoesNotTrustIsRefusedWithTheRe
   CliResult audit = h_->Cli({"audit", "--vm", id_, "--json"});
   ASSERT_EQ(audit.code, 0) << audit.err;
   EXPECT_NE(audit.out.find("not trusted"), std::string::npos) << audit.out;
+}
+
+// HTTP rules without any secret: the forge's host is intercepted with the VM's CA (trusted
+// in the guest without a secret), one repository is open, the rest of the forge is refused
+// with the rule named, in the guest's answer and the audit, and plain HTTP to it is refused.
+TEST_F(SecretsE2E, HttpRulesOpenAForgeForOneRepositoryAndRefuseTheRestNamingTheRule) {
+  const std::string forge = "forge.secret.test:" + std::to_string(forge_->port());
+  CliResult c =
+      h_->Cli({"create", "--memory", "256", "--allow", forge, "--allow", "forge.secret.test:80",
+               "--http-rule", "deny * forge.secret.test/repos/me/proj/settings", "--http-rule",
+               "allow GET,POST forge.secret.test/repos/me/proj"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string vm = c.out.substr(0, c.out.find('\n'));
+  auto sh = [&](const std::string& script) {
+    return h_->Cli({"exec", vm, "--", "bash", "-c", script});
+  };
+  size_t before = forge_->heads().size();
+  CliResult ok =
+      sh("curl -sS -p -X POST " + Url(forge_, "forge.secret.test", "/repos/me/proj/issues"));
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("ok"), std::string::npos) << ok.out;
+  ASSERT_EQ(forge_->heads().size(), before + 1);
+  EXPECT_EQ(forge_->heads().back().rfind("POST /repos/me/proj/issues HTTP/1.1\r\n", 0), 0u)
+      << forge_->heads().back();
+
+  CliResult other = sh("curl -sS -i -p " + Url(forge_, "forge.secret.test", "/repos/me/other"));
+  EXPECT_NE(other.out.find("HTTP/1.1 403"), std::string::npos) << other.out << other.err;
+  EXPECT_NE(other.out.find("no HTTP rule for forge.secret.test allows GET /repos/me/other"),
+            std::string::npos)
+      << other.out;
+  CliResult settings =
+      sh("curl -sS -i -p " + Url(forge_, "forge.secret.test", "/repos/ME/proj/settings/keys"));
+  EXPECT_NE(settings.out.find("HTTP rule 'deny * forge.secret.test/repos/me/proj/settings' "
+                              "refuses GET /repos/ME/proj/settings/keys"),
+            std::string::npos)
+      << settings.out;
+  CliResult plain = sh("curl -sS -i http://forge.secret.test/repos/me/proj");
+  EXPECT_NE(plain.out.find("403"), std::string::npos) << plain.out << plain.err;
+  EXPECT_NE(plain.out.find("plain HTTP to it is refused"), std::string::npos) << plain.out;
+  EXPECT_EQ(forge_->heads().size(), before + 1) << "a refused request reached the origin";
+
+  CliResult audit = h_->Cli({"audit", "--vm", vm, "--json"});
+  ASSERT_EQ(audit.code, 0) << audit.err;
+  EXPECT_NE(audit.out.find("TLS intercepted for its HTTP rules"), std::string::npos) << audit.out;
+  EXPECT_NE(audit.out.find("no HTTP rule for forge.secret.test allows GET /repos/me/other"),
+            std::string::npos)
+      << audit.out;
+  // A rule that does not parse is refused at create, naming it, and no VM is left.
+  CliResult bad = h_->Cli({"create", "--memory", "256", "--http-rule", "allow get forge.test"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("HTTP rule 0"), std::string::npos) << bad.err;
+  EXPECT_EQ(h_->Cli({"rm", vm}).code, 0);
 }
 
 // Last in the file: after every use above, the value is nowhere in the guest's memory or
