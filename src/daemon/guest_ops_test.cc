@@ -381,10 +381,7 @@ class GuestOpsFilesTest : public ::testing::Test {
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     EXPECT_EXIT(
         {
-          sigset_t chld;
-          sigemptyset(&chld);
-          sigaddset(&chld, SIGCHLD);
-          ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+          guest::BlockChildSignal();
           // The child's checks are collected and printed here: a death test shows only
           // the child's stderr.
           ::testing::TestPartResultArray results;

@@ -130,10 +130,7 @@ void InChild(const std::function<void(Guest&, int& failures)>& body, bool like_i
   EXPECT_EXIT(
       {
         // Before any thread starts: the reaper takes SIGCHLD with sigwaitinfo.
-        sigset_t chld;
-        sigemptyset(&chld);
-        sigaddset(&chld, SIGCHLD);
-        ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+        BlockChildSignal();
         g_own_status = ReadFileToString("/proc/self/status").value_or("");
         if (like_init && LimitBoundingSetForChildren() != 0) std::_Exit(4);
         auto dir = TempDir::Make(::testing::TempDir(), "exec_test");

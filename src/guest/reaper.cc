@@ -88,6 +88,13 @@ void ChildWatch::Complete(int status) {
   reaped_.Signal();
 }
 
+void BlockChildSignal() {
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+}
+
 Reaper::~Reaper() {
   if (thread_.joinable()) thread_.detach();
 }

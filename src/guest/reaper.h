@@ -53,6 +53,11 @@ class ChildWatch {
   std::chrono::steady_clock::time_point exit_time_ GUARDED_BY(mu_);
 };
 
+// Blocks SIGCHLD in the calling thread, which every thread started after it inherits: the
+// reaper takes SIGCHLD with sigwaitinfo, so a process that starts one calls this first,
+// before any thread exists (trybox-init's main, and tests that run a reaper in a child).
+void BlockChildSignal();
+
 class Reaper {
  public:
   Reaper() = default;

@@ -96,10 +96,7 @@ void SpawnThroughReaperAndExit() {
       ++failures;
     }
   };
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
-  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  BlockChildSignal();
   Reaper reaper;
   reaper.Start();
 
@@ -186,10 +183,7 @@ void SpawnIntoCgroupAndExit(const std::string& cg) {
       ++failures;
     }
   };
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
-  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  BlockChildSignal();
   Reaper reaper;
   reaper.Start();
   UniqueFd dir(::open(cg.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
