@@ -10,13 +10,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "egress/tls.h"
 #include "tests/e2e/harness.h"
+#include "util/ascii.h"
 #include "util/fd.h"
+#include "util/process.h"
 #include "util/tcp.h"
 #include "vmm/qmp.h"
 
@@ -30,11 +33,33 @@ using Clock = std::chrono::steady_clock;
 constexpr char kGhValue[] = "ghs-REAL-0f3c9a7e51d24b6b8a1e2d3c4b5a6978";
 constexpr char kOtherValue[] = "other-REAL-7d6c5b4a39281706f5e4d3c2b1a0";
 
+std::string Base64(const std::string& s) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], t[n & 63]};
+  }
+  if (i + 1 == s.size()) {
+    uint32_t n = uint8_t(s[i]) << 16;
+    out += {t[n >> 18], t[(n >> 12) & 63], '=', '='};
+  } else if (i + 2 == s.size()) {
+    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
+    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], '='};
+  }
+  return out;
+}
+
 // An HTTPS origin for one name: records each request head it receives and answers "ok" with
 // a Set-Cookie, one request per connection.
+// With a git root, requests under /git/ are served by `git http-backend` (smart HTTP, a CGI
+// run per request with the request's body) and need `git_auth` as their Authorization.
 class TlsOrigin {
  public:
-  TlsOrigin(egress::CertAuthority& ca, const std::string& name) {
+  TlsOrigin(egress::CertAuthority& ca, const std::string& name, std::string git_root = "",
+            std::string git_auth = "")
+      : git_root_(std::move(git_root)), git_auth_(std::move(git_auth)) {
     ctx_ = ca.ServerContext(name).value();
     l_ = ListenTcpLoopback(0, 64).value();
     accept_ = std::thread([this] {
@@ -69,9 +94,15 @@ class TlsOrigin {
       if (!more.ok() || more->empty()) return;
       head += *more;
     }
+    const std::string first = head.substr(0, head.find("\r\n\r\n"));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      heads_.push_back(head.substr(0, head.find("\r\n\r\n")));
+      heads_.push_back(first);
+    }
+    if (!git_root_.empty() && first.find(" /git/") != std::string::npos) {
+      (void)(*tls)->Write(Git(**tls, head));
+      (void)(*tls)->CloseWrite();
+      return;
     }
     (void)(*tls)->Write(
         "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nSet-Cookie: session=from-origin\r\n"
@@ -79,6 +110,95 @@ class TlsOrigin {
     (void)(*tls)->CloseWrite();
   }
 
+  // The value of a request header (the first of the name, compared without case); "".
+  static std::string Header(const std::string& head, const std::string& name) {
+    std::string lower = AsciiLower(head);
+    size_t at = lower.find("\r\n" + AsciiLower(name) + ":");
+    if (at == std::string::npos) return "";
+    size_t from = at + 3 + name.size();
+    std::string v = head.substr(from, head.find("\r\n", from) - from);
+    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+    return v;
+  }
+
+  // One smart-HTTP request through git http-backend; the whole response, Connection: close.
+  std::string Git(egress::TlsStream& tls, std::string buffered) {
+    if (Header(buffered, "authorization") != git_auth_) {
+      return "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"forge\"\r\n"
+             "Content-Length: 0\r\nConnection: close\r\n\r\n";
+    }
+    size_t end = buffered.find("\r\n\r\n") + 4;
+    std::string line = buffered.substr(0, buffered.find("\r\n"));
+    std::string method = line.substr(0, line.find(' '));
+    std::string target = line.substr(line.find(' ') + 1);
+    target = target.substr(0, target.find(' '));
+    std::string path = target.substr(4, target.find('?') - 4);  // after "/git"
+    std::string query =
+        target.find('?') == std::string::npos ? "" : target.substr(target.find('?') + 1);
+    size_t length = static_cast<size_t>(std::atoll(Header(buffered, "content-length").c_str()));
+    std::string body = buffered.substr(end);
+    while (body.size() < length) {
+      auto more = tls.Read(65536, Clock::now() + std::chrono::seconds(30));
+      if (!more.ok() || more->empty()) return "";
+      body += *more;
+    }
+    auto dir = TempDir::Make(::testing::TempDir(), "git_cgi");
+    if (!dir.ok()) return "";
+    const std::string in = dir->path() + "/in", out = dir->path() + "/out";
+    if (!WriteFileAtomic(in, body).ok()) return "";
+    auto in_fd = OpenFile(in, O_RDONLY);
+    auto out_fd = OpenFile(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (!in_fd.ok() || !out_fd.ok()) return "";
+    SpawnOptions o;
+    o.argv = {"git", "http-backend"};
+    o.env =
+        std::vector<std::string>{"PATH=/usr/bin:/bin",
+                                 "GIT_PROJECT_ROOT=" + git_root_,
+                                 "GIT_HTTP_EXPORT_ALL=1",
+                                 "REQUEST_METHOD=" + method,
+                                 "PATH_INFO=" + path,
+                                 "QUERY_STRING=" + query,
+                                 "CONTENT_TYPE=" + Header(buffered, "content-type"),
+                                 "CONTENT_LENGTH=" + std::to_string(body.size()),
+                                 "HTTP_CONTENT_ENCODING=" + Header(buffered, "content-encoding"),
+                                 "GIT_PROTOCOL=" + Header(buffered, "git-protocol"),
+                                 "REMOTE_USER=x-access-token",
+                                 "REMOTE_ADDR=127.0.0.1"};
+    o.stdin_fd = in_fd->get();
+    o.stdout_fd = out_fd->get();
+    auto child = ChildProcess::Spawn(o);
+    if (!child.ok() || !child->WaitFor(std::chrono::seconds(60)).ok()) return "";
+    auto cgi = ReadFileToString(out);
+    if (!cgi.ok()) return "";
+    size_t split = cgi->find("\r\n\r\n");
+    size_t skip = 4;
+    if (split == std::string::npos) {
+      split = cgi->find("\n\n");
+      skip = 2;
+    }
+    if (split == std::string::npos) return "";
+    std::string status = "200 OK", headers;
+    std::string cgi_head = cgi->substr(0, split) + "\n";
+    for (size_t at = 0; at < cgi_head.size();) {
+      size_t nl = cgi_head.find('\n', at);
+      std::string h = cgi_head.substr(at, nl - at);
+      if (!h.empty() && h.back() == '\r') h.pop_back();
+      at = nl + 1;
+      if (h.empty()) continue;
+      if (h.rfind("Status:", 0) == 0) {
+        status = h.substr(h.find_first_not_of(' ', 7));
+      } else {
+        headers += h + "\r\n";
+      }
+    }
+    std::string payload = cgi->substr(split + skip);
+    return "HTTP/1.1 " + status + "\r\n" + headers +
+           "Content-Length: " + std::to_string(payload.size()) + "\r\nConnection: close\r\n\r\n" +
+           payload;
+  }
+
+  const std::string git_root_;
+  const std::string git_auth_;
   std::shared_ptr<SSL_CTX> ctx_;
   TcpListener l_;
   std::thread accept_;
@@ -86,24 +206,6 @@ class TlsOrigin {
   std::vector<std::thread> conns_;
   std::vector<std::string> heads_;
 };
-
-std::string Base64(const std::string& s) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < s.size(); i += 3) {
-    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
-    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], t[n & 63]};
-  }
-  if (i + 1 == s.size()) {
-    uint32_t n = uint8_t(s[i]) << 16;
-    out += {t[n >> 18], t[(n >> 12) & 63], '=', '='};
-  } else if (i + 2 == s.size()) {
-    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
-    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], '='};
-  }
-  return out;
-}
 
 // Occurrences of `needle` in the file at `path`, read in overlapping blocks.
 int64_t CountInFile(const std::string& path, const std::string& needle) {
@@ -134,7 +236,11 @@ class SecretsE2E : public ::testing::Test {
     api_ = new TlsOrigin(*ca_, "api.secret.test");
     other_ = new TlsOrigin(*ca_, "other.secret.test");
     rogue_ = new TlsOrigin(*rogue_ca_, "rogue.secret.test");
-    forge_ = new TlsOrigin(*ca_, "forge.secret.test");
+    git_root_ = new TempDir(TempDir::Make(::testing::TempDir(), "forge_git").value());
+    ASSERT_TRUE(MakeBareRepo("me/proj", "the open repository\n"));
+    ASSERT_TRUE(MakeBareRepo("me/other", "a repository the rules keep closed\n"));
+    forge_ = new TlsOrigin(*ca_, "forge.secret.test", git_root_->path(),
+                           "Basic " + Base64(std::string("x-access-token:") + kGhValue));
     auto h = Harness::Start();
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     h_ = h->release();
@@ -170,6 +276,7 @@ class SecretsE2E : public ::testing::Test {
     delete other_;
     delete rogue_;
     delete forge_;
+    delete git_root_;
     delete ca_;
     delete rogue_ca_;
     h_ = nullptr;
@@ -195,7 +302,23 @@ class SecretsE2E : public ::testing::Test {
   static TlsOrigin* other_;
   static TlsOrigin* rogue_;
   static TlsOrigin* forge_;
+  static TempDir* git_root_;
   static std::string id_;
+
+  // A bare repository git_root_/NAME.git with one commit holding README.
+  static bool MakeBareRepo(const std::string& name, const std::string& readme) {
+    std::string slug = name;
+    for (char& ch : slug) ch = ch == '/' ? '-' : ch;
+    const std::string work = git_root_->path() + "/src-" + slug;
+    const std::string bare = git_root_->path() + "/" + name + ".git";
+    if (!MakeDirs(work, 0755).ok() || !WriteFileAtomic(work + "/README", readme).ok()) return false;
+    const std::string cmd = "git init -q -b main " + work + " && git -C " + work +
+                            " add README && git -C " + work +
+                            " -c user.name=t -c user.email=t@t commit -q -m one && "
+                            "git clone -q --bare " +
+                            work + " " + bare;
+    return std::system(cmd.c_str()) == 0;
+  }
 };
 Harness* SecretsE2E::h_ = nullptr;
 egress::CertAuthority* SecretsE2E::ca_ = nullptr;
@@ -204,6 +327,7 @@ TlsOrigin* SecretsE2E::api_ = nullptr;
 TlsOrigin* SecretsE2E::other_ = nullptr;
 TlsOrigin* SecretsE2E::rogue_ = nullptr;
 TlsOrigin* SecretsE2E::forge_ = nullptr;
+TempDir* SecretsE2E::git_root_ = nullptr;
 std::string SecretsE2E::id_;
 
 TEST_F(SecretsE2E, CurlAuthenticatesWithThePlaceholderAndTheBoundHostGetsTheRealValue) {
@@ -226,6 +350,23 @@ TEST_F(SecretsE2E, CurlAuthenticatesWithThePlaceholderAndTheBoundHostGetsTheReal
   EXPECT_NE(head.find("/repos?token=" + std::string(kGhValue)), std::string::npos)
       << "the origin did not get the real value in the query string";
   EXPECT_EQ(head.find(ph), std::string::npos) << "a placeholder reached the origin";
+}
+
+TEST_F(SecretsE2E, PythonsUrllibAuthenticatesWithThePlaceholder) {
+  size_t before = api_->heads().size();
+  // urllib reads https_proxy and the system bundle that holds the VM's CA.
+  CliResult r =
+      Sh("python3 -c 'import os, urllib.request as u; "
+         "q = u.Request(\"" +
+         Url(api_, "api.secret.test", "/py") +
+         "\", headers={\"Authorization\": \"token \" + os.environ[\"GH_TOKEN\"]}); "
+         "print(u.urlopen(q).read().decode())'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ok"), std::string::npos) << r.out;
+  auto heads = api_->heads();
+  ASSERT_EQ(heads.size(), before + 1);
+  EXPECT_NE(heads.back().find("Authorization: token " + std::string(kGhValue)), std::string::npos)
+      << "the origin did not get the real value from Python";
 }
 
 TEST_F(SecretsE2E, BasicAuthCarriesTheRealValueInsideItsBase64) {
@@ -315,6 +456,49 @@ TEST_F(SecretsE2E, HttpRulesOpenAForgeForOneRepositoryAndRefuseTheRestNamingTheR
   CliResult bad = h_->Cli({"create", "--memory", "256", "--http-rule", "allow get forge.test"});
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("HTTP rule 0"), std::string::npos) << bad.err;
+  EXPECT_EQ(h_->Cli({"rm", vm}).code, 0);
+}
+
+// git over HTTPS with a token, as a forge is used: the guest's git sends the placeholder in
+// Basic credentials, the origin's git http-backend sees the real value and serves the clone;
+// the HTTP rules open one repository, and a clone of another is refused before the origin
+// hears of it.
+TEST_F(SecretsE2E, GitClonesOverHttpsWithTheTokenOnlyTheRepositoryTheRulesOpen) {
+  const std::string port = std::to_string(forge_->port());
+  CliResult c = h_->Cli({"create", "--memory", "256", "--allow", "forge.secret.test:" + port,
+                         "--secret", "GH_TOKEN=file:" + h_->home() + "/gh.token@forge.secret.test",
+                         "--http-rule", "allow GET,POST forge.secret.test/git/me/proj.git"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string vm = c.out.substr(0, c.out.find('\n'));
+  auto clone = [&](const std::string& repo) {
+    const std::string into = "/root/clone-" + repo.substr(repo.find('/') + 1);
+    return h_->Cli({"exec", vm, "--", "bash", "-c",
+                    "auth=$(printf 'x-access-token:%s' \"$GH_TOKEN\" | base64 -w0); "
+                    "git -c http.extraHeader=\"Authorization: Basic $auth\" clone -q "
+                    "https://forge.secret.test:" +
+                        port + "/git/" + repo + ".git " + into + " 2>&1 && cat " + into +
+                        "/README"});
+  };
+  size_t before = forge_->heads().size();
+  CliResult ok = clone("me/proj");
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("the open repository"), std::string::npos) << ok.out;
+  auto heads = forge_->heads();
+  ASSERT_GT(heads.size(), before);
+  // Every request of the clone carried the real value (the backend answers 401 otherwise).
+  const std::string real =
+      "Authorization: Basic " + Base64(std::string("x-access-token:") + kGhValue);
+  for (size_t i = before; i < heads.size(); ++i) {
+    EXPECT_TRUE(heads[i].rfind("GET /git/me/proj.git/", 0) == 0 ||
+                heads[i].rfind("POST /git/me/proj.git/", 0) == 0)
+        << heads[i];
+    EXPECT_NE(heads[i].find(real), std::string::npos) << "request " << i << " lacked the value";
+  }
+  before = heads.size();
+  CliResult closed = clone("me/other");
+  EXPECT_NE(closed.code, 0) << closed.out;
+  EXPECT_NE(closed.out.find("403"), std::string::npos) << closed.out;
+  EXPECT_EQ(forge_->heads().size(), before) << "a refused request reached the origin";
   EXPECT_EQ(h_->Cli({"rm", vm}).code, 0);
 }
 
