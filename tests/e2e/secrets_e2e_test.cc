@@ -369,6 +369,29 @@ TEST_F(SecretsE2E, PythonsUrllibAuthenticatesWithThePlaceholder) {
       << "the origin did not get the real value from Python";
 }
 
+// A program that ignores the proxy variables (Node's fetch does) reaches the host through
+// the guest's resolver and the transparent path, and is intercepted there the same way.
+TEST_F(SecretsE2E, AProgramIgnoringTheProxyIsInterceptedOnTheTransparentPathToo) {
+  size_t before = api_->heads().size();
+  CliResult r = Sh("curl -sS --noproxy '*' -H \"Authorization: Bearer $GH_TOKEN\" " +
+                   Url(api_, "api.secret.test", "/transparent"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ok"), std::string::npos) << r.out;
+  auto heads = api_->heads();
+  ASSERT_EQ(heads.size(), before + 1);
+  EXPECT_EQ(heads.back().rfind("GET /transparent HTTP/1.1\r\n", 0), 0u) << heads.back();
+  EXPECT_NE(heads.back().find("Authorization: Bearer " + std::string(kGhValue)), std::string::npos);
+  CliResult audit = h_->Cli({"audit", "--vm", id_, "--json"});
+  ASSERT_EQ(audit.code, 0) << audit.err;
+  bool found = false;
+  for (const auto& row : Json::parse(audit.out)) {
+    found = found ||
+            (row.value("method", "") == "TCP" && row.value("host", "") == "api.secret.test" &&
+             row.value("reason", "").find("TLS intercepted for its secrets") != std::string::npos);
+  }
+  EXPECT_TRUE(found) << audit.out;
+}
+
 TEST_F(SecretsE2E, BasicAuthCarriesTheRealValueInsideItsBase64) {
   size_t before = api_->heads().size();
   CliResult r = Sh("curl -sS -p -u \"bot:$GH_TOKEN\" " + Url(api_, "api.secret.test", "/basic"));
