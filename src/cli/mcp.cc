@@ -25,6 +25,7 @@
 #include "cli/reply.h"
 #include "cli/secret_flags.h"
 #include "egress/allowlist.h"
+#include "egress/http_rules.h"
 #include "util/fd.h"
 #include "util/log.h"
 #include "util/names.h"
@@ -138,6 +139,14 @@ Json VmAgentTool(bool structured_output) {
              "placeholder; trybox puts the real value in only on HTTPS requests to that "
              "secret's hosts (which must also be in `allow`). Values are never given here, and "
              "never reach the agent. Only with task."}}},
+          {"http_rules",
+           {{"type", "array"},
+            {"items", string},
+            {"description",
+             "HTTP rules, each 'allow|deny METHODS HOST[/PATH]', e.g. [\"allow GET,POST "
+             "api.github.com/repos/OWNER/NAME\"]: once a host has a rule, each HTTPS "
+             "request to it goes only if the first rule matching its method and path "
+             "prefix allows it; refused requests get a 403 naming why. Only with task."}}},
           {"run_id",
            {{"type", "string"},
             {"description",
@@ -201,15 +210,16 @@ bool IsValidId(const Json& id) { return id.is_string() || id.is_number_integer()
 
 // The daemon request for a vm_agent call, or the message for the calling model.
 Result<Json> BuildAgentRequest(const Json& args) {
-  static const std::set<std::string> kKnown = {"task",     "image",  "workspace", "verify", "allow",
-                                               "internet", "run_id", "answer",    "secrets"};
+  static const std::set<std::string> kKnown = {"task",    "image",     "workspace", "verify",
+                                               "allow",   "internet",  "run_id",    "answer",
+                                               "secrets", "http_rules"};
   for (const auto& [key, value] : args.items()) {
     if (!kKnown.count(key)) return InvalidArgument("unknown argument '" + key + "'");
     if (key == "internet") {
       if (!value.is_boolean()) return InvalidArgument("internet must be true or false");
       continue;
     }
-    bool want_array = key == "allow" || key == "secrets";
+    bool want_array = key == "allow" || key == "secrets" || key == "http_rules";
     if (want_array ? !value.is_array() : !value.is_string()) {
       return InvalidArgument(key +
                              (want_array ? " must be an array of strings" : " must be a string"));
@@ -262,10 +272,19 @@ Result<Json> BuildAgentRequest(const Json& args) {
       }
       req["secret_names"] = args["secrets"];
     }
+    if (args.contains("http_rules")) {
+      for (const auto& r : args["http_rules"]) {
+        if (!r.is_string()) return InvalidArgument("http_rules must be an array of strings");
+        auto rule = egress::ParseHttpRule(r.get<std::string>());
+        if (!rule.ok()) return rule.status().Annotate("http_rules");
+      }
+      req["http_rules"] = args["http_rules"];
+    }
     return req;
   }
   if (str("run_id").empty()) return InvalidArgument("run_id is empty");
-  for (const char* key : {"image", "workspace", "verify", "allow", "internet", "secrets"}) {
+  for (const char* key :
+       {"image", "workspace", "verify", "allow", "internet", "secrets", "http_rules"}) {
     if (args.contains(key)) {
       return InvalidArgument(std::string(key) + " goes with task: a continued run keeps its VM");
     }

@@ -203,7 +203,7 @@ TEST(McpTest, ToolsListDescribesVmAgent) {
   const Json& in = tool["inputSchema"];
   EXPECT_EQ(in["type"], "object");
   for (const char* p : {"task", "image", "workspace", "verify", "allow", "internet", "secrets",
-                        "run_id", "answer"}) {
+                        "http_rules", "run_id", "answer"}) {
     EXPECT_TRUE(in["properties"].contains(p)) << p;
     EXPECT_FALSE(in["properties"][p].value("description", "").empty()) << p;
   }
@@ -349,6 +349,9 @@ TEST(McpTest, ArgumentMistakesAreToolErrorsNamingThem) {
       {{{"task", "x"}, {"secrets", {"GH=env:GH@api.github.com"}}}, "never a source or a value"},
       {{{"task", "x"}, {"secrets", "GH"}}, "array"},
       {{{"run_id", "r1"}, {"secrets", {"GH"}}}, "secrets goes with task"},
+      {{{"task", "x"}, {"http_rules", {"allow get a.test"}}}, "http_rules: method"},
+      {{{"task", "x"}, {"http_rules", "allow GET a.test"}}, "array"},
+      {{{"run_id", "r1"}, {"http_rules", {"allow GET a.test"}}}, "http_rules goes with task"},
       {{{"task", "x"}, {"internet", "yes"}}, "internet must be true or false"},
       {{{"run_id", "r1"}, {"internet", true}}, "internet goes with task"},
       {{{"task", 5}}, "task must be a string"},

@@ -8,6 +8,7 @@
 #include "cli/reply.h"
 #include "cli/secret_flags.h"
 #include "egress/allowlist.h"
+#include "egress/http_rules.h"
 #include "util/names.h"
 #include "util/utf8.h"
 
@@ -93,6 +94,14 @@ const std::vector<ToolSpec>& Specs() {
                     "set in the VM as an environment variable holding a placeholder; trybox "
                     "puts the real value in only on HTTPS requests to that secret's hosts "
                     "(which must also be in `allow`). Values are never given here."}}},
+                 {"http_rules",
+                  {{"type", "array"},
+                   {"items", {{"type", "string"}}},
+                   {"description",
+                    "HTTP rules, each 'allow|deny METHODS HOST[/PATH]', e.g. [\"allow GET,POST "
+                    "api.github.com/repos/OWNER/NAME\"]: once a host has a rule, each HTTPS "
+                    "request to it goes only if the first rule matching its method and path "
+                    "prefix allows it; refused requests get a 403 naming why."}}},
                  {"memory_mib", Int("Memory in MiB (default 512).", 128, 65536)},
                  {"cpus", Int("Virtual CPUs (default 1).", 1, 64)},
                  {"keep", Bool("Keep the VM after this MCP session ends (default false).")}},
@@ -369,6 +378,7 @@ std::optional<Json> RunCreate(const Json& args, Session& session, bool structure
     if (!secrets.ok()) return ToolError("vm_create", secrets.status().message());
     req["secrets"] = std::move(*secrets);
   }
+  if (!a->http_rules.empty()) req["http_rules"] = a->http_rules;
   if (a->memory_mib) req["memory_mib"] = *a->memory_mib;
   if (a->cpus) req["cpus"] = *a->cpus;
   std::unique_ptr<Client> own;
@@ -657,7 +667,8 @@ Json VmToolDefinition(const std::string& name, bool structured_output) {
 }
 
 Result<CreateArgs> ParseCreate(const Json& args) {
-  Args a(args, {"image", "allow", "internet", "secrets", "memory_mib", "cpus", "keep"});
+  Args a(args,
+         {"image", "allow", "internet", "secrets", "http_rules", "memory_mib", "cpus", "keep"});
   RETURN_IF_ERROR(a.status());
   CreateArgs c;
   ASSIGN_OR_RETURN(c.image, a.String("image", false));
@@ -678,6 +689,11 @@ Result<CreateArgs> ParseCreate(const Json& args) {
           "secrets: give the names of secrets in secrets.json, e.g. "
           "[\"GH_TOKEN\"]");
     }
+  }
+  ASSIGN_OR_RETURN(c.http_rules, a.Strings("http_rules"));
+  for (const auto& rule : c.http_rules) {
+    auto r = egress::ParseHttpRule(rule);
+    if (!r.ok()) return r.status().Annotate("http_rules");
   }
   ASSIGN_OR_RETURN(c.memory_mib, a.Int("memory_mib", 128, 65536));
   ASSIGN_OR_RETURN(c.cpus, a.Int("cpus", 1, 64));

@@ -45,8 +45,9 @@ Json VmToolDefinition(const std::string& name, bool structured_output);
 struct CreateArgs {
   std::string image;  // empty: the daemon's default
   std::vector<std::string> allow;
-  bool internet = false;             // any public host instead of `allow`
-  std::vector<std::string> secrets;  // names from secrets.json only, never values
+  bool internet = false;                // any public host instead of `allow`
+  std::vector<std::string> secrets;     // names from secrets.json only, never values
+  std::vector<std::string> http_rules;  // egress/http_rules.h texts
   std::optional<int64_t> memory_mib, cpus;
   bool keep = false;  // outlive the MCP session
 };

@@ -16,6 +16,16 @@ TEST(McpToolsTest, VmCreateTakesSecretNamesButNeverASourceOrValue) {
   }
 }
 
+TEST(McpToolsTest, VmCreateTakesHttpRulesAndNamesABadOne) {
+  auto c = ParseCreate(Json{{"http_rules", {"allow GET api.github.test/repos/me/proj"}}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->http_rules, std::vector<std::string>{"allow GET api.github.test/repos/me/proj"});
+  auto bad = ParseCreate(Json{{"http_rules", {"allow GET a.test/x/../y"}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("http_rules"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("'..'"), std::string::npos) << bad.status().message();
+}
+
 TEST(McpToolsTest, OutputKeeperKeepsEverythingUpToItsLimit) {
   OutputKeeper k(10);
   k.Add("abc");
