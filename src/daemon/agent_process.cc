@@ -1,25 +1,13 @@
 #include "daemon/agent_process.h"
 
-#include <libgen.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
-
 namespace trybox::daemon {
 
-std::string DefaultAgentBinary() {
-  char self[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n > 0) {
-    self[n] = '\0';
-    std::string beside = std::string(::dirname(self)) + "/trybox-agent";
-    if (::access(beside.c_str(), X_OK) == 0) return beside;
-  }
-  return FindInPath("trybox-agent").value_or("trybox-agent");
-}
+std::string DefaultAgentBinary() { return BinaryBesideSelf("trybox-agent"); }
 
 Result<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options& opts,
                                                           const VerbTable& verbs) {

@@ -36,7 +36,8 @@ int64_t DiskBudget::AllocatedBytes(const std::string& path) {
 }
 
 int64_t DiskBudget::VmBytes(const std::string& vm_dir) {
-  return AllocatedBytes(vm_dir + "/disk.qcow2") + AllocatedBytes(vm_dir + "/xfer.img");
+  return AllocatedBytes(vm_dir + "/disk.qcow2") + AllocatedBytes(vm_dir + "/xfer.img") +
+         AllocatedBytes(vm_dir + "/ws.img");
 }
 
 Status DiskBudget::Admit(const std::vector<DiskUse>& running) const {

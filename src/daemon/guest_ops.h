@@ -13,6 +13,8 @@
 // state and may run on many threads at once.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -46,6 +48,20 @@ class TransferDiskPort {
   virtual std::unique_lock<std::timed_mutex> TryLock() = 0;
 };
 
+// A guest's workspace disk as the host holds it (docs/protocol/guest.md, "The workspace
+// disk"): a file the guest sees as a disk of the capacity last announced, written by the
+// host once (the workspace's ext4) and then by the guest. Used through the descriptor the
+// host created it with, as the transfer disk is.
+class WorkspaceDiskPort {
+ public:
+  virtual ~WorkspaceDiskPort() = default;
+  virtual int fd_for_io() const = 0;
+  // The guest sees `bytes` of capacity from now on; the file is cut or extended to it.
+  virtual Status Announce(uint64_t bytes) = 0;
+  // The uid a reader of what the guest wrote runs as (the VM's own, under a root daemon).
+  virtual std::optional<uid_t> reader_uid() const = 0;
+};
+
 class GuestChannel {
  public:
   virtual ~GuestChannel() = default;
@@ -56,6 +72,8 @@ class GuestChannel {
   virtual std::string death_reason() const = 0;
   // Its transfer disk, or null: bulk bytes then take the channel.
   virtual TransferDiskPort* transfer_disk() { return nullptr; }
+  // Its workspace disk, or null: a workspace then goes in and out as a tar.
+  virtual WorkspaceDiskPort* workspace_disk() { return nullptr; }
   // True while the host's heartbeat finds the guest not answering (docs/reliability.md).
   // Streams waiting on such a guest are Interrupt()ed; they then end as guest_unresponsive.
   virtual bool unresponsive() const { return false; }

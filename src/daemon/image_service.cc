@@ -29,42 +29,6 @@ uint64_t LayerCapacity(uint64_t bytes, uint64_t inodes) {
   return (want + kMiB - 1) / kMiB * kMiB;
 }
 
-Status PWriteAll(int fd, std::string_view d, off_t offset) {
-  while (!d.empty()) {
-    ssize_t n = ::pwrite(fd, d.data(), d.size(), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("write the layer");
-    d.remove_prefix(static_cast<size_t>(n));
-    offset += n;
-  }
-  return Status::Ok();
-}
-
-// Copies the data extents of `from` (its holes stay holes in `to`) up to `size` bytes.
-Status CopyExtents(int from, int to, uint64_t size) {
-  std::string buf(kMiB, '\0');
-  off_t pos = 0;
-  const off_t end = static_cast<off_t>(size);
-  while (pos < end) {
-    off_t data = ::lseek(from, pos, SEEK_DATA);
-    if (data < 0 && errno == ENXIO) break;  // only a hole is left
-    if (data < 0) return ErrnoError("seek the layer's data");
-    off_t hole = ::lseek(from, data, SEEK_HOLE);
-    if (hole < 0) return ErrnoError("seek the layer's holes");
-    hole = std::min(hole, end);
-    for (off_t at = data; at < hole;) {
-      size_t want = static_cast<size_t>(std::min<off_t>(hole - at, static_cast<off_t>(buf.size())));
-      ssize_t n = ::pread(from, buf.data(), want, at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return n < 0 ? ErrnoError("read the layer") : Internal("the layer shrank");
-      RETURN_IF_ERROR(PWriteAll(to, std::string_view(buf.data(), static_cast<size_t>(n)), at));
-      at += n;
-    }
-    pos = hole;
-  }
-  return Status::Ok();
-}
-
 Result<Json> GuestCall(GuestChannel& guest, const Json& request) {
   ASSIGN_OR_RETURN(auto stream, guest.Open(request));
   auto end = AwaitEnd(*stream);
@@ -103,14 +67,14 @@ Status Capture(TransferDiskPort& port, const std::string& layer, uint64_t capaci
   RETURN_IF_ERROR(port.Announce(capacity));
   {
     ASSIGN_OR_RETURN(UniqueFd f, OpenFile(layer, O_RDONLY | O_CLOEXEC));
-    RETURN_IF_ERROR(CopyExtents(f.get(), port.fd_for_io(), capacity));
+    RETURN_IF_ERROR(CopyDataExtents(f.get(), port.fd_for_io(), capacity));
     if (::fdatasync(port.fd_for_io()) != 0) return ErrnoError("flush the transfer disk");
   }
   RETURN_IF_ERROR(
       GuestCall(guest, {{"op", "layer_capture"}, {"disk", {{"bytes", capacity}}}}).status());
   ASSIGN_OR_RETURN(UniqueFd f, OpenFile(layer, O_WRONLY | O_TRUNC | O_CLOEXEC));
   if (::ftruncate(f.get(), static_cast<off_t>(capacity)) != 0) return ErrnoError("size " + layer);
-  RETURN_IF_ERROR(CopyExtents(port.fd_for_io(), f.get(), capacity));
+  RETURN_IF_ERROR(CopyDataExtents(port.fd_for_io(), f.get(), capacity));
   if (::fsync(f.get()) != 0) return ErrnoError("sync " + layer);
   return Status::Ok();
 }

@@ -116,7 +116,7 @@ void Supervisor::Verify(const RunState& state, const std::string& tree,
   auto excludes = ws::ExcludesFromLines({});
   auto manifest = ws::ManifestFromTree(tree, *excludes);
   if (!manifest.ok()) return fail("could not read the collected workspace", manifest.status());
-  Status st = workspaces_.SendTree(vm, tree, *manifest);
+  Status st = workspaces_.SendTree(vm, tree, *manifest, ws::Quota{});
   if (!st.ok()) return fail("could not copy the collected workspace in", st);
   auto setup = workspaces_.RunSetup(vm, *manifest, kSetupTimeoutMs, nullptr, false);
   if (!setup.ok()) return fail("could not run the setup hook", setup.status());

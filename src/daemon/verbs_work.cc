@@ -41,7 +41,7 @@ Json WorkspaceInJson(const InjectOutcome& o) {
                   {"quota_entries", rec.quota_entries},
                   {"skipped", rec.skipped},
                   {"exclude", rec.excludes},
-                  {"transfer", o.via_disk ? "disk" : "channel"}}},
+                  {"transfer", o.transfer}}},
                 {"setup", nullptr}};
   if (o.setup) {
     reply["setup"] = {{"result", o.setup->result.ToJson()},
@@ -80,7 +80,7 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
     out["injected_commit"] = c->injected_commit;
     out["excluded"] = c->excluded;
     out["tar_bytes"] = c->tar_bytes;
-    out["transfer"] = c->via_disk ? "disk" : "channel";
+    out["transfer"] = c->transfer;
     out["into"] = c->into;
     out["dir"] = c->dir;
     return {{"ok", true}, {"collect", out}};

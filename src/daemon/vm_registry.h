@@ -48,6 +48,9 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   TransferDiskPort* transfer_disk() override {
     return disk_transfers_ && vm_->has_transfer_disk() ? this : nullptr;
   }
+  WorkspaceDiskPort* workspace_disk() override {
+    return disk_transfers_ && vm_->has_workspace_disk() ? &workspace_port_ : nullptr;
+  }
 
   const std::string& id() const { return id_; }
   vmm::Vm& vm() { return *vm_; }
@@ -76,6 +79,10 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   // Execs default to /workspace once the VM has a workspace.
   bool has_workspace() const { return has_workspace_; }
   void set_has_workspace() { has_workspace_ = true; }
+  // The workspace is the workspace disk's file system (not a tree on the root disk), so a
+  // collect reads it from the disk.
+  bool workspace_on_disk() const { return workspace_on_disk_; }
+  void set_workspace_on_disk() { workspace_on_disk_ = true; }
 
   // Kills QEMU and releases its uid. Idempotent: later calls return the first report.
   vmm::DestroyReport Destroy();
@@ -86,6 +93,17 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   Status Announce(uint64_t bytes) override { return vm_->ResizeTransferDisk(bytes); }
   std::unique_lock<std::timed_mutex> TryLock() override { return vm_->TryLockTransferDisk(); }
 
+  class WorkspacePort : public WorkspaceDiskPort {
+   public:
+    explicit WorkspacePort(VmEntry& e) : e_(e) {}
+    int fd_for_io() const override { return e_.vm_->workspace_disk_fd(); }
+    Status Announce(uint64_t bytes) override { return e_.vm_->ResizeWorkspaceDisk(bytes); }
+    std::optional<uid_t> reader_uid() const override { return e_.uid_.uid(); }
+
+   private:
+    VmEntry& e_;
+  };
+
   const std::unique_ptr<vmm::Vm> vm_;
   UidLease uid_;
   const std::shared_ptr<EgressVm> egress_;
@@ -93,6 +111,8 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   const bool privileged_;
   const bool disk_transfers_;
   std::atomic<bool> has_workspace_{false};
+  std::atomic<bool> workspace_on_disk_{false};
+  WorkspacePort workspace_port_{*this};
   std::atomic<Condition> condition_{Condition::kRunning};
   std::map<std::string, std::string> image_env_;
   mutable Mutex mu_;

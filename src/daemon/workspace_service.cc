@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include "daemon/workspace_disk.h"
 #include "util/fd.h"
 #include "util/names.h"
 #include "workspace/git.h"
@@ -34,20 +35,33 @@ Json CountChanges(const Json& changes) {
 }
 
 Status WorkspaceService::SendTree(VmEntry& vm, const std::string& root,
-                                  const ws::Manifest& manifest, bool* via_disk) {
-  Status st = PutTar(
-      vm, ws::kGuestPath,
-      [&](const std::function<Status(std::string_view)>& out) {
-        return ws::WriteTar(root, manifest, out);
-      },
-      via_disk);
+                                  const ws::Manifest& manifest, const ws::Quota& quota,
+                                  const char** transfer) {
+  Status st;
+  if (WorkspaceDiskPort* disk = vm.workspace_disk()) {
+    st = MountWorkspace(vm, *disk, root, manifest, ws::Ext4GeometryFor(quota.bytes, quota.entries));
+    if (st.ok()) {
+      vm.set_workspace_on_disk();
+      if (transfer) *transfer = kTransferWorkspaceDisk;
+    }
+  } else {
+    bool via_disk = false;
+    st = PutTar(
+        vm, ws::kGuestPath,
+        [&](const std::function<Status(std::string_view)>& out) {
+          return ws::WriteTar(root, manifest, out);
+        },
+        &via_disk);
+    if (transfer) *transfer = via_disk ? kTransferDisk : kTransferChannel;
+  }
   if (!st.ok()) vms_.NoteDeath(vm);
   return st;
 }
 
 Result<store::WorkspaceRecord> WorkspaceService::Inject(VmEntry& vm, const ws::InjectPlan& plan,
-                                                        const ws::Quota& quota, bool* via_disk) {
-  Status st = SendTree(vm, plan.dir, plan.manifest, via_disk);
+                                                        const ws::Quota& quota,
+                                                        const char** transfer) {
+  Status st = SendTree(vm, plan.dir, plan.manifest, quota, transfer);
   if (!st.ok()) return st.Annotate("copy the workspace into VM " + vm.id());
   store::WorkspaceRecord rec;
   rec.vm_id = vm.id();
@@ -104,7 +118,7 @@ Result<InjectOutcome> WorkspaceService::WorkspaceIn(VmEntry& vm, const Workspace
   }
   ASSIGN_OR_RETURN(ws::InjectPlan plan, ws::PlanInject(req.dir, quota));
   InjectOutcome out;
-  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota, &out.via_disk));
+  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota, &out.transfer));
   // The project's hook runs before any command; its output goes to the caller as it is
   // produced and is kept with the workspace record.
   if (req.setup) {
@@ -175,23 +189,44 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
     staging = temp->path();
   }
 
-  std::vector<std::string> guest_excludes;
-  for (const auto& n : excludes.PlainDirNames()) guest_excludes.push_back(n + "/*");
-  // Through the transfer disk the tar may take the quota and half again (its headers and
-  // padding); a bigger one takes the channel, where the quota is counted as it unpacks.
-  const uint64_t disk_room = static_cast<uint64_t>(w.quota_bytes) / 2 * 3 + (uint64_t{32} << 20);
-  auto reader = TarReader::Open(vm, ws::kGuestPath, guest_excludes, disk_room);
-  if (!reader.ok()) {
-    vms_.NoteDeath(vm);
-    return failed(reader.status());
+  // The tree comes from the workspace disk (read on the host while the guest keeps it
+  // frozen) or as the guest's tar; either way it is untrusted and unpacked the same way.
+  std::unique_ptr<WorkspaceDiskReader> disk_reader;
+  std::unique_ptr<TarReader> tar_reader;
+  WorkspaceDiskPort* disk = vm.workspace_on_disk() ? vm.workspace_disk() : nullptr;
+  if (disk) {
+    // Past the quota the unpacking stops first, with its own message; this bounds the reader.
+    const uint64_t max_entries =
+        w.quota_entries > 0 ? static_cast<uint64_t>(w.quota_entries) * 2 + 1024 : 0;
+    auto r = WorkspaceDiskReader::Open(vm, *disk, {DefaultExt4TarBinary(), max_entries});
+    if (!r.ok()) return failed(r.status());
+    disk_reader = std::move(*r);
+    out.transfer = kTransferWorkspaceDisk;
+  } else {
+    std::vector<std::string> guest_excludes;
+    for (const auto& n : excludes.PlainDirNames()) guest_excludes.push_back(n + "/*");
+    // Through the transfer disk the tar may take the quota and half again (its headers and
+    // padding); a bigger one takes the channel, where the quota is counted as it unpacks.
+    const uint64_t disk_room = static_cast<uint64_t>(w.quota_bytes) / 2 * 3 + (uint64_t{32} << 20);
+    auto r = TarReader::Open(vm, ws::kGuestPath, guest_excludes, disk_room);
+    if (!r.ok()) {
+      vms_.NoteDeath(vm);
+      return failed(r.status());
+    }
+    tar_reader = std::move(*r);
+    out.transfer = tar_reader->via_disk() ? kTransferDisk : kTransferChannel;
   }
+  auto next = [&]() { return disk_reader ? disk_reader->Next() : tar_reader->Next(); };
+  auto abort = [&](const std::string& why) {
+    disk_reader ? disk_reader->Abort(why) : tar_reader->Abort(why);
+  };
   ws::ExtractReport report;
   ws::ExtractOptions xo = ws::ExtractOptions::ForCollect(
       &excludes, static_cast<uint64_t>(w.quota_bytes), static_cast<uint64_t>(w.quota_entries));
-  Status st = ws::ExtractTar([&] { return (*reader)->Next(); }, staging, xo, &report);
+  Status st = ws::ExtractTar(next, staging, xo, &report);
   if (st.code() == Code::kResourceExhausted &&
       (report.bytes > xo.quota_bytes || (xo.quota_entries && report.entries > xo.quota_entries))) {
-    (*reader)->Abort("over the workspace quota");
+    abort("over the workspace quota");
     bool entries = xo.quota_entries && report.entries > xo.quota_entries;
     std::string what = entries
                            ? "more than the workspace quota of " + std::to_string(w.quota_entries) +
@@ -206,16 +241,28 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
         (entries ? "--workspace-quota-entries" : "--workspace-quota") + ")"));
   }
   if (!st.ok()) {
-    (*reader)->Abort("collect failed");
+    abort("collect failed");
     vms_.NoteDeath(vm);
     return failed(st);
   }
-  auto warnings = (*reader)->Finish();
-  if (!warnings.ok()) {
-    vms_.NoteDeath(vm);
-    return failed(warnings.status());
+  std::string tar_warnings;
+  if (disk_reader) {
+    Status finished = disk_reader->Finish();
+    if (!finished.ok()) {
+      vms_.NoteDeath(vm);
+      return failed(finished);
+    }
+    for (const auto& s : disk_reader->skipped()) report.skipped.push_back(s);
+    report.skipped_unlisted += disk_reader->skipped_unlisted();
+  } else {
+    auto warnings = tar_reader->Finish();
+    if (!warnings.ok()) {
+      vms_.NoteDeath(vm);
+      return failed(warnings.status());
+    }
+    tar_warnings = std::move(*warnings);
   }
-  for (auto& s : ws::SkippedFromTarWarnings(*warnings)) report.skipped.push_back(std::move(s));
+  for (auto& s : ws::SkippedFromTarWarnings(tar_warnings)) report.skipped.push_back(std::move(s));
   auto after = ws::ManifestFromTree(staging, excludes, &report.skipped);
   if (!after.ok()) return failed(after.status());
   auto changes = ws::Diff(before, *after);
@@ -264,7 +311,6 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
   out.injected_commit = commit.injected_commit;
   out.excluded = static_cast<int64_t>(report.excluded);
   out.tar_bytes = static_cast<int64_t>(report.tar_bytes);
-  out.via_disk = (*reader)->via_disk();
   out.into = opts.into;
   out.dir = w.dir;
   return out;

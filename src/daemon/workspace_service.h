@@ -24,9 +24,16 @@ struct SetupOutcome {
   std::string output;  // its tail
 };
 
+// How a workspace tree moved (the replies' "transfer"): the ext4 on the VM's workspace disk,
+// a tar through its transfer disk, or a tar through the control channel.
+inline constexpr const char* kTransferWorkspaceDisk = "workspace_disk";
+inline constexpr const char* kTransferDisk = "disk";
+inline constexpr const char* kTransferChannel = "channel";
+
 struct InjectOutcome {
   store::WorkspaceRecord record;
-  bool via_disk = false;              // the tree went through the VM's transfer disk
+  // How the tree went in: kTransferWorkspaceDisk, kTransferDisk or kTransferChannel.
+  const char* transfer = kTransferChannel;
   std::optional<SetupOutcome> setup;  // none when the project has no hook or it was skipped
 };
 
@@ -45,7 +52,7 @@ struct CollectOutcome {
   std::string injected_commit;
   int64_t excluded = 0;
   int64_t tar_bytes = 0;
-  bool via_disk = false;  // the tree came through the VM's transfer disk
+  const char* transfer = kTransferChannel;  // how the tree came back
   std::string into;
   std::string dir;  // the project's working tree
 };
@@ -60,12 +67,14 @@ class WorkspaceService {
   Result<InjectOutcome> WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,
                                     channel::Stream* client);
   // Sends a planned workspace to /workspace, records it and marks the VM as having one.
-  // *via_disk (if given): whether the tree went through the VM's transfer disk.
+  // *transfer (if given): how the tree went (kTransfer...).
   Result<store::WorkspaceRecord> Inject(VmEntry& vm, const workspace::InjectPlan& plan,
-                                        const workspace::Quota& quota, bool* via_disk = nullptr);
-  // Sends the tree `root` (the entries of `manifest`) to /workspace.
+                                        const workspace::Quota& quota,
+                                        const char** transfer = nullptr);
+  // Sends the tree `root` (the entries of `manifest`) to /workspace: as the ext4 of the VM's
+  // workspace disk, sized for `quota`, when it has one; else as a tar.
   Status SendTree(VmEntry& vm, const std::string& root, const workspace::Manifest& manifest,
-                  bool* via_disk = nullptr);
+                  const workspace::Quota& quota, const char** transfer = nullptr);
   // Runs the project's .trybox/setup.sh (if `manifest` has one that is not a symlink) in
   // /workspace, as root. nullopt when there is none. With `record`, its output is kept with
   // the workspace record.

@@ -321,6 +321,13 @@ BootInfo Boot() {
   } else {
     LogError("init", "transfer disk: " + disk.status().message());
   }
+  // Not fatal either: without it, a workspace goes in and out as a tar.
+  auto ws_disk = TransferDisk::Find(kWorkspaceDiskSerial);
+  if (ws_disk.ok()) {
+    info.workspace_disk = std::move(ws_disk).value();
+  } else {
+    LogError("init", "workspace disk: " + ws_disk.status().message());
+  }
   SetIdentity(info.cmdline);
   LoopbackUp();
   auto cgroup_root = LockDownMounts();

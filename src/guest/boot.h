@@ -20,6 +20,7 @@ struct BootInfo {
   std::string boot_id;  // /proc/sys/kernel/random/boot_id
   // The transfer disk, opened once (its node removed); null if the machine has none.
   std::shared_ptr<TransferDisk> transfer_disk;
+  std::shared_ptr<TransferDisk> workspace_disk;  // serial kWorkspaceDiskSerial, or null
   // The overlay's upper dir (the VM's own writes), read by a commit (layer.h).
   std::shared_ptr<UniqueFd> upper_dir;
 };

@@ -181,21 +181,10 @@ class DiskMount {
   }
 
   Status Mount(int disk_fd) {
-    struct stat st;
-    if (::fstat(disk_fd, &st) != 0) return ErrnoError("stat the transfer disk");
-    if (!S_ISBLK(st.st_mode)) return FailedPrecondition("the transfer disk is not a block device");
     char dir[] = "/run/trybox-layer-XXXXXX";
     if (::mkdtemp(dir) == nullptr) return ErrnoError("make a mount point");
     dir_ = dir;
-    // The disk's node was removed at boot; a node of our own, for mount(2) alone.
-    const std::string node = "/dev/.trybox-layer";
-    ::unlink(node.c_str());
-    if (::mknod(node.c_str(), S_IFBLK | 0600, st.st_rdev) != 0) return ErrnoError("mknod " + node);
-    int rc = ::mount(node.c_str(), dir_.c_str(), "ext4", MS_NOATIME | MS_NOSUID | MS_NODEV,
-                     "noinit_itable");
-    int err = errno;
-    ::unlink(node.c_str());
-    if (rc != 0) return ErrnoError("mount the layer disk", err);
+    RETURN_IF_ERROR(MountExt4(disk_fd, "/dev/.trybox-layer", dir_));
     mounted_ = true;
     return Status::Ok();
   }

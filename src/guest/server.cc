@@ -20,6 +20,7 @@
 #include "guest/requests.h"
 #include "guest/transparent.h"
 #include "guest/watch.h"
+#include "guest/workspace_disk.h"
 #include "util/log.h"
 #include "util/names.h"
 
@@ -119,6 +120,7 @@ void Server::Run() {
                           {"version", 1},
                           {"template", boot_.cmdline.template_boot},
                           {"transfer_disk", boot_.transfer_disk != nullptr},
+                          {"workspace_disk", boot_.workspace_disk != nullptr},
                           {"ready", ready_.load()}};
       hello_event.update(BootIdField());
       Status hello = mux->SendControl(hello_event);
@@ -221,8 +223,9 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       return;
     }
     op = *parsed;
-    if (!ready_ && (op == "exec" || op == "put" || op == "get" || op == "port" ||
-                    op == "layer_capture" || op == "watch")) {
+    if (!ready_ &&
+        (op == "exec" || op == "put" || op == "get" || op == "port" || op == "layer_capture" ||
+         op == "watch" || op == "workspace_mount" || op == "workspace_freeze")) {
       const char* why = "this clone has not been given its identity yet (identity request)";
       // Each request's own result shape, so the host reads it like any other failure.
       (void)stream->End(
@@ -256,6 +259,10 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
     } else if (op == "layer_capture") {
       ServeLayerCapture(*stream, request, boot_.upper_dir ? boot_.upper_dir->get() : -1,
                         boot_.transfer_disk.get());
+    } else if (op == "workspace_mount") {
+      ServeWorkspaceMount(*stream, request, boot_.workspace_disk.get());
+    } else if (op == "workspace_freeze") {
+      ServeWorkspaceFreeze(*stream, boot_.workspace_disk.get());
     } else if (op == "ping") {
       Json reply = {{"ok", true}, {"uptime_ms", UptimeMs()}, {"ready", ready_.load()}};
       reply.update(BootIdField());

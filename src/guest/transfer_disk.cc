@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,9 +29,9 @@ std::string DiskBySerial(const std::string& serial) {
   return name;
 }
 
-Result<std::unique_ptr<TransferDisk>> TransferDisk::Find() {
-  const std::string name = DiskBySerial(kTransferDiskSerial);
-  if (name.empty()) return NotFound(std::string("no disk with serial ") + kTransferDiskSerial);
+Result<std::unique_ptr<TransferDisk>> TransferDisk::Find(const char* serial) {
+  const std::string name = DiskBySerial(serial);
+  if (name.empty()) return NotFound(std::string("no disk with serial ") + serial);
   const std::string node = "/dev/" + name;
   // devtmpfs makes the node on a kernel thread, a moment after the disk shows in sysfs.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -75,6 +76,20 @@ Status TransferDisk::Rewind() {
     return ErrnoError("flush the transfer disk's cache");
   }
   if (::lseek(fd_.get(), 0, SEEK_SET) != 0) return ErrnoError("seek the transfer disk");
+  return Status::Ok();
+}
+
+Status MountExt4(int disk_fd, const std::string& node, const std::string& dir) {
+  struct stat st;
+  if (::fstat(disk_fd, &st) != 0) return ErrnoError("stat the disk");
+  if (!S_ISBLK(st.st_mode)) return FailedPrecondition("the disk is not a block device");
+  ::unlink(node.c_str());
+  if (::mknod(node.c_str(), S_IFBLK | 0600, st.st_rdev) != 0) return ErrnoError("mknod " + node);
+  int rc = ::mount(node.c_str(), dir.c_str(), "ext4", MS_NOATIME | MS_NOSUID | MS_NODEV,
+                   "noinit_itable");
+  int err = errno;
+  ::unlink(node.c_str());
+  if (rc != 0) return ErrnoError("mount the disk at " + dir, err);
   return Status::Ok();
 }
 

@@ -20,6 +20,9 @@
 namespace trybox::guest {
 
 inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+// The workspace disk (docs/protocol/guest.md, "The workspace disk"): an ext4 file system the
+// host builds, mounted at /workspace for the VM's life. Same class, another serial.
+inline constexpr const char* kWorkspaceDiskSerial = "trybox-ws";
 
 // The name under /sys/block ("vdc") of the disk whose serial is `serial`; "" if none.
 std::string DiskBySerial(const std::string& serial);
@@ -28,9 +31,9 @@ class TransferDisk {
  public:
   explicit TransferDisk(UniqueFd fd) : fd_(std::move(fd)) {}
 
-  // Finds the block device whose serial is kTransferDiskSerial, opens it and unlinks its
-  // node. kNotFound if the machine has none.
-  static Result<std::unique_ptr<TransferDisk>> Find();
+  // Finds the block device whose serial is `serial`, opens it and unlinks its node.
+  // kNotFound if the machine has none.
+  static Result<std::unique_ptr<TransferDisk>> Find(const char* serial = kTransferDiskSerial);
 
   // Exclusive use for one transfer; an empty lock when another one is still under way after
   // a second. (The host runs one transfer at a time per VM and starts the next on the last
@@ -57,5 +60,10 @@ class TransferDisk {
   std::timed_mutex mu_;
   UniqueFd fd_;
 };
+
+// Mounts the ext4 file system on the disk open as `disk_fd` at the existing directory `dir`
+// (nosuid, nodev, noatime, no inode-table zeroing). The disk's node was removed at boot: a
+// node of our own named `node` is made for mount(2) alone and removed again.
+Status MountExt4(int disk_fd, const std::string& node, const std::string& dir);
 
 }  // namespace trybox::guest

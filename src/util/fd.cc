@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -188,6 +189,66 @@ Status CopyFile(const std::string& from, const std::string& to, mode_t mode) {
     ::unlink(to.c_str());
     return st;
   }
+}
+
+namespace {
+
+Status PWriteAll(int fd, std::string_view d, off_t offset) {
+  while (!d.empty()) {
+    ssize_t n = ::pwrite(fd, d.data(), d.size(), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("write");
+    d.remove_prefix(static_cast<size_t>(n));
+    offset += n;
+  }
+  return Status::Ok();
+}
+
+// [at, end) of `from` into `to` at the same offsets: copy_file_range, else read and write.
+Status CopyRange(int from, int to, off_t at, off_t end) {
+  while (at < end) {
+    loff_t in = at, out = at;
+    ssize_t n = ::copy_file_range(from, &in, to, &out, static_cast<size_t>(end - at), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) {
+      at += n;
+      continue;
+    }
+    if (n == 0) return Internal("the file shrank while it was copied");
+    if (errno != EXDEV && errno != EINVAL && errno != EOPNOTSUPP && errno != ENOSYS) {
+      return ErrnoError("copy_file_range");
+    }
+    std::string buf(1 << 20, '\0');
+    while (at < end) {
+      size_t want = static_cast<size_t>(std::min<off_t>(end - at, static_cast<off_t>(buf.size())));
+      ssize_t r = ::pread(from, buf.data(), want, at);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        return r < 0 ? ErrnoError("read") : Internal("the file shrank while it was copied");
+      RETURN_IF_ERROR(PWriteAll(to, std::string_view(buf.data(), static_cast<size_t>(r)), at));
+      at += r;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CopyDataExtents(int from, int to, uint64_t size) {
+  off_t pos = 0;
+  const off_t end = static_cast<off_t>(size);
+  while (pos < end) {
+    off_t data = ::lseek(from, pos, SEEK_DATA);
+    if (data < 0 && errno == ENXIO) break;  // only a hole is left
+    if (data < 0) return ErrnoError("seek to data");
+    if (data >= end) break;
+    off_t hole = ::lseek(from, data, SEEK_HOLE);
+    if (hole < 0) return ErrnoError("seek to a hole");
+    hole = std::min(hole, end);
+    RETURN_IF_ERROR(CopyRange(from, to, data, hole));
+    pos = hole;
+  }
+  return Status::Ok();
 }
 
 }  // namespace trybox

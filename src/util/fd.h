@@ -62,6 +62,9 @@ Result<std::vector<std::string>> ListDir(const std::string& dir);
 Status RemoveTree(const std::string& path);
 // Copies a regular file's bytes to a new file `to` (which must not exist), with `mode`.
 Status CopyFile(const std::string& from, const std::string& to, mode_t mode);
+// Copies the data extents of `from` into `to` at the same offsets, up to `size` bytes: holes
+// stay holes (SEEK_DATA/SEEK_HOLE), data moves in the kernel (copy_file_range) where it can.
+Status CopyDataExtents(int from, int to, uint64_t size);
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 
 // A directory created under `parent` (mkdtemp) and removed with its contents when dropped.

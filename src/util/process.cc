@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <libgen.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -394,6 +396,17 @@ bool CanRestorePriority() {
     ok = ::setpriority(PRIO_PROCESS, tid, before) == 0;
   }).join();
   return ok;
+}
+
+std::string BinaryBesideSelf(const std::string& name) {
+  char self[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string beside = std::string(::dirname(self)) + "/" + name;
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return FindInPath(name).value_or(name);
 }
 
 }  // namespace trybox

@@ -102,6 +102,10 @@ Status RunChecked(const std::vector<std::string>& argv,
 // and unwind through its own clean-up, instead of leaving them running detached.
 void SignalAllChildren(int sig);
 
+// The executable `name` in the directory of the running binary, else `name` found on PATH,
+// else `name` itself (for a clear exec error later).
+std::string BinaryBesideSelf(const std::string& name);
+
 // True if a process with this pid exists (signal 0 reaches it or EPERM).
 bool ProcessExists(pid_t pid);
 // /proc/PID/cmdline with NULs turned into spaces; empty if gone.

@@ -135,6 +135,7 @@ Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
   }
   RETURN_IF_ERROR(GiveTo(disk, uid));
   RETURN_IF_ERROR(GiveTo(c.vm_dir + "/" + kTransferDisk, uid));
+  RETURN_IF_ERROR(GiveTo(c.vm_dir + "/" + kWorkspaceDisk, uid));
   if (!restore) {
     // The layer names its backing file by path; point it through the image's fd. -u
     // rewrites the header only. (A clone's layer names the template's disk through fd 5.)
@@ -228,6 +229,11 @@ std::vector<std::string> QemuArgv(const VmConfig& c) {
       "-drive", "id=xfer,file=" + dir + "/" + kTransferDisk +
                     ",format=raw,if=none,cache=unsafe,werror=report,rerror=report",
       "-device", std::string("virtio-blk-device,drive=xfer,serial=") + kTransferDiskSerial,
+      // The workspace disk (docs/protocol/guest.md, "The workspace disk"): the same kind of
+      // file, holding a workspace's ext4 from its workspace_in to the VM's end.
+      "-drive", "id=ws,file=" + dir + "/" + kWorkspaceDisk +
+                    ",format=raw,if=none,cache=unsafe,werror=report,rerror=report",
+      "-device", std::string("virtio-blk-device,drive=ws,serial=") + kWorkspaceDiskSerial,
       "-device", "virtio-rng-device",
       "-device", "virtio-serial-device",
       "-chardev", "socket,id=ctl,path=" + dir + "/ctl.sock,server=on,wait=off",
@@ -287,6 +293,8 @@ Status Vm::Spawn(int state_fd) {
   // daemon keeps this descriptor and never opens the path again.
   ASSIGN_OR_RETURN(transfer_fd_, OpenFile(config_.vm_dir + "/" + kTransferDisk,
                                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  ASSIGN_OR_RETURN(workspace_fd_, OpenFile(config_.vm_dir + "/" + kWorkspaceDisk,
+                                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   ASSIGN_OR_RETURN(QemuSandbox sandbox, SandboxQemu(config_, state_fd));
   auto log = OpenFile(config_.vm_dir + "/qemu.log", O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!log.ok()) return log.status();
@@ -342,6 +350,7 @@ Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
   }
   Json got = fut.get();
   transfer_disk_ = BoolOr(got, "transfer_disk");
+  workspace_disk_ = BoolOr(got, "workspace_disk");
   return got;
 }
 
@@ -587,6 +596,15 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
                        " is gone: " + (why.empty() ? s.status().message() : why));
   }
   return s;
+}
+
+Status Vm::ResizeWorkspaceDisk(uint64_t bytes) {
+  if (!alive()) return Unavailable("the guest is gone: " + death_reason());
+  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", Clock::now() + std::chrono::seconds(10));
+  if (!qmp.ok()) return qmp.status().Annotate("resize the workspace disk");
+  return qmp->Execute("block_resize", {{"device", "ws"}, {"size", bytes}})
+      .status()
+      .Annotate("resize the workspace disk to " + std::to_string(bytes) + " bytes");
 }
 
 std::string Vm::ConsoleTail(size_t max) const { return Tail(config_.vm_dir + "/console.log", max); }

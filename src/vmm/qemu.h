@@ -81,6 +81,10 @@ inline constexpr const char* kTemplateCloneDisk = "/clone.qcow2";  // empty over
 // The transfer disk: a file in every VM's directory behind a virtio-blk slot with this serial.
 inline constexpr const char* kTransferDisk = "xfer.img";
 inline constexpr const char* kTransferDiskSerial = "trybox-xfer";
+// The workspace disk (docs/protocol/guest.md, "The workspace disk"): another raw file of the
+// VM's own, of capacity 0 until a workspace's ext4 image is written into it.
+inline constexpr const char* kWorkspaceDisk = "ws.img";
+inline constexpr const char* kWorkspaceDiskSerial = "trybox-ws";
 
 // The layers of the verified image in `image_dir`: how many layer-K.ext4 parts it has, from
 // K = 1 up (0 for a base image).
@@ -172,6 +176,13 @@ class Vm {
     return std::unique_lock<std::timed_mutex>(transfer_mu_, std::chrono::seconds(1));
   }
 
+  // The workspace disk: usable once the guest's hello said it has it open. Its host file,
+  // created before QEMU started, and its capacity as the guest sees it (QMP block_resize,
+  // which also truncates or extends the file).
+  bool has_workspace_disk() const { return workspace_disk_ && workspace_fd_.valid(); }
+  int workspace_disk_fd() const { return workspace_fd_.get(); }
+  Status ResizeWorkspaceDisk(uint64_t bytes);
+
   // QEMU's run state (QMP query-status): "running", "paused", "io-error", ... An error if
   // QEMU does not answer by `deadline` (a stopped QEMU answers nothing).
   Result<std::string> RunState(std::chrono::steady_clock::time_point deadline);
@@ -220,6 +231,8 @@ class Vm {
   std::atomic<bool> transfer_disk_{false};
   UniqueFd transfer_fd_;
   std::timed_mutex transfer_mu_;
+  std::atomic<bool> workspace_disk_{false};
+  UniqueFd workspace_fd_;
 };
 
 // Kills a QEMU left behind by a daemon that died, if `pid` is still that VM's process (its

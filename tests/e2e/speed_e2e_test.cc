@@ -232,12 +232,14 @@ TEST(SpeedE2E, BulkDataTakesTheDiskByDefaultAndTheChannelWhenToldOrWhenSmall) {
 
     auto ws = (*h)->Call({{"verb", "workspace_in"}, {"vm", id}, {"dir", t + "/repo"}});
     ASSERT_TRUE(ws.ok()) << ws.status().ToString();
-    EXPECT_EQ((*ws)["workspace"]["transfer"], mode);
+    // With disks, a workspace is the workspace disk's file system, not a tar.
+    const std::string ws_mode = mode == "disk" ? "workspace_disk" : "channel";
+    EXPECT_EQ((*ws)["workspace"]["transfer"], ws_mode);
     ASSERT_EQ((*h)->Cli({"exec", id, "--", "sh", "-c", "./run.sh > out.txt && rm a/b/f2"}).code, 0);
     CliResult col = (*h)->Cli({"collect", id, "--no-commit", "--json"});
     ASSERT_EQ(col.code, 0) << col.err;
     Json cj = Json::parse(col.out, nullptr, false);
-    EXPECT_EQ(cj["transfer"], mode) << col.out;
+    EXPECT_EQ(cj["transfer"], ws_mode) << col.out;
     EXPECT_EQ(cj["counts"]["added"], 1) << col.out;
     EXPECT_EQ(cj["counts"]["deleted"], 1) << col.out;
     EXPECT_EQ(cj["files"], 302) << col.out;  // 299 files, run.sh, link, out.txt

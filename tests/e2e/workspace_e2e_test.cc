@@ -51,16 +51,33 @@ class WorkspaceE2E : public SharedHarness<WorkspaceE2E> {
     EXPECT_EQ(r.code, 0) << r.err;
     return Json::parse(r.out, nullptr, false);
   }
-  std::string Create(const std::vector<std::string>& extra) {
+  std::string Create(const std::vector<std::string>& extra, Harness* h = nullptr) {
     std::vector<std::string> args = {"create", "--workspace", repo_};
     args.insert(args.end(), extra.begin(), extra.end());
-    CliResult r = h_->Cli(args);
+    CliResult r = (h ? h : h_)->Cli(args);
     EXPECT_EQ(r.code, 0) << r.err;
     return r.out.substr(0, r.out.find('\n'));
   }
 
+  // A daemon whose VMs move workspaces as tars through the channel (TRYBOX_TRANSFER=channel:
+  // no workspace disk), for the tests of what a guest's tar can do. Started once.
+  static Harness* TarHarness() {
+    if (tar_h_ == nullptr) {
+      auto h = Harness::Start({"TRYBOX_TRANSFER=channel"});
+      EXPECT_TRUE(h.ok()) << h.status().ToString();
+      if (h.ok()) tar_h_ = std::move(*h).release();
+    }
+    return tar_h_;
+  }
+  static void TearDownTestSuite() {
+    delete tar_h_;
+    tar_h_ = nullptr;
+    SharedHarness<WorkspaceE2E>::TearDownTestSuite();
+  }
+
   std::optional<TempDir> tmp_;
   std::string home_, repo_;
+  static inline Harness* tar_h_ = nullptr;
 };
 
 const Json* FindChange(const Json& changes, const std::string& path) {
@@ -221,46 +238,53 @@ TEST_F(WorkspaceE2E, NotARepositoryOrMissingDirIsAClearError) {
   EXPECT_NE(plain.err.find("not a git working tree"), std::string::npos) << plain.err;
 }
 
-// The guest powers off in the middle of the tar it sends: the collect fails naming that,
-// leaves no --into directory and no branch, and the failure is on record.
+// The guest powers off in the middle of the tar it sends (a VM without a workspace disk):
+// the collect fails naming that, leaves no --into directory and no branch, and the failure
+// is on record.
 TEST_F(WorkspaceE2E, GuestDyingMidCollectIsItsOwnErrorAndLeavesNothing) {
+  Harness* t = TarHarness();
+  ASSERT_NE(t, nullptr);
   MakeRepo(200);
-  std::string id = Create({});
+  std::string id = Create({}, t);
   ASSERT_FALSE(id.empty());
-  ASSERT_EQ(h_->Cli({"exec", id, "--", "sh", "-c",
-                     "echo changed > src/d01/f00001.txt && cp /bin/tar /bin/tar.real && printf "
-                     "'#!/bin/sh\n/bin/tar.real -cf - -C /workspace . | head -c 20000\necho o "
-                     "> /proc/sysrq-trigger\nsleep 60\n' > /bin/tar"})
+  ASSERT_EQ(t->Cli({"exec", id, "--", "sh", "-c",
+                    "echo changed > src/d01/f00001.txt && cp /bin/tar /bin/tar.real && printf "
+                    "'#!/bin/sh\n/bin/tar.real -cf - -C /workspace . | head -c 20000\necho o "
+                    "> /proc/sysrq-trigger\nsleep 60\n' > /bin/tar"})
                 .code,
             0);
   std::string into = tmp_->path() + "/into";
-  CliResult r = h_->Cli({"collect", id, "--into", into});
+  CliResult r = t->Cli({"collect", id, "--into", into});
   EXPECT_EQ(r.code, 125) << r.out;
   EXPECT_NE(r.err.find("collect the workspace of VM " + id), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("guest"), std::string::npos) << r.err;
   struct stat st;
   EXPECT_NE(::lstat(into.c_str(), &st), 0) << "a partial --into directory was left";
   EXPECT_EQ(Sh("cd '" + repo_ + "' && git branch --list 'trybox/*'"), "");
-  Json c = DiffJson(id);
-  EXPECT_EQ(c["outcome"], "error") << c.dump();
+  CliResult d = t->Cli({"diff", id, "--json"});
+  Json c = Json::parse(d.out, nullptr, false);
+  EXPECT_EQ(c["outcome"], "error") << d.out << d.err;
   EXPECT_EQ(c["changes"].size(), 0u);
-  (void)h_->Cli({"rm", id});
+  (void)t->Cli({"rm", id});
 }
 
-// A hostile guest: special files in /workspace, then a /bin/tar replaced by a script that
-// emits a crafted archive aiming outside the collect directory in every way it can.
+// A hostile guest of a VM that moves its workspace as a tar: special files in /workspace,
+// then a /bin/tar replaced by a script that emits a crafted archive aiming outside the
+// collect directory in every way it can.
 TEST_F(WorkspaceE2E, HostileReturnedTreeNeverWritesOutsideAndIsNamed) {
+  Harness* t = TarHarness();
+  ASSERT_NE(t, nullptr);
   MakeRepo(3);
   std::string outside = tmp_->path() + "/outside";
   ASSERT_TRUE(MakeDirs(outside).ok());
   // Privileged: the most a hostile guest can be (mknod needs it), against the host's side.
-  std::string id = Create({"--privileged"});
+  std::string id = Create({"--privileged"}, t);
   ASSERT_FALSE(id.empty());
-  CliResult sp = h_->Cli({"exec", id, "--", "sh", "-c",
-                          "mknod dev c 1 3 && mkfifo fifo && python3 -c \"import socket; "
-                          "socket.socket(socket.AF_UNIX).bind('sock')\" && ln -s /etc/passwd pw"});
+  CliResult sp = t->Cli({"exec", id, "--", "sh", "-c",
+                         "mknod dev c 1 3 && mkfifo fifo && python3 -c \"import socket; "
+                         "socket.socket(socket.AF_UNIX).bind('sock')\" && ln -s /etc/passwd pw"});
   ASSERT_EQ(sp.code, 0) << sp.err;
-  CliResult c1 = h_->Cli({"collect", id, "--json"});
+  CliResult c1 = t->Cli({"collect", id, "--json"});
   ASSERT_EQ(c1.code, 0) << c1.err;
   Json j1 = Json::parse(c1.out, nullptr, false);
   std::map<std::string, std::string> skipped;
@@ -292,18 +316,18 @@ TEST_F(WorkspaceE2E, HostileReturnedTreeNeverWritesOutsideAndIsNamed) {
       "add('./dev2', type=tarfile.CHRTYPE, devmajor=1, devminor=3)\n"
       "t.close()\n";
   ASSERT_TRUE(WriteFileAtomic(tmp_->path() + "/craft.py", craft).ok());
-  ASSERT_EQ(h_->Cli({"cp", tmp_->path() + "/craft.py", id + ":/root/craft.py"}).code, 0);
-  ASSERT_EQ(h_->Cli({"exec", id, "--", "sh", "-c",
-                     "cp /bin/tar /bin/tar.real && printf '#!/bin/sh\\nexec python3 "
-                     "/root/craft.py\\n' > /bin/tar"})
+  ASSERT_EQ(t->Cli({"cp", tmp_->path() + "/craft.py", id + ":/root/craft.py"}).code, 0);
+  ASSERT_EQ(t->Cli({"exec", id, "--", "sh", "-c",
+                    "cp /bin/tar /bin/tar.real && printf '#!/bin/sh\\nexec python3 "
+                    "/root/craft.py\\n' > /bin/tar"})
                 .code,
             0);
   std::string into = tmp_->path() + "/into";
-  CliResult c2 = h_->Cli({"collect", id, "--into", into, "--no-commit", "--json"});
+  CliResult c2 = t->Cli({"collect", id, "--into", into, "--no-commit", "--json"});
   ASSERT_EQ(c2.code, 0) << c2.err;
   Json j2 = Json::parse(c2.out, nullptr, false);
-  // The crafted archive came through the transfer disk, as every collect does by default.
-  EXPECT_EQ(j2["transfer"], "disk") << c2.out;
+  // The crafted archive came from the guest's tar, through the channel.
+  EXPECT_EQ(j2["transfer"], "channel") << c2.out;
   skipped.clear();
   for (const auto& s : j2["skipped"]) skipped[s["path"]] = s["reason"];
   EXPECT_EQ(skipped["../escape.txt"], "a '..' component") << c2.out;
@@ -318,7 +342,127 @@ TEST_F(WorkspaceE2E, HostileReturnedTreeNeverWritesOutsideAndIsNamed) {
                         outside + "/abs.txt", outside + "/through.txt", into + "/hard"}) {
     EXPECT_NE(::lstat(p.c_str(), &st), 0) << p << " was written";
   }
+  EXPECT_EQ(t->Cli({"rm", id}).code, 0);
+}
+
+// ---- the workspace disk (docs/protocol/guest.md, "The workspace disk") ----
+
+// /workspace is the disk's ext4, written on the host; the collect reads it back on the host
+// while the guest holds it frozen, and the guest can write again afterwards.
+TEST_F(WorkspaceE2E, TheWorkspaceIsTheDisksFileSystemAndComesBackFromIt) {
+  MakeRepo(300,
+           "printf '#!/bin/sh\\necho hi\\n' > run.sh && chmod 755 run.sh && ln -s "
+           "src/d01/f00001.txt link");
+  std::string id = Create({});
+  ASSERT_FALSE(id.empty());
+  CliResult fs =
+      h_->Cli({"exec", id, "--", "sh", "-c", "awk '$2 == \"/workspace\" {print $3}' /proc/mounts"});
+  EXPECT_EQ(fs.out, "ext4\n") << fs.err;
+  CliResult look = h_->Cli({"exec", id, "--", "sh", "-c",
+                            "cat link && ./run.sh > out.txt && rm src/d02/f00002.txt && chmod "
+                            "600 src/d03/f00003.txt && mv src/d04/f00004.txt moved.txt"});
+  ASSERT_EQ(look.code, 0) << look.err;
+  EXPECT_EQ(look.out, "file 1\n");
+  CliResult c1 = h_->Cli({"collect", id, "--no-commit", "--json"});
+  ASSERT_EQ(c1.code, 0) << c1.err;
+  Json j1 = Json::parse(c1.out, nullptr, false);
+  EXPECT_EQ(j1["transfer"], "workspace_disk") << c1.out;
+  EXPECT_EQ(j1["counts"]["added"], 1) << c1.out;
+  EXPECT_EQ(j1["counts"]["deleted"], 1) << c1.out;
+  EXPECT_EQ(j1["counts"]["mode_changed"], 1) << c1.out;
+  EXPECT_EQ(j1["counts"]["renamed"], 1) << c1.out;
+  EXPECT_EQ(j1["files"], 302) << c1.out;  // 300 - 1 + run.sh, link, out.txt
+  // Thawed: the guest writes again, and the next collect sees it.
+  CliResult after = h_->Cli({"exec", id, "--", "sh", "-c", "echo after > after.txt"});
+  ASSERT_EQ(after.code, 0) << after.err;
+  CliResult c2 = h_->Cli({"collect", id, "--json"});
+  ASSERT_EQ(c2.code, 0) << c2.err;
+  Json j2 = Json::parse(c2.out, nullptr, false);
+  EXPECT_EQ(j2["counts"]["added"], 2) << c2.out;
+  EXPECT_EQ(Sh("cd '" + repo_ + "' && git show trybox/" + id + ":after.txt"), "after\n");
   EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
+// Past the disk's size the guest gets ENOSPC, as past any disk; nothing else breaks.
+TEST_F(WorkspaceE2E, AFullWorkspaceDiskIsNoSpaceInTheGuestAndCollectStillWorks) {
+  MakeRepo(5);
+  // A small quota makes a small disk: about 66 MiB.
+  std::string id = Create({"--workspace-quota", "1M", "--workspace-quota-entries", "100"});
+  ASSERT_FALSE(id.empty());
+  CliResult fill = h_->Cli({"exec", id, "--", "sh", "-c", "head -c 200M /dev/zero > big"});
+  EXPECT_NE(fill.code, 0);
+  EXPECT_NE(fill.err.find("No space left on device"), std::string::npos) << fill.err;
+  ASSERT_EQ(h_->Cli({"exec", id, "--", "sh", "-c", "rm big && echo ok > ok.txt"}).code, 0);
+  CliResult c = h_->Cli({"collect", id, "--no-commit", "--json"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(Json::parse(c.out, nullptr, false)["counts"]["added"], 1) << c.out;
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
+// A privileged guest makes special files; then the disk holds a corrupt directory block: the
+// special files are named, the corrupt disk is a clear error from the sandboxed reader, and
+// the daemon and the VM go on. No command can write the disk itself (the exec cgroup's
+// device rules refuse even a privileged one, checked first), so the test writes on the host
+// the bytes a subverted guest kernel could write.
+TEST_F(WorkspaceE2E, SpecialFilesAreNamedAndACorruptWorkspaceDiskIsAClearError) {
+  MakeRepo(3);
+  std::string id = Create({"--privileged"});
+  ASSERT_FALSE(id.empty());
+  CliResult sp = h_->Cli({"exec", id, "--", "sh", "-c",
+                          "mknod dev c 1 3 && mkfifo fifo && python3 -c \"import socket; "
+                          "socket.socket(socket.AF_UNIX).bind('sock')\" && ln -s /etc/passwd pw"});
+  ASSERT_EQ(sp.code, 0) << sp.err;
+  CliResult c1 = h_->Cli({"collect", id, "--no-commit", "--json"});
+  ASSERT_EQ(c1.code, 0) << c1.err;
+  Json j1 = Json::parse(c1.out, nullptr, false);
+  EXPECT_EQ(j1["transfer"], "workspace_disk") << c1.out;
+  std::map<std::string, std::string> skipped;
+  for (const auto& s : j1["skipped"]) skipped[s["path"]] = s["reason"];
+  EXPECT_EQ(skipped["dev"], "a character device") << c1.out;
+  EXPECT_EQ(skipped["fifo"], "a fifo") << c1.out;
+  EXPECT_NE(skipped["sock"].find("a socket"), std::string::npos) << c1.out;
+  ASSERT_NE(FindChange(j1["changes"], "pw"), nullptr);
+
+  CliResult raw =
+      h_->Cli({"exec", id, "--", "sh", "-c",
+               "for d in /sys/block/*; do [ \"$(cat $d/serial 2>/dev/null)\" = trybox-ws ] && "
+               "dev=$(cat $d/dev); done; mknod /tmp/wsdev b ${dev%:*} ${dev#*:} && head -c 4096 "
+               "/dev/urandom | dd of=/tmp/wsdev bs=4096 seek=1 conv=notrunc status=none"});
+  EXPECT_NE(raw.code, 0);
+  EXPECT_NE(raw.err.find("Permission denied"), std::string::npos) << raw.err;
+  // The root directory's first block, as the host's debugfs finds it, overwritten.
+  const std::string img = h_->vms_dir() + "/" + id + "/ws.img";
+  std::string block = Sh("debugfs -R 'bmap / 0' '" + img + "' 2>/dev/null | tr -d '\\n'");
+  ASSERT_FALSE(block.empty());
+  ASSERT_EQ(block.find_first_not_of("0123456789"), std::string::npos) << block;
+  EXPECT_EQ(Sh("head -c 4096 /dev/urandom | dd of='" + img + "' bs=4096 seek=" + block +
+               " conv=notrunc status=none && echo done"),
+            "done\n");
+  CliResult c2 = h_->Cli({"collect", id});
+  EXPECT_EQ(c2.code, 125) << c2.out;
+  EXPECT_NE(c2.err.find("the workspace disk could not be read"), std::string::npos) << c2.err;
+  EXPECT_EQ(Sh("cd '" + repo_ + "' && git branch --list 'trybox/*'"), "");
+  CliResult alive = h_->Cli({"exec", id, "--", "echo", "alive"});
+  EXPECT_EQ(alive.out, "alive\n") << alive.err;
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
+// A guest that died before the collect: its own error, nothing left behind, on record.
+TEST_F(WorkspaceE2E, ACollectFromADeadGuestIsItsOwnError) {
+  MakeRepo(20);
+  std::string id = Create({"--privileged"});
+  ASSERT_FALSE(id.empty());
+  (void)h_->Cli({"exec", id, "--", "sh", "-c",
+                 "echo changed > src/d01/f00001.txt && sync && "
+                 "echo o > /proc/sysrq-trigger"});
+  std::string into = tmp_->path() + "/into";
+  CliResult r = h_->Cli({"collect", id, "--into", into});
+  EXPECT_EQ(r.code, 125) << r.out;
+  EXPECT_NE(r.err.find("VM " + id + " is gone"), std::string::npos) << r.err;
+  struct stat st;
+  EXPECT_NE(::lstat(into.c_str(), &st), 0) << "a partial --into directory was left";
+  EXPECT_EQ(Sh("cd '" + repo_ + "' && git branch --list 'trybox/*'"), "");
+  (void)h_->Cli({"rm", id});
 }
 
 }  // namespace
