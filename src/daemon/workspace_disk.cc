@@ -104,6 +104,9 @@ Result<std::unique_ptr<WorkspaceDiskReader>> WorkspaceDiskReader::Open(GuestChan
   UniqueFd err_w(err[1]);
   SpawnOptions so;
   so.argv = {opts.binary, std::to_string(opts.max_entries)};
+  if (opts.max_bytes > 0) {
+    so.argv.insert(so.argv.end(), {"--max-bytes", std::to_string(opts.max_bytes)});
+  }
   std::optional<uid_t> uid = disk.reader_uid();
   // A root daemon without a uid pool still never reads a guest's file system as root.
   if (!uid && ::geteuid() == 0) uid = 65534;

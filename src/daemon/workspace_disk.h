@@ -33,6 +33,7 @@ class WorkspaceDiskReader {
   struct Options {
     std::string binary;        // trybox-ext4tar
     uint64_t max_entries = 0;  // the reader stops past this many entries (0: no limit)
+    uint64_t max_bytes = 0;    // ... or this many bytes of files, at their declared sizes
   };
   static Result<std::unique_ptr<WorkspaceDiskReader>> Open(GuestChannel& guest,
                                                            WorkspaceDiskPort& disk,

@@ -198,7 +198,9 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
     // Past the quota the unpacking stops first, with its own message; this bounds the reader.
     const uint64_t max_entries =
         w.quota_entries > 0 ? static_cast<uint64_t>(w.quota_entries) * 2 + 1024 : 0;
-    auto r = WorkspaceDiskReader::Open(vm, *disk, {DefaultExt4TarBinary(), max_entries});
+    const uint64_t max_bytes =
+        w.quota_bytes > 0 ? static_cast<uint64_t>(w.quota_bytes) * 2 + (uint64_t{64} << 20) : 0;
+    auto r = WorkspaceDiskReader::Open(vm, *disk, {DefaultExt4TarBinary(), max_entries, max_bytes});
     if (!r.ok()) return failed(r.status());
     disk_reader = std::move(*r);
     out.transfer = kTransferWorkspaceDisk;

@@ -239,12 +239,7 @@ void ServeLayerSize(channel::Stream& stream, int upper_fd) {
 
 void ServeLayerCapture(channel::Stream& stream, const Json& request, int upper_fd,
                        TransferDisk* disk) {
-  uint64_t bytes = 0;
-  if (auto d = request.find("disk"); d != request.end() && d->is_object()) {
-    if (auto b = d->find("bytes"); b != d->end() && b->is_number_unsigned()) {
-      bytes = b->get<uint64_t>();
-    }
-  }
+  const uint64_t bytes = DiskBytesField(request);
   if (bytes == 0) {
     (void)stream.End(Fail("bad_request", "'disk.bytes' must be a positive integer"));
     return;

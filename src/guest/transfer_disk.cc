@@ -79,6 +79,15 @@ Status TransferDisk::Rewind() {
   return Status::Ok();
 }
 
+uint64_t DiskBytesField(const nlohmann::json& request) {
+  if (auto d = request.find("disk"); d != request.end() && d->is_object()) {
+    if (auto b = d->find("bytes"); b != d->end() && b->is_number_unsigned()) {
+      return b->get<uint64_t>();
+    }
+  }
+  return 0;
+}
+
 Status MountExt4(int disk_fd, const std::string& node, const std::string& dir) {
   struct stat st;
   if (::fstat(disk_fd, &st) != 0) return ErrnoError("stat the disk");

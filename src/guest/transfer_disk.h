@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "util/fd.h"
@@ -60,6 +61,10 @@ class TransferDisk {
   std::timed_mutex mu_;
   UniqueFd fd_;
 };
+
+// A request's "disk": {"bytes": S} for a disk the host formatted: S, or 0 when missing or not
+// an unsigned integer.
+uint64_t DiskBytesField(const nlohmann::json& request);
 
 // Mounts the ext4 file system on the disk open as `disk_fd` at the existing directory `dir`
 // (nosuid, nodev, noatime, no inode-table zeroing). The disk's node was removed at boot: a

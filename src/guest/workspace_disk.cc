@@ -31,28 +31,27 @@ bool MountedFrom(const std::string& dir, const TransferDisk& disk) {
   return dev != 0 && ::stat(dir.c_str(), &st) == 0 && st.st_dev == dev;
 }
 
+// The disk for one request, or an empty lock once the stream was ended saying why not.
+std::unique_lock<std::timed_mutex> TakeDisk(channel::Stream& stream, TransferDisk* disk) {
+  if (disk == nullptr) {
+    (void)stream.End(Fail("no_workspace_disk", "this guest has no workspace disk"));
+    return {};
+  }
+  auto held = disk->Lock();
+  if (!held) (void)stream.End(Fail("disk_busy", "another request uses the workspace disk"));
+  return held;
+}
+
 }  // namespace
 
 void ServeWorkspaceMount(channel::Stream& stream, const Json& request, TransferDisk* disk) {
-  uint64_t bytes = 0;
-  if (auto d = request.find("disk"); d != request.end() && d->is_object()) {
-    if (auto b = d->find("bytes"); b != d->end() && b->is_number_unsigned()) {
-      bytes = b->get<uint64_t>();
-    }
-  }
+  const uint64_t bytes = DiskBytesField(request);
   if (bytes == 0) {
     (void)stream.End(Fail("bad_request", "'disk.bytes' must be a positive integer"));
     return;
   }
-  if (disk == nullptr) {
-    (void)stream.End(Fail("no_workspace_disk", "this guest has no workspace disk"));
-    return;
-  }
-  auto held = disk->Lock();
-  if (!held) {
-    (void)stream.End(Fail("disk_busy", "another request uses the workspace disk"));
-    return;
-  }
+  auto held = TakeDisk(stream, disk);
+  if (!held) return;
   const std::string dir = kWorkspaceMountPoint;
   if (MountedFrom(dir, *disk)) {
     (void)stream.End(Fail("already_mounted", dir + " is the workspace disk already"));
@@ -74,15 +73,8 @@ void ServeWorkspaceMount(channel::Stream& stream, const Json& request, TransferD
 }
 
 void ServeWorkspaceFreeze(channel::Stream& stream, TransferDisk* disk) {
-  if (disk == nullptr) {
-    (void)stream.End(Fail("no_workspace_disk", "this guest has no workspace disk"));
-    return;
-  }
-  auto held = disk->Lock();
-  if (!held) {
-    (void)stream.End(Fail("disk_busy", "another request uses the workspace disk"));
-    return;
-  }
+  auto held = TakeDisk(stream, disk);
+  if (!held) return;
   const std::string dir = kWorkspaceMountPoint;
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid() || !MountedFrom(dir, *disk)) {

@@ -598,24 +598,20 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
   return s;
 }
 
-Status Vm::ResizeWorkspaceDisk(uint64_t bytes) {
-  if (!alive()) return Unavailable("the guest is gone: " + death_reason());
-  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", Clock::now() + std::chrono::seconds(10));
-  if (!qmp.ok()) return qmp.status().Annotate("resize the workspace disk");
-  return qmp->Execute("block_resize", {{"device", "ws"}, {"size", bytes}})
-      .status()
-      .Annotate("resize the workspace disk to " + std::to_string(bytes) + " bytes");
-}
+Status Vm::ResizeWorkspaceDisk(uint64_t bytes) { return ResizeDisk("ws", "workspace", bytes); }
 
 std::string Vm::ConsoleTail(size_t max) const { return Tail(config_.vm_dir + "/console.log", max); }
 
-Status Vm::ResizeTransferDisk(uint64_t bytes) {
+Status Vm::ResizeTransferDisk(uint64_t bytes) { return ResizeDisk("xfer", "transfer", bytes); }
+
+Status Vm::ResizeDisk(const char* device, const char* which, uint64_t bytes) {
+  const std::string what = std::string("resize the ") + which + " disk";
   if (!alive()) return Unavailable("the guest is gone: " + death_reason());
   auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", Clock::now() + std::chrono::seconds(10));
-  if (!qmp.ok()) return qmp.status().Annotate("resize the transfer disk");
-  return qmp->Execute("block_resize", {{"device", "xfer"}, {"size", bytes}})
+  if (!qmp.ok()) return qmp.status().Annotate(what);
+  return qmp->Execute("block_resize", {{"device", device}, {"size", bytes}})
       .status()
-      .Annotate("resize the transfer disk to " + std::to_string(bytes) + " bytes");
+      .Annotate(what + " to " + std::to_string(bytes) + " bytes");
 }
 
 Status Vm::SetNice(int nice) {

@@ -233,6 +233,8 @@ class Vm {
   std::timed_mutex transfer_mu_;
   std::atomic<bool> workspace_disk_{false};
   UniqueFd workspace_fd_;
+  // QMP block_resize of the drive `device` ("xfer", "ws"); `which` names it in errors.
+  Status ResizeDisk(const char* device, const char* which, uint64_t bytes);
 };
 
 // Kills a QEMU left behind by a daemon that died, if `pid` is still that VM's process (its

@@ -19,6 +19,7 @@
 #include "util/fd.h"
 #include "util/process.h"
 #include "util/utf8.h"
+#include "workspace/archive_ptr.h"
 
 // com_err's header has no extern "C" of its own (ext2fs.h wraps it when it comes first).
 extern "C" {
@@ -66,16 +67,6 @@ struct FileCloser {
   void operator()(ext2_file_t f) const { ext2fs_file_close(f); }
 };
 using FilePtr = std::unique_ptr<std::remove_pointer_t<ext2_file_t>, FileCloser>;
-
-struct ArchiveDeleter {
-  void operator()(archive* a) const { archive_free(a); }
-};
-using ArchivePtr = std::unique_ptr<archive, ArchiveDeleter>;
-
-struct EntryDeleter {
-  void operator()(archive_entry* e) const { archive_entry_free(e); }
-};
-using EntryPtr = std::unique_ptr<archive_entry, EntryDeleter>;
 
 // An inode as this code reads and writes it: the large layout, zeroed past what the file
 // system holds.

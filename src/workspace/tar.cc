@@ -14,20 +14,11 @@
 #include "util/fd.h"
 #include "util/file_type.h"
 #include "util/utf8.h"
+#include "workspace/archive_ptr.h"
 #include "workspace/git_path.h"
 
 namespace trybox::workspace {
 namespace {
-
-struct ArchiveDeleter {
-  void operator()(archive* a) const { archive_free(a); }
-};
-using ArchivePtr = std::unique_ptr<archive, ArchiveDeleter>;
-
-struct EntryDeleter {
-  void operator()(archive_entry* e) const { archive_entry_free(e); }
-};
-using EntryPtr = std::unique_ptr<archive_entry, EntryDeleter>;
 
 // Why a relative tar path is unsafe, or "" if it is not.
 std::string UnsafePathReason(const std::string& name) {
