@@ -57,6 +57,28 @@ Result<Json> AwaitEnd(channel::Stream& s) {
   }
 }
 
+Status GuestRefusal(const Json& end, const std::string& what) {
+  const std::string error = end.is_object() ? end.value("error", "") : "";
+  const std::string message = end.is_object() ? end.value("message", "") : "";
+  const std::string text = "the guest could not " + what + ": " +
+                           (error.empty() ? "no reason given" : error) +
+                           (message.empty() ? "" : ": " + message);
+  return error == "no_space" ? ResourceExhausted(text) : FailedPrecondition(text);
+}
+
+Result<Json> AwaitGuestOk(GuestChannel& guest, channel::Stream& stream, const std::string& what) {
+  auto end = AwaitEnd(stream);
+  if (!end.ok()) return GuestGone(guest, end.status().Annotate(what));
+  if (!end->is_object() || !end->value("ok", false)) return GuestRefusal(*end, what);
+  return *end;
+}
+
+Result<Json> GuestCall(GuestChannel& guest, const Json& request, const std::string& what) {
+  auto stream = guest.Open(request);
+  if (!stream.ok()) return GuestGone(guest, stream.status().Annotate(what));
+  return AwaitGuestOk(guest, **stream, what);
+}
+
 Status WriteFile(GuestChannel& guest, const std::string& path, std::string_view data, int mode,
                  bool mkdirs) {
   auto s = guest.Open(

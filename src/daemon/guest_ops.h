@@ -204,6 +204,21 @@ Status FileEndStatus(const Json& end, std::string* kind = nullptr, int64_t* byte
 // Waits for the stream's END, dropping data. kUnavailable if the guest reset the stream.
 Result<Json> AwaitEnd(channel::Stream& s);
 
+// ---- control requests (an op with no data, answered by an END) ----
+
+// Why an END does not say {"ok": true}: "the guest could not WHAT: ERROR[: MESSAGE]", as
+// kResourceExhausted for the guest's "no_space" and kFailedPrecondition otherwise. Never Ok:
+// the caller has seen that the END was not ok, or an END came where none should.
+Status GuestRefusal(const Json& end, const std::string& what);
+
+// Waits for `stream`'s END: its body when it says ok, GuestRefusal when it does not, and
+// GuestGone (the guest's death, else the broken stream, annotated with WHAT) when the
+// stream ends without one.
+Result<Json> AwaitGuestOk(GuestChannel& guest, channel::Stream& stream, const std::string& what);
+
+// `request` sent, no data, and its END awaited as AwaitGuestOk does.
+Result<Json> GuestCall(GuestChannel& guest, const Json& request, const std::string& what);
+
 // Writes `data` to `path` as one file.
 Status WriteFile(GuestChannel& guest, const std::string& path, std::string_view data, int mode,
                  bool mkdirs);

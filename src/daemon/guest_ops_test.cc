@@ -673,6 +673,43 @@ TEST(GuestOpsPortTest, RelaysBytesBothWaysAndTheGuestsResult) {
   EXPECT_EQ(end, (Json{{"ok", true}, {"bytes_in", 5}, {"bytes_out", 6}}));
 }
 
+// A control request's three ends: the END's body when it says ok, the guest's refusal with
+// its reason (no_space as RESOURCE_EXHAUSTED), and a channel lost before any END as the
+// guest's death, never as a refusal or a success.
+TEST(GuestOpsCallTest, AnOkEndARefusalAndALostGuestAreThreeDifferentResults) {
+  struct Case {
+    const char* end;  // null: the guest's channel closes instead
+    Code code;
+    const char* text;
+  };
+  for (const Case& c :
+       {Case{R"({"ok":true,"bytes":7})", Code::kOk, ""},
+        Case{R"({"ok":false,"error":"busy","message":"frozen already"})", Code::kFailedPrecondition,
+             "the guest could not mount the disk: busy: frozen already"},
+        Case{R"({"ok":false,"error":"no_space"})", Code::kResourceExhausted,
+             "the guest could not mount the disk: no_space"},
+        Case{R"({"error":"unknown op"})", Code::kFailedPrecondition,
+             "the guest could not mount the disk: unknown op"},
+        Case{nullptr, Code::kUnavailable, "the guest is gone"}}) {
+    Hostile h = MakeHostile();
+    auto fut = Async([&] { return GuestCall(*h.guest, {{"op", "mount"}}, "mount the disk"); });
+    channel::Frame open = h.peer->Read();
+    EXPECT_EQ(Json::parse(open.payload)["op"], "mount");
+    if (c.end) {
+      h.peer->Json(open.stream, FrameType::kEnd, c.end);
+    } else {
+      h.peer->Close();
+    }
+    Result<Json> r = fut.get();
+    EXPECT_EQ(r.status().code(), c.code) << r.status().ToString();
+    if (r.ok()) {
+      EXPECT_EQ((*r)["bytes"], 7);
+    } else {
+      EXPECT_NE(r.status().message().find(c.text), std::string::npos) << r.status().ToString();
+    }
+  }
+}
+
 TEST(GuestOpsPortTest, AGuestConnectFailureKeepsItsKindAndAMalformedEndIsNamed) {
   for (const char* guest_end : {R"({"ok":false,"error":"connect_failed","message":"refused"})",
                                 R"({"ok":true,"bytes_in":"5"})"}) {

@@ -29,22 +29,6 @@ uint64_t LayerCapacity(uint64_t bytes, uint64_t inodes) {
   return (want + kMiB - 1) / kMiB * kMiB;
 }
 
-Result<Json> GuestCall(GuestChannel& guest, const Json& request) {
-  ASSIGN_OR_RETURN(auto stream, guest.Open(request));
-  auto end = AwaitEnd(*stream);
-  if (!end.ok()) return GuestGone(guest, end.status());
-  if (!end->is_object() || !end->value("ok", false)) {
-    std::string error = end->is_object() ? end->value("error", "") : "";
-    std::string message = end->is_object() ? end->value("message", "") : "";
-    Status st = error == "no_space"
-                    ? ResourceExhausted("the layer disk filled: " + message)
-                    : FailedPrecondition("the guest could not " + request.value("op", "") + ": " +
-                                         error + (message.empty() ? "" : ": " + message));
-    return st;
-  }
-  return *end;
-}
-
 // The guest's half of a commit, with the transfer disk held: the disk gets the host's empty
 // ext4, the guest fills it, `layer` gets the disk's bytes. The disk is emptied afterwards
 // whatever happened.
@@ -70,8 +54,9 @@ Status Capture(TransferDiskPort& port, const std::string& layer, uint64_t capaci
     RETURN_IF_ERROR(CopyDataExtents(f.get(), port.fd_for_io(), capacity));
     if (::fdatasync(port.fd_for_io()) != 0) return ErrnoError("flush the transfer disk");
   }
-  RETURN_IF_ERROR(
-      GuestCall(guest, {{"op", "layer_capture"}, {"disk", {{"bytes", capacity}}}}).status());
+  RETURN_IF_ERROR(GuestCall(guest, {{"op", "layer_capture"}, {"disk", {{"bytes", capacity}}}},
+                            "fill the layer disk")
+                      .status());
   ASSIGN_OR_RETURN(UniqueFd f, OpenFile(layer, O_WRONLY | O_TRUNC | O_CLOEXEC));
   if (::ftruncate(f.get(), static_cast<off_t>(capacity)) != 0) return ErrnoError("size " + layer);
   RETURN_IF_ERROR(CopyDataExtents(port.fd_for_io(), f.get(), capacity));
@@ -135,7 +120,7 @@ Result<CommittedImage> ImageService::Commit(const CommitRequest& req, const Prog
     return fail(Status(Code::kAlreadyExists, "image '" + req.name + "' exists"), "image_exists");
   }
   if (progress) progress("size", "measuring what the VM wrote");
-  auto size = GuestCall(*vm, {{"op", "layer_size"}});
+  auto size = GuestCall(*vm, {{"op", "layer_size"}}, "measure what the VM wrote");
   if (!size.ok()) return fail(size.status(), "capture_failed");
   const uint64_t inodes = size->value("inodes", uint64_t{0});
   const uint64_t capacity = LayerCapacity(size->value("bytes", uint64_t{0}), inodes);

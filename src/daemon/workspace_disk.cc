@@ -42,13 +42,6 @@ std::optional<std::string> FromHex(const std::string& hex) {
   return out;
 }
 
-Status GuestRefused(const Json& end, const std::string& what) {
-  std::string error = end.is_object() ? end.value("error", "") : "";
-  std::string message = end.is_object() ? end.value("message", "") : "";
-  return FailedPrecondition("the guest could not " + what + ": " + error +
-                            (message.empty() ? "" : ": " + message));
-}
-
 }  // namespace
 
 std::string DefaultExt4TarBinary() { return BinaryBesideSelf("trybox-ext4tar"); }
@@ -57,14 +50,9 @@ Status MountWorkspace(GuestChannel& guest, WorkspaceDiskPort& disk, const std::s
                       const ws::Manifest& m, const ws::Ext4Geometry& geo) {
   RETURN_IF_ERROR(ws::WriteExt4ImageToFd(root, m, disk.fd_for_io(), geo));
   RETURN_IF_ERROR(disk.Announce(geo.bytes));
-  ASSIGN_OR_RETURN(auto stream,
-                   guest.Open({{"op", "workspace_mount"}, {"disk", {{"bytes", geo.bytes}}}}));
-  auto end = AwaitEnd(*stream);
-  if (!end.ok()) return GuestGone(guest, end.status());
-  if (!end->is_object() || !end->value("ok", false)) {
-    return GuestRefused(*end, "mount the workspace disk");
-  }
-  return Status::Ok();
+  return GuestCall(guest, {{"op", "workspace_mount"}, {"disk", {{"bytes", geo.bytes}}}},
+                   "mount the workspace disk")
+      .status();
 }
 
 Result<std::unique_ptr<WorkspaceDiskReader>> WorkspaceDiskReader::Open(GuestChannel& guest,
@@ -84,7 +72,7 @@ Result<std::unique_ptr<WorkspaceDiskReader>> WorkspaceDiskReader::Open(GuestChan
     }
     if (msg->kind == Kind::kEnd) {
       r->thawed_ = true;
-      return GuestRefused(msg->body, "freeze /workspace");
+      return GuestRefusal(msg->body, "freeze /workspace");
     }
     if (msg->kind == Kind::kReset) {
       r->thawed_ = true;
@@ -197,12 +185,7 @@ void WorkspaceDiskReader::Abort(const std::string& why) {
 Status WorkspaceDiskReader::Thaw() {
   thawed_ = true;
   RETURN_IF_ERROR(freeze_->CloseWrite(0));
-  auto end = AwaitEnd(*freeze_);
-  if (!end.ok()) return GuestGone(guest_, end.status().Annotate("thaw /workspace"));
-  if (!end->is_object() || !end->value("ok", false)) {
-    return GuestRefused(*end, "thaw /workspace");
-  }
-  return Status::Ok();
+  return AwaitGuestOk(guest_, *freeze_, "thaw /workspace").status();
 }
 
 }  // namespace trybox::daemon

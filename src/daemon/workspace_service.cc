@@ -22,6 +22,51 @@ std::string JoinArgv(const Json& argv) {
   return s;
 }
 
+// A collect's tree as a tar, from the workspace disk or from the guest's own tar: the one
+// shape ExtractTar reads, whichever way the bytes came. Finish adds to `skipped` what the
+// tar could not carry.
+class TreeSource {
+ public:
+  virtual ~TreeSource() = default;
+  // The next chunk of the tar; "" at its end.
+  virtual Result<std::string> Next() = 0;
+  // After Next() returned "": how the source ended.
+  virtual Status Finish(ws::ExtractReport& report) = 0;
+  // Stops the source early (the guest thaws, or stops its tar).
+  virtual void Abort(const std::string& why) = 0;
+};
+
+class DiskTreeSource final : public TreeSource {
+ public:
+  explicit DiskTreeSource(std::unique_ptr<WorkspaceDiskReader> r) : r_(std::move(r)) {}
+  Result<std::string> Next() override { return r_->Next(); }
+  Status Finish(ws::ExtractReport& report) override {
+    RETURN_IF_ERROR(r_->Finish());
+    for (const auto& s : r_->skipped()) report.skipped.push_back(s);
+    report.skipped_unlisted += r_->skipped_unlisted();
+    return Status::Ok();
+  }
+  void Abort(const std::string& why) override { r_->Abort(why); }
+
+ private:
+  std::unique_ptr<WorkspaceDiskReader> r_;
+};
+
+class GuestTarTreeSource final : public TreeSource {
+ public:
+  explicit GuestTarTreeSource(std::unique_ptr<TarReader> r) : r_(std::move(r)) {}
+  Result<std::string> Next() override { return r_->Next(); }
+  Status Finish(ws::ExtractReport& report) override {
+    ASSIGN_OR_RETURN(std::string warnings, r_->Finish());
+    for (auto& s : ws::SkippedFromTarWarnings(warnings)) report.skipped.push_back(std::move(s));
+    return Status::Ok();
+  }
+  void Abort(const std::string& why) override { r_->Abort(why); }
+
+ private:
+  std::unique_ptr<TarReader> r_;
+};
+
 }  // namespace
 
 Json CountChanges(const Json& changes) {
@@ -191,8 +236,7 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
 
   // The tree comes from the workspace disk (read on the host while the guest keeps it
   // frozen) or as the guest's tar; either way it is untrusted and unpacked the same way.
-  std::unique_ptr<WorkspaceDiskReader> disk_reader;
-  std::unique_ptr<TarReader> tar_reader;
+  std::unique_ptr<TreeSource> source;
   WorkspaceDiskPort* disk = vm.workspace_on_disk() ? vm.workspace_disk() : nullptr;
   if (disk) {
     // Past the quota the unpacking stops first, with its own message; this bounds the reader.
@@ -201,8 +245,11 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
     const uint64_t max_bytes =
         w.quota_bytes > 0 ? static_cast<uint64_t>(w.quota_bytes) * 2 + (uint64_t{64} << 20) : 0;
     auto r = WorkspaceDiskReader::Open(vm, *disk, {DefaultExt4TarBinary(), max_entries, max_bytes});
-    if (!r.ok()) return failed(r.status());
-    disk_reader = std::move(*r);
+    if (!r.ok()) {
+      vms_.NoteDeath(vm);
+      return failed(r.status());
+    }
+    source = std::make_unique<DiskTreeSource>(std::move(*r));
     out.transfer = kTransferWorkspaceDisk;
   } else {
     std::vector<std::string> guest_excludes;
@@ -215,20 +262,16 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
       vms_.NoteDeath(vm);
       return failed(r.status());
     }
-    tar_reader = std::move(*r);
-    out.transfer = tar_reader->via_disk() ? kTransferDisk : kTransferChannel;
+    out.transfer = (*r)->via_disk() ? kTransferDisk : kTransferChannel;
+    source = std::make_unique<GuestTarTreeSource>(std::move(*r));
   }
-  auto next = [&]() { return disk_reader ? disk_reader->Next() : tar_reader->Next(); };
-  auto abort = [&](const std::string& why) {
-    disk_reader ? disk_reader->Abort(why) : tar_reader->Abort(why);
-  };
   ws::ExtractReport report;
   ws::ExtractOptions xo = ws::ExtractOptions::ForCollect(
       &excludes, static_cast<uint64_t>(w.quota_bytes), static_cast<uint64_t>(w.quota_entries));
-  Status st = ws::ExtractTar(next, staging, xo, &report);
+  Status st = ws::ExtractTar([&] { return source->Next(); }, staging, xo, &report);
   if (st.code() == Code::kResourceExhausted &&
       (report.bytes > xo.quota_bytes || (xo.quota_entries && report.entries > xo.quota_entries))) {
-    abort("over the workspace quota");
+    source->Abort("over the workspace quota");
     bool entries = xo.quota_entries && report.entries > xo.quota_entries;
     std::string what = entries
                            ? "more than the workspace quota of " + std::to_string(w.quota_entries) +
@@ -243,28 +286,14 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
         (entries ? "--workspace-quota-entries" : "--workspace-quota") + ")"));
   }
   if (!st.ok()) {
-    abort("collect failed");
+    source->Abort("collect failed");
     vms_.NoteDeath(vm);
     return failed(st);
   }
-  std::string tar_warnings;
-  if (disk_reader) {
-    Status finished = disk_reader->Finish();
-    if (!finished.ok()) {
-      vms_.NoteDeath(vm);
-      return failed(finished);
-    }
-    for (const auto& s : disk_reader->skipped()) report.skipped.push_back(s);
-    report.skipped_unlisted += disk_reader->skipped_unlisted();
-  } else {
-    auto warnings = tar_reader->Finish();
-    if (!warnings.ok()) {
-      vms_.NoteDeath(vm);
-      return failed(warnings.status());
-    }
-    tar_warnings = std::move(*warnings);
+  if (Status finished = source->Finish(report); !finished.ok()) {
+    vms_.NoteDeath(vm);
+    return failed(finished);
   }
-  for (auto& s : ws::SkippedFromTarWarnings(tar_warnings)) report.skipped.push_back(std::move(s));
   auto after = ws::ManifestFromTree(staging, excludes, &report.skipped);
   if (!after.ok()) return failed(after.status());
   auto changes = ws::Diff(before, *after);

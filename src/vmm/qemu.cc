@@ -587,13 +587,12 @@ Result<std::shared_ptr<channel::Stream>> Vm::Open(const Json& request) {
   if (!mux_) return Unavailable("VM " + config_.id + " is not connected");
   {
     MutexLock lock(mu_);
-    if (!death_.empty()) return Unavailable("VM " + config_.id + " is gone: " + death_);
+    if (!death_.empty()) return Unavailable("the guest is gone: " + death_);
   }
   auto s = mux_->Open(request);
   if (!s.ok()) {
     std::string why = death_reason();
-    return Unavailable("VM " + config_.id +
-                       " is gone: " + (why.empty() ? s.status().message() : why));
+    return Unavailable("the guest is gone: " + (why.empty() ? s.status().message() : why));
   }
   return s;
 }
