@@ -226,6 +226,31 @@ Result<std::string> GitRepo::WriteBlob(std::string_view content) const {
   return Trim(out);
 }
 
+Result<GitObjectHash> GitRepo::ObjectHash() const {
+  ASSIGN_OR_RETURN(std::string out, Run({"rev-parse", "--show-object-format"}));
+  const std::string format = Trim(out);
+  if (format == "sha1") return GitObjectHash::kSha1;
+  if (format == "sha256") return GitObjectHash::kSha256;
+  return Internal("git names objects with an unknown hash: " + JsonSafe(format));
+}
+
+Result<std::vector<bool>> GitRepo::HasBlobs(const std::vector<std::string>& ids) const {
+  if (ids.empty()) return std::vector<bool>();
+  std::string input;
+  for (const auto& id : ids) input += id + "\n";
+  // One line per id, in order: "ID blob" when it is there, "ID missing" when it is not.
+  ASSIGN_OR_RETURN(std::string out,
+                   Run({"cat-file", "--batch-check=%(objectname) %(objecttype)"}, input));
+  std::vector<std::string> lines = SplitRecords(out, '\n');
+  if (lines.size() != ids.size()) {
+    return Internal("git cat-file answered " + std::to_string(lines.size()) + " lines for " +
+                    std::to_string(ids.size()) + " ids");
+  }
+  std::vector<bool> have(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) have[i] = lines[i] == ids[i] + " blob";
+  return have;
+}
+
 Result<std::string> GitRepo::BuildTree(const std::optional<std::string>& base,
                                        const std::vector<IndexEntry>& entries) const {
   ASSIGN_OR_RETURN(TempDir tmp, TempDir::Make("/tmp", "trybox-index-"));

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "util/sha256.h"
 #include "util/status.h"
 
 namespace trybox::workspace {
@@ -59,6 +60,10 @@ class GitRepo {
   // Writes each file (absolute paths, regular files) as a blob, no filters. Same order.
   Result<std::vector<std::string>> WriteBlobsFromFiles(const std::vector<std::string>& paths) const;
   Result<std::string> WriteBlob(std::string_view content) const;
+  // The hash the repository names objects with (`rev-parse --show-object-format`).
+  Result<GitObjectHash> ObjectHash() const;
+  // For each id, whether the repository holds a blob of that id (`cat-file --batch-check`).
+  Result<std::vector<bool>> HasBlobs(const std::vector<std::string>& ids) const;
 
   // Builds a tree in a fresh temporary index: `base` (a commit, or none for the empty tree),
   // then `entries` applied. Returns the tree id. A path git refuses is an error, never a

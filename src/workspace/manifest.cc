@@ -15,8 +15,8 @@
 namespace trybox::workspace {
 namespace {
 
-// Reads one lstat'ed path into `e`. Regular files are hashed through O_NOFOLLOW.
-Status FillEntry(const std::string& full, const struct stat& st, Entry* e) {
+// Reads one lstat'ed path into `e`, its git blob id too unless `blob_ids` is kNone.
+Status FillEntry(const std::string& full, const struct stat& st, GitObjectHash blob_ids, Entry* e) {
   e->mode = st.st_mode & 07777;
   if (S_ISLNK(st.st_mode)) {
     std::string buf(static_cast<size_t>(st.st_size) + 1, '\0');
@@ -27,10 +27,13 @@ Status FillEntry(const std::string& full, const struct stat& st, Entry* e) {
     e->target = buf;
     e->size = buf.size();
     e->sha256 = Sha256Hex(buf);
+    if (blob_ids != GitObjectHash::kNone) e->blob = GitBlobId(buf, blob_ids);
     return Status::Ok();
   }
   e->size = static_cast<uint64_t>(st.st_size);
-  ASSIGN_OR_RETURN(e->sha256, Sha256File(full));
+  ASSIGN_OR_RETURN(FileDigests d, DigestFile(full, blob_ids, e->size));
+  e->sha256 = std::move(d.sha256);
+  e->blob = std::move(d.git_blob);
   return Status::Ok();
 }
 
@@ -42,7 +45,8 @@ const char* Entry::GitMode() const {
 }
 
 Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
-                                  const ExcludeList& excludes, std::vector<Skipped>* skipped) {
+                                  const ExcludeList& excludes, std::vector<Skipped>* skipped,
+                                  GitObjectHash blob_ids) {
   Manifest m;
   for (const auto& p : paths) {
     std::string full = root + "/" + p;
@@ -67,7 +71,7 @@ Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std
     }
     Entry e;
     e.path = p;
-    RETURN_IF_ERROR(FillEntry(full, st, &e));
+    RETURN_IF_ERROR(FillEntry(full, st, blob_ids, &e));
     m[p] = std::move(e);
   }
   return m;
@@ -117,7 +121,7 @@ Result<Manifest> ManifestFromTree(const std::string& root, const ExcludeList& ex
     if (refused(false)) return FTW_CONTINUE;
     Entry e;
     e.path = rel;
-    walk->st = FillEntry(full, *sb, &e);
+    walk->st = FillEntry(full, *sb, GitObjectHash::kNone, &e);
     if (!walk->st.ok()) return FTW_STOP;
     (*walk->m)[rel] = std::move(e);
     return FTW_CONTINUE;

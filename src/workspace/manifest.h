@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "util/sha256.h"
 #include "util/status.h"
 #include "workspace/exclude.h"
 
@@ -32,7 +33,7 @@ struct Entry {
   uint64_t size = 0;
   std::string sha256;
   std::string target;  // symlinks: the link text
-  std::string blob;    // the git blob id, once written into the user's repository
+  std::string blob;  // the git blob id (in the user's repository once the plan or commit wrote it)
   // The git mode: 120000, 100755 or 100644.
   const char* GitMode() const;
   bool operator==(const Entry&) const = default;
@@ -52,9 +53,12 @@ Json SkippedToJson(const std::vector<Skipped>& skipped);
 // The entries of `paths` (relative to `root`), each examined with lstat. Excluded paths,
 // paths that no longer exist (a tracked file deleted in the working tree), directories (a
 // submodule), special files and paths a commit cannot hold (UnstorablePath) are left out;
-// all but excluded ones are added to `skipped`.
+// all but excluded ones are added to `skipped`. With `blob_ids`, each entry's `blob` is the
+// id git would give its content, computed in the same read as its SHA-256 (the repository
+// may not hold it yet), or "" for a file whose length changed while it was read.
 Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
-                                  const ExcludeList& excludes, std::vector<Skipped>* skipped);
+                                  const ExcludeList& excludes, std::vector<Skipped>* skipped,
+                                  GitObjectHash blob_ids = GitObjectHash::kNone);
 // Every regular file and symlink below `root`, never following a link, minus exclusions and
 // minus paths a commit cannot hold (UnstorablePath), which are added to `skipped` if given (a
 // refused directory once, for everything below it).

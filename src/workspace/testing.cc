@@ -52,8 +52,8 @@ Status PlantGitConfigAttacks(const std::string& home, const std::string& repo,
   set("filter.evil.clean", evil + " clean");
   set("filter.evil.smudge", evil + " smudge");
   set("filter.evil.required", "true");
-  for (const char* a : {"ls-files", "hash-object", "rev-parse", "read-tree", "update-index",
-                        "write-tree", "commit-tree", "update-ref", "ls-tree"}) {
+  for (const char* a : {"ls-files", "hash-object", "cat-file", "rev-parse", "read-tree",
+                        "update-index", "write-tree", "commit-tree", "update-ref", "ls-tree"}) {
     set(std::string("alias.") + a, "!" + evil + " alias-" + a);
   }
   set("include.path", marks + "/included.config");

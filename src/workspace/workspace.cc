@@ -38,6 +38,24 @@ Status WriteBlobs(const GitRepo& repo, const std::string& root, Manifest* m) {
   return Status::Ok();
 }
 
+// Clears the blob id of every entry whose blob the repository does not hold yet, so that
+// WriteBlobs writes it: ids computed from the files (ManifestFromList) cost one lookup here
+// instead of git reading and hashing every file again.
+Status ForgetAbsentBlobs(const GitRepo& repo, Manifest* m) {
+  std::vector<Entry*> known;
+  std::vector<std::string> ids;
+  for (auto& [p, e] : *m) {
+    if (e.blob.empty()) continue;
+    known.push_back(&e);
+    ids.push_back(e.blob);
+  }
+  ASSIGN_OR_RETURN(std::vector<bool> have, repo.HasBlobs(ids));
+  for (size_t i = 0; i < known.size(); ++i) {
+    if (!have[i]) known[i]->blob.clear();
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string FormatBytes(uint64_t n) {
@@ -118,7 +136,9 @@ Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota) {
     ASSIGN_OR_RETURN(plan.excludes, ExcludeList::WithProjectFile(text));
   }
   ASSIGN_OR_RETURN(auto files, repo.ListFiles());
-  ASSIGN_OR_RETURN(plan.manifest, ManifestFromList(plan.dir, files, plan.excludes, &plan.skipped));
+  ASSIGN_OR_RETURN(GitObjectHash object_hash, repo.ObjectHash());
+  ASSIGN_OR_RETURN(plan.manifest,
+                   ManifestFromList(plan.dir, files, plan.excludes, &plan.skipped, object_hash));
   uint64_t total = TotalBytes(plan.manifest);
   if (quota_bytes && total > quota_bytes) {
     return ResourceExhausted("workspace " + plan.dir + " holds " + FormatBytes(total) +
@@ -132,6 +152,8 @@ Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota) {
                              "workspace quota of " +
                              std::to_string(quota.entries) + " entries");
   }
+  // Most files of a workspace are committed already: their blobs are looked up, not written.
+  RETURN_IF_ERROR(ForgetAbsentBlobs(repo, &plan.manifest));
   RETURN_IF_ERROR(WriteBlobs(repo, plan.dir, &plan.manifest));
   return plan;
 }

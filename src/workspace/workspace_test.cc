@@ -2,10 +2,12 @@
 // repository configuration. No VM: the "guest" here is a tar round trip into a staging dir.
 #include "workspace/workspace.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 
@@ -129,6 +131,53 @@ TEST_F(WorkspaceGitTest, InjectListsTrackedAndUntrackedButNotIgnoredOrExcluded) 
                                              "src/b.txt", "src/c.txt", "untracked.txt"}));
   EXPECT_EQ(plan->manifest.at("run.sh").GitMode(), std::string("100755"));
   for (const auto& [p, e] : plan->manifest) EXPECT_EQ(e.blob.size(), 40u) << p;
+}
+
+// The plan's blob ids are computed from the same read as each file's SHA-256: a committed
+// file's blob is looked up, never written again; a changed, new or symlinked entry is
+// written; either way each id is what git itself gives that content, and the repository
+// holds it afterwards.
+TEST_F(WorkspaceGitTest, ThePlansBlobIdsAreGitsAndTheRepositoryHoldsEachOne) {
+  Sh(home_, "cd '" + repo_ +
+                "' && echo changed >> src/b.txt && echo fresh > src/new.txt && "
+                "ln -s a.txt src/link");
+  const std::string objects = repo_ + "/.git/objects";
+  auto plan = PlanInject(repo_, kDefaultQuotaBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const char* p : {"src/a.txt", "src/b.txt", "src/new.txt", "run.sh"}) {
+    ASSERT_TRUE(plan->manifest.count(p)) << p;
+    EXPECT_EQ(plan->manifest[p].blob + "\n",
+              Sh(home_, "cd '" + repo_ + "' && git hash-object --no-filters " + p))
+        << p;
+    EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git cat-file -t " + plan->manifest[p].blob),
+              "blob\n")
+        << p;
+  }
+  const Entry& link = plan->manifest["src/link"];
+  EXPECT_EQ(link.blob + "\n", Sh(home_, "printf a.txt | git hash-object --stdin"));
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git cat-file -p " + link.blob), "a.txt");
+  // The committed file's loose object was not written again (git would refresh its mtime).
+  const std::string a = plan->manifest["src/a.txt"].blob;
+  struct stat before;
+  ASSERT_EQ(::utimensat(AT_FDCWD, (objects + "/" + a.substr(0, 2) + "/" + a.substr(2)).c_str(),
+                        std::array<timespec, 2>{timespec{1, 0}, timespec{1, 0}}.data(), 0),
+            0);
+  ASSERT_TRUE(PlanInject(repo_, kDefaultQuotaBytes).ok());
+  ASSERT_EQ(::stat((objects + "/" + a.substr(0, 2) + "/" + a.substr(2)).c_str(), &before), 0);
+  EXPECT_EQ(before.st_mtim.tv_sec, 1);
+}
+
+TEST_F(WorkspaceGitTest, ARepositoryOfSha256ObjectsGetsSha256BlobIds) {
+  const std::string repo = tmp_->path() + "/repo256";
+  Sh(home_, "git init -q --object-format=sha256 -b main '" + repo + "' && cd '" + repo +
+                "' && echo one > a.txt && git add -A && git commit -qm init && echo two > b.txt");
+  auto plan = PlanInject(repo, kDefaultQuotaBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const char* p : {"a.txt", "b.txt"}) {
+    EXPECT_EQ(plan->manifest[p].blob.size(), 64u) << p;
+    EXPECT_EQ(Sh(home_, "cd '" + repo + "' && git cat-file -t " + plan->manifest[p].blob), "blob\n")
+        << p;
+  }
 }
 
 TEST_F(WorkspaceGitTest, QuotaIsCheckedBeforeAnythingIsSent) {
