@@ -33,9 +33,14 @@ double Sec(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A failed step. Thrown, not exit()ed, so that the repository's temporary directory and the
+// harness's daemon and VMs are cleaned up on the way out of Run.
+struct BenchFailure {
+  std::string message;
+};
+
 [[noreturn]] void Die(const std::string& what, const Status& st) {
-  std::fprintf(stderr, "bench: %s: %s\n", what.c_str(), st.ToString().c_str());
-  std::exit(1);
+  throw BenchFailure{what + ": " + st.ToString()};
 }
 
 void Row(const char* what, double s, double mib) {
@@ -44,7 +49,7 @@ void Row(const char* what, double s, double mib) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   int files = 5000, mib = 200;
   std::string figures_path;
   for (int i = 1; i < argc; ++i) {
@@ -53,11 +58,21 @@ int main(int argc, char** argv) {
       mib = 40;
       continue;
     }
-    if (i + 1 >= argc) break;
+    const bool valued = !std::strcmp(argv[i], "--files") || !std::strcmp(argv[i], "--mib") ||
+                        !std::strcmp(argv[i], "--figures");
+    if (!valued || i + 1 >= argc) {
+      std::fprintf(stderr,
+                   "usage: workspace_bench [--quick] [--files N] [--mib N] [--figures FILE]\n");
+      return 2;
+    }
     if (!std::strcmp(argv[i], "--files")) files = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mib")) mib = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--figures")) figures_path = argv[i + 1];
     ++i;
+  }
+  if (files <= 0 || mib <= 0) {
+    std::fprintf(stderr, "workspace_bench: --files and --mib take a positive number\n");
+    return 2;
   }
   trybox::bench::FiguresFile figures(figures_path);
   auto tmp = trybox::TempDir::Make("/tmp", "tbx-wsbench-");
@@ -144,4 +159,13 @@ int main(int argc, char** argv) {
   Status st = figures.Write();
   if (!st.ok()) Die("write figures", st);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const BenchFailure& f) {
+    std::fprintf(stderr, "bench: %s\n", f.message.c_str());
+    return 1;
+  }
 }
