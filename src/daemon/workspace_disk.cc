@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "util/fd.h"
+#include "util/utf8.h"
 
 namespace trybox::daemon {
 namespace {
@@ -23,24 +24,6 @@ constexpr size_t kChunk = 1 << 20;
 // stderr (one line per socket, at most 1,000 of them).
 constexpr uint64_t kMaxTrailingBytes = uint64_t{16} << 20;
 constexpr size_t kMaxStderrBytes = size_t{16} << 20;
-
-// Hex text (lower or upper case, even length) into bytes; nullopt if it is not that.
-std::optional<std::string> FromHex(const std::string& hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    int hi = digit(hex[i]), lo = digit(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out += static_cast<char>(hi * 16 + lo);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -154,7 +137,7 @@ Status WorkspaceDiskReader::Reap() {
     std::string line = err.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
     at = nl == std::string::npos ? err.size() : nl + 1;
     if (line.rfind("skipped\t", 0) == 0) {
-      auto path = FromHex(line.substr(8));
+      auto path = HexDecode(std::string_view(line).substr(8));
       if (path) skipped_.push_back({*path, "a socket (a tar cannot hold it)"});
     } else if (line.rfind("skipped_more\t", 0) == 0) {
       skipped_unlisted_ += std::strtoull(line.c_str() + 13, nullptr, 10);

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "util/utf8.h"
+
 namespace trybox {
 
 std::string QuoteForMessage(std::string_view s, size_t max) {
@@ -46,13 +48,7 @@ std::string RandomHex(size_t n) {
     ssize_t r = ::getrandom(bytes.data() + got, n - got, 0);
     if (r > 0) got += static_cast<size_t>(r);
   }
-  static const char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : bytes) {
-    hex += kHex[c >> 4];
-    hex += kHex[c & 15];
-  }
-  return hex;
+  return HexEncode(bytes);
 }
 
 std::string NewId() { return RandomHex(6); }

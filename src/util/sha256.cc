@@ -7,18 +7,13 @@
 #include <vector>
 
 #include "util/fd.h"
+#include "util/utf8.h"
 
 namespace trybox {
 namespace {
 
 std::string ToHex(const unsigned char* d, unsigned len) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out += kHex[d[i] >> 4];
-    out += kHex[d[i] & 15];
-  }
-  return out;
+  return HexEncode(std::string_view(reinterpret_cast<const char*>(d), len));
 }
 
 using CtxPtr = std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)>;

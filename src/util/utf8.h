@@ -12,6 +12,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -38,6 +39,11 @@ Result<std::string> GetBytesField(const nlohmann::json& obj, const std::string& 
 std::string Base64Encode(std::string_view bytes);
 // Strict: standard alphabet, padding required, no whitespace.
 Result<std::string> Base64Decode(std::string_view text);
+
+// Two lowercase hex digits per byte.
+std::string HexEncode(std::string_view bytes);
+// Hex digits (either case, an even number of them) back into bytes; nullopt otherwise.
+std::optional<std::string> HexDecode(std::string_view hex);
 
 // `s` made safe to print as (part of) one line of text, in a log or a commit message:
 // JsonSafe, then every character that could end a line, move the cursor or reorder the text

@@ -74,6 +74,20 @@ TEST(Utf8Test, BytesFieldErrorsAreValuesNotExceptions) {
   EXPECT_FALSE(GetBytesField(Json::array(), "path").ok());
 }
 
+TEST(Utf8Test, HexRoundTripsEveryByteAndRefusesWhatIsNotHex) {
+  std::string all;
+  for (int c = 0; c < 256; ++c) all += static_cast<char>(c);
+  const std::string hex = HexEncode(all);
+  EXPECT_EQ(hex.substr(0, 8), "00010203");
+  EXPECT_EQ(hex.substr(hex.size() - 4), "feff");
+  EXPECT_EQ(HexDecode(hex), all);
+  EXPECT_EQ(HexDecode("A0fF"), std::string("\xa0\xff"));
+  EXPECT_EQ(HexDecode(""), std::string());
+  EXPECT_EQ(HexDecode("abc"), std::nullopt);  // odd length
+  EXPECT_EQ(HexDecode("0g"), std::nullopt);
+  EXPECT_EQ(HexDecode("-1"), std::nullopt);
+}
+
 TEST(Utf8Test, Base64IsStrictAndCanonical) {
   for (std::string s : {"", "f", "fo", "foo", "foob", "fooba", "foobar"}) {
     EXPECT_EQ(Base64Decode(Base64Encode(s)).value_or("?"), s);

@@ -18,6 +18,7 @@
 
 #include "agent/sandbox.h"
 #include "util/fd.h"
+#include "util/utf8.h"
 #include "workspace/ext4.h"
 
 namespace {
@@ -87,14 +88,8 @@ int main(int argc, char** argv) {
   if (!st.ok()) return Fail(st.ToString());
   // Sockets, which a tar cannot hold, are named for the daemon's report: one line each,
   // the path's bytes in hex (docs/protocol/guest.md, "The workspace disk").
-  static const char kHex[] = "0123456789abcdef";
   for (const auto& skipped : report.skipped) {
-    std::string line = "skipped\t";
-    for (unsigned char c : skipped.path) {
-      line += kHex[c >> 4];
-      line += kHex[c & 15];
-    }
-    std::cerr << line << "\n";
+    std::cerr << "skipped\t" << trybox::HexEncode(skipped.path) << "\n";
   }
   if (report.sockets > report.skipped.size()) {
     std::cerr << "skipped_more\t" << report.sockets - report.skipped.size() << "\n";
