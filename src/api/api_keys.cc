@@ -73,6 +73,14 @@ std::optional<KeyIdentity> KeyRing::Check(const std::string& key) {
   return it->second;
 }
 
+std::optional<KeyIdentity> KeyRing::ById(const std::string& id) {
+  MutexLock lock(mu_);
+  for (const auto& [hash, identity] : by_hash_) {
+    if (identity.id == id) return identity;
+  }
+  return std::nullopt;
+}
+
 bool RateLimiter::Allow(const std::string& key_id, int* retry_after_s) {
   const auto now = std::chrono::steady_clock::now();
   MutexLock lock(mu_);

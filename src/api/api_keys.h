@@ -48,6 +48,9 @@ class KeyRing {
   Result<std::vector<store::ApiKeyRecord>> List();
   // The key's identity, or nothing for a key that is unknown, revoked or malformed.
   std::optional<KeyIdentity> Check(const std::string& key) EXCLUDES(mu_);
+  // The identity of the key with public id `id`, or nothing once it is removed (a dashboard
+  // session names its key by id: docs/dashboard.md).
+  std::optional<KeyIdentity> ById(const std::string& id) EXCLUDES(mu_);
 
  private:
   store::Store& store_;

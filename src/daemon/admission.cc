@@ -33,7 +33,12 @@ Status AdmitVm(const AdmissionLimits& limits, const AdmissionLoad& load, int64_t
 }
 
 Result<int64_t> ParseMemAvailableMib(std::string_view meminfo) {
-  constexpr std::string_view kKey = "MemAvailable:";
+  return ParseMeminfoMib(meminfo, "MemAvailable");
+}
+
+Result<int64_t> ParseMeminfoMib(std::string_view meminfo, std::string_view field) {
+  const std::string key = std::string(field) + ":";
+  const std::string_view kKey = key;
   size_t at = 0;
   while (at < meminfo.size()) {
     size_t eol = meminfo.find('\n', at);
@@ -48,7 +53,7 @@ Result<int64_t> ParseMemAvailableMib(std::string_view meminfo) {
     if (ec != std::errc() || kib < 0 || unit != " kB") break;
     return kib / 1024;
   }
-  return Internal("/proc/meminfo has no readable MemAvailable line");
+  return Internal("/proc/meminfo has no readable " + std::string(field) + " line");
 }
 
 std::string AdmissionErrorKind(const Status& st) {

@@ -43,6 +43,8 @@ Status AdmitVm(const AdmissionLimits& limits, const AdmissionLoad& load, int64_t
 
 // MemAvailable from the text of /proc/meminfo, in MiB; kInternal if it is missing.
 Result<int64_t> ParseMemAvailableMib(std::string_view meminfo);
+// Any "NAME: N kB" line of /proc/meminfo (MemTotal, MemAvailable...), in MiB.
+Result<int64_t> ParseMeminfoMib(std::string_view meminfo, std::string_view field);
 
 // "too_many_vms" or "insufficient_memory" for an admission refusal, else "".
 std::string AdmissionErrorKind(const Status& st);

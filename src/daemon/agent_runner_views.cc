@@ -14,18 +14,6 @@ namespace trybox::daemon {
 
 namespace {
 
-// The length of the longest prefix of `s` that does not end inside a UTF-8 sequence: the
-// rest waits for the next read, so a character split between two reads is sent whole.
-size_t WholeUtf8Prefix(std::string_view s) {
-  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
-    const auto c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return need > back ? s.size() - back : s.size();
-  }
-  return s.size();
-}
-
 // Sends the output of exec `exec_id` from its kept log as it is produced, as EVENTs
 // {"output": {exec_id, stream, text[, text_b64]}}, until the exec ends. False if the client
 // went away.

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "api/router.h"
@@ -17,6 +18,17 @@ namespace trybox::daemon {
 // `trybox cp`).
 inline constexpr size_t kMaxFileReadBytes = size_t{64} << 20;
 inline constexpr size_t kMaxFileWriteBytes = size_t{64} << 20;
+
+// The entries below directory `path` of VM `vm` to `depth` levels, as `user` ("" or "root":
+// root) sees them, in envd's shape ({name, type, path, size, mode, permissions, owner,
+// group, modifiedTime, symlinkTarget?}); a relative path is from the account's home.
+// NOT_FOUND, INVALID_ARGUMENT for a path that is not a directory, RESOURCE_EXHAUSTED past
+// 16 MiB of listing.
+Result<nlohmann::json> ListDirAs(VmService& vms, const std::string& vm, const std::string& user,
+                                 const std::string& path, int64_t depth = 1);
+// The content of file `path`, read as `user`; RESOURCE_EXHAUSTED past kMaxFileReadBytes.
+Result<std::string> ReadFileAs(VmService& vms, const std::string& vm, const std::string& user,
+                               const std::string& path);
 
 // `stop`: set while the server stops; a watch's stream then ends within a second.
 void AddFilesystemRoutes(api::Router& router, VmService& vms, const std::atomic<bool>& stop);

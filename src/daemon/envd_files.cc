@@ -347,6 +347,46 @@ Result<std::string> EnvdUser(const HttpRequest& req, const std::string& fallback
   return user;
 }
 
+Result<json> ListDirAs(VmService& vms, const std::string& vm, const std::string& user,
+                       const std::string& path, int64_t depth) {
+  // The directory itself first (depth 0), so that a file or a missing path is told apart.
+  ASSIGN_OR_RETURN(
+      GuestRun r,
+      RunAs(vms, vm, user,
+            Script(std::string(kAbs) + "find -H \"$(abs \"$1\")\" -maxdepth \"$2\" -printf '" +
+                       kEntryFormat + "'",
+                   {path, std::to_string(depth)}),
+            kMaxListingBytes));
+  if (r.over) return Status(Code::kResourceExhausted, "the listing of " + path + " is over 16 MiB");
+  if (r.exit_code != 0 && r.out.empty()) return ToolError(r, path);
+  ASSIGN_OR_RETURN(auto entries, ParseEntries(r.out));
+  if (entries.empty()) return NotFound("path " + path + " not found");
+  if (entries[0]["type"] != "FILE_TYPE_DIRECTORY")
+    return InvalidArgument("path " + path + " is not a directory");
+  json list = json::array();
+  for (size_t i = 1; i < entries.size(); ++i) list.push_back(std::move(entries[i]));
+  return list;
+}
+
+Result<std::string> ReadFileAs(VmService& vms, const std::string& vm, const std::string& user,
+                               const std::string& path) {
+  ASSIGN_OR_RETURN(
+      GuestRun r,
+      RunAs(vms, vm, user,
+            Script(std::string(kAbs) + "p=$(abs \"$1\"); if [ -d \"$p\" ]; then echo \"$p: "
+                                       "Is a directory\" >&2; exit 21; fi; "
+                                       "exec cat -- \"$p\"",
+                   {path}),
+            kMaxFileReadBytes));
+  if (r.exit_code != 0) return ToolError(r, path);
+  if (r.over) {
+    return Status(Code::kResourceExhausted, path + " is over " +
+                                                std::to_string(kMaxFileReadBytes >> 20) +
+                                                " MiB: copy it with `trybox cp`");
+  }
+  return std::move(r.out);
+}
+
 void AddFilesystemRoutes(api::Router& router, VmService& vms, const std::atomic<bool>& stop) {
   auto unary = [&router](const char* rpc, UnaryBody body) {
     router.Add("POST", std::string("/filesystem.Filesystem/") + rpc,
@@ -382,24 +422,8 @@ void AddFilesystemRoutes(api::Router& router, VmService& vms, const std::atomic<
             if (depth < 1 || depth > kMaxDepth)
               return InvalidArgument("depth must be 1 to " + std::to_string(kMaxDepth));
           }
-          // The directory itself first (depth 0), so that a file or a missing path is told apart.
-          ASSIGN_OR_RETURN(GuestRun r,
-                           RunAs(vms, vm, user,
-                                 Script(std::string(kAbs) +
-                                            "find -H \"$(abs \"$1\")\" -maxdepth \"$2\" -printf '" +
-                                            kEntryFormat + "'",
-                                        {path, std::to_string(depth)}),
-                                 kMaxListingBytes));
-          if (r.over)
-            return Status(Code::kResourceExhausted, "the listing of " + path + " is over 16 MiB");
-          if (r.exit_code != 0 && r.out.empty()) return ToolError(r, path);
-          ASSIGN_OR_RETURN(auto entries, ParseEntries(r.out));
-          if (entries.empty()) return NotFound("path " + path + " not found");
-          if (entries[0]["type"] != "FILE_TYPE_DIRECTORY")
-            return InvalidArgument("path " + path + " is not a directory");
-          json list = json::array();
-          for (size_t i = 1; i < entries.size(); ++i) list.push_back(std::move(entries[i]));
-          return json{{"entries", list}};
+          ASSIGN_OR_RETURN(json list, ListDirAs(vms, vm, user, path, depth));
+          return json{{"entries", std::move(list)}};
         });
 
   unary("MakeDir",
@@ -554,23 +578,14 @@ void AddFilesystemRoutes(api::Router& router, VmService& vms, const std::atomic<
     auto name = req.query.find("username");
     auto user = EnvdUser(req, name == req.query.end() ? "" : name->second);
     if (!user.ok()) return api::JsonError(400, user.status().message());
-    auto r = RunAs(vms, req.sandbox, *user,
-                   Script(std::string(kAbs) + "p=$(abs \"$1\"); if [ -d \"$p\" ]; then echo \"$p: "
-                                              "Is a directory\" >&2; exit 21; fi; "
-                                              "exec cat -- \"$p\"",
-                          {path->second}),
-                   kMaxFileReadBytes);
-    if (!r.ok()) return api::JsonError(HttpStatusFor(r.status()), r.status().message());
-    if (r->exit_code != 0) {
-      Status st = ToolError(*r, path->second);
-      return api::JsonError(HttpStatusFor(st), st.message());
+    auto content = ReadFileAs(vms, req.sandbox, *user, path->second);
+    if (!content.ok()) {
+      return api::JsonError(content.status().code() == Code::kResourceExhausted
+                                ? 413
+                                : HttpStatusFor(content.status()),
+                            content.status().message());
     }
-    if (r->over) {
-      return api::JsonError(413, path->second + " is over " +
-                                     std::to_string(kMaxFileReadBytes >> 20) +
-                                     " MiB: copy it with `trybox cp`");
-    }
-    return HttpResponse{200, "application/octet-stream", {}, std::move(r->out)};
+    return HttpResponse{200, "application/octet-stream", {}, std::move(*content)};
   });
 }
 

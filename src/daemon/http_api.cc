@@ -188,6 +188,21 @@ api::HttpResponse HttpApi::HandleInSandbox(api::HttpRequest& req, std::string* w
   return envd_router_.Dispatch(req);
 }
 
+std::variant<api::KeyIdentity, api::HttpResponse> HttpApi::Caller(const api::HttpRequest& req) {
+  std::string key = req.Header("x-api-key");
+  const std::string auth = req.Header("authorization");
+  if (key.empty() && auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+  if (key.empty()) {
+    // No key: a page of the dashboard calls with its session's cookie (docs/dashboard.md).
+    const std::string token = api::CookieValue(req.Header("cookie"), api::kSessionCookie);
+    if (!token.empty()) return SessionCaller(req, token);
+    return api::JsonError(401, "missing API key: send it in the X-API-KEY header");
+  }
+  std::optional<api::KeyIdentity> id = keys_.Check(key);
+  if (!id) return api::JsonError(401, "invalid API key");
+  return *id;
+}
+
 api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
   const auto t0 = std::chrono::steady_clock::now();
   api::HttpRequest req = in;
@@ -197,34 +212,33 @@ api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
     resp = HandleInSandbox(req, &who);
   } else if (req.method == "GET" && req.path == "/health") {
     resp = {200, "application/json", {}, "{\"status\":\"ok\"}"};
+  } else if (IsDashboardPath(req.path)) {
+    resp = HandleDashboard(req, &who);
   } else {
-    std::string key = req.Header("x-api-key");
-    const std::string auth = req.Header("authorization");
-    if (key.empty() && auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
-    std::optional<api::KeyIdentity> id = key.empty() ? std::nullopt : keys_.Check(key);
+    auto caller = Caller(req);
     int retry_after = 0;
-    if (key.empty()) {
-      resp = api::JsonError(401, "missing API key: send it in the X-API-KEY header");
-    } else if (!id) {
-      resp = api::JsonError(401, "invalid API key");
-    } else if (!rate_.Allow(id->id, &retry_after)) {
-      who = id->id;
+    if (auto* refused = std::get_if<api::HttpResponse>(&caller)) {
+      resp = std::move(*refused);
+    } else if (const api::KeyIdentity& id = std::get<api::KeyIdentity>(caller);
+               !rate_.Allow(id.id, &retry_after)) {
+      who = id.id;
       resp = api::JsonError(429, "rate limit: more than " +
                                      std::to_string(settings_.requests_per_second) +
                                      " requests a second for this key; retry later");
       resp.headers.emplace_back("Retry-After", std::to_string(retry_after));
-    } else if (!id->operator_scope && IsOperatorRoute(req.path)) {
-      who = id->id;
+    } else if (!id.operator_scope && IsOperatorRoute(req.path)) {
+      who = id.id;
       resp = api::JsonError(403,
                             "this key reaches only its own sandboxes (scope sandboxes); trybox's "
                             "own routes need a key made with `trybox api-key create NAME "
                             "--operator`");
     } else {
-      who = id->id;
-      req.principal = id->id;
+      who = id.id;
+      req.principal = id.id;
       resp = router_.Dispatch(req);
     }
   }
+  api::AddSecurityHeaders(&resp);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   char took[32];

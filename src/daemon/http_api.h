@@ -15,8 +15,10 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 
 #include "api/api_keys.h"
+#include "api/dashboard_auth.h"
 #include "api/http_server.h"
 #include "api/router.h"
 #include "channel/mux.h"
@@ -70,11 +72,25 @@ class HttpApi {
   void AddE2bRoutes();   // e2b_control.cc
   void AddEnvdRoutes();  // envd_process.cc
   void AddRestRoutes();  // rest_api.cc
+  // Who calls: the key in X-API-KEY or Authorization, else the dashboard session of the
+  // cookie; the answer to send instead when neither lets the request in.
+  std::variant<api::KeyIdentity, api::HttpResponse> Caller(const api::HttpRequest& req);
+  // The dashboard (dashboard.cc, docs/dashboard.md): its pages and files, sign-in and out.
+  static bool IsDashboardPath(const std::string& path);
+  api::HttpResponse HandleDashboard(const api::HttpRequest& req, std::string* who);
+  // The session of cookie `token`, checked: live, same origin, its key not removed, and the
+  // CSRF token for a change. Its key (and the session into `found`), or the refusal.
+  std::variant<api::KeyIdentity, api::HttpResponse> SessionCaller(
+      const api::HttpRequest& req, const std::string& token,
+      api::DashboardSession* found = nullptr);
   // A verb over the in-daemon connection: its END as a JSON reply (without "ok"), or its
   // error as an HTTP error (HttpStatusFor).
-  api::HttpResponse CallVerb(const Json& request);
-  // A streaming verb: its EVENTs as server-sent events, then `end` or `error`.
-  api::HttpResponse StreamVerb(const Json& request);
+  // `data`: where channel 1's bytes go (a transcript), at most 64 MiB.
+  api::HttpResponse CallVerb(const Json& request, std::string* data = nullptr);
+  // A streaming verb: its EVENTs as server-sent events, then `end` or `error`. With
+  // `log_offset`, the verb is `logs` from that byte, relayed as `output` events.
+  api::HttpResponse StreamVerb(const Json& request,
+                               std::optional<int64_t> log_offset = std::nullopt);
   Result<std::shared_ptr<channel::Stream>> OpenVerb(const Json& request) EXCLUDES(mu_);
   // An in-sandbox request (it names a sandbox in E2b-Sandbox-Id): its access token checked,
   // then routed to envd's services.
@@ -92,6 +108,7 @@ class HttpApi {
   const HttpApiSettings settings_;
   api::KeyRing keys_;
   api::RateLimiter rate_;
+  api::SessionBook sessions_;
   api::Router router_;       // the control plane (X-API-KEY)
   api::Router envd_router_;  // the in-sandbox API (X-Access-Token)
   SandboxBook book_;

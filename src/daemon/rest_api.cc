@@ -4,6 +4,8 @@
 // connection from inside the daemon (ControlServer::Attach): the same parsers, the same
 // services, the same errors as `trybox` on the socket. A verb's END is the reply; a
 // streaming verb's EVENTs are server-sent events.
+#include <unistd.h>
+
 #include <chrono>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -11,10 +13,15 @@
 #include <set>
 #include <string>
 
+#include "channel/frame.h"
+#include "daemon/admission.h"
+#include "daemon/envd.h"
 #include "daemon/http_api.h"
 #include "daemon/verbs.h"
+#include "util/fd.h"
 #include "util/log.h"
 #include "util/numbers.h"
+#include "util/utf8.h"
 
 namespace trybox::daemon {
 namespace {
@@ -28,6 +35,11 @@ using api::PathParams;
 // take it for dead.
 constexpr auto kStopCheck = std::chrono::seconds(1);
 constexpr auto kKeepalive = std::chrono::seconds(15);
+// How long an exec's output stream waits for the `logs` verb's first message before it
+// answers 200 anyway (a running command may print nothing for a long time).
+// The most a route keeps of a verb's channel 1 (a transcript) before it answers.
+constexpr size_t kMaxVerbData = size_t{64} << 20;
+constexpr auto kFirstLogMessageWait = std::chrono::milliseconds(500);
 
 // A verb's error reply ({"ok":false,"error":{code,message,kind?}}) as an HTTP error in the
 // shape of the rest of the server ({"code": HTTP status, "message"}), with the verb's own
@@ -96,16 +108,60 @@ std::string EventName(const Json& body) {
   return "message";
 }
 
+// An exec's kept output (the `logs` verb) as server-sent events (docs/dashboard.md): each
+// piece of channel 1 an `output` event whose `id` is the byte position after it, a gap an
+// event of its own, and the END an `end` naming where the output stopped. A UTF-8 character
+// split between two pieces waits for its rest.
+class LogEvents {
+ public:
+  explicit LogEvents(int64_t offset) : offset_(offset) {}
+
+  std::string Data(const std::string& bytes) {
+    pending_ += bytes;
+    return Output(WholeUtf8Prefix(pending_));
+  }
+  std::string Gap(const Json& body) {
+    const int64_t to = body.value("to", offset_);
+    std::string out = Output(pending_.size());  // bytes before a gap are whole as they are
+    offset_ = to;
+    out += "id: " + std::to_string(offset_) + "\n" +
+           SseEvent("gap", {{"from", body.value("from", offset_)}, {"to", to}});
+    return out;
+  }
+  std::string End(const Json& body) {
+    std::string out = Output(pending_.size());
+    Json end = body;
+    end.erase("ok");
+    return out + "id: " + std::to_string(end.value("offset", offset_)) + "\n" +
+           SseEvent("end", end);
+  }
+
+ private:
+  // The first `n` pending bytes as one `output` event ("" for none).
+  std::string Output(size_t n) {
+    if (n == 0) return "";
+    Json data = {{"offset", offset_}};
+    SetBytesField(data, "text", std::string_view(pending_).substr(0, n));
+    offset_ += static_cast<int64_t>(n);
+    pending_.erase(0, n);
+    return "id: " + std::to_string(offset_) + "\n" + SseEvent("output", data);
+  }
+
+  int64_t offset_;  // the position after the bytes sent
+  std::string pending_;
+};
+
 // Relays one verb stream as server-sent events: each EVENT as it comes, then `end` with the
 // END body, or `error` with the error. The verb's stream is reset when the HTTP client goes
 // (the object is destroyed before the verb ended): for `agent`, `answer` and `resume` that
 // cancels the call, as a client's reset on the socket does.
 class EventRelay {
  public:
-  // `first`: the verb's first message, already read.
-  EventRelay(std::shared_ptr<channel::Stream> stream, channel::Stream::Message first,
-             const std::atomic<bool>& stop)
-      : stream_(std::move(stream)), first_(std::move(first)), stop_(stop) {}
+  // `first`: the verb's first message, if already read. `log`: the verb is `logs`, relayed
+  // as LogEvents.
+  EventRelay(std::shared_ptr<channel::Stream> stream, std::optional<channel::Stream::Message> first,
+             const std::atomic<bool>& stop, std::optional<LogEvents> log = std::nullopt)
+      : stream_(std::move(stream)), first_(std::move(first)), stop_(stop), log_(std::move(log)) {}
   ~EventRelay() {
     if (!stream_->finished()) (void)stream_->Reset("the HTTP client went away");
   }
@@ -152,12 +208,13 @@ class EventRelay {
     switch (m.kind) {
       case channel::Stream::Message::Kind::kEvent:
         keepalive_due_ = std::chrono::steady_clock::now() + kKeepalive;
-        *out = SseEvent(EventName(m.body), m.body);
+        *out = log_ && m.body.value("type", "") == "gap" ? log_->Gap(m.body)
+                                                         : SseEvent(EventName(m.body), m.body);
         return true;
       case channel::Stream::Message::Kind::kEnd: {
         done_ = true;
         if (m.body.value("ok", false)) {
-          *out = SseEvent("end", m.body);
+          *out = log_ ? log_->End(m.body) : SseEvent("end", m.body);
         } else {
           const Json error = m.body.value("error", Json::object());
           *out = SseEvent("error", error.is_object() ? error : Json::object());
@@ -171,8 +228,12 @@ class EventRelay {
                                                   m.body.value("reason", std::string())}});
         return true;
       case channel::Stream::Message::Kind::kData:
+        if (!log_ || m.channel != channel::kChanOut) break;
+        keepalive_due_ = std::chrono::steady_clock::now() + kKeepalive;
+        *out = log_->Data(m.data);
+        return !out->empty();
       case channel::Stream::Message::Kind::kEof:
-        break;  // no route relays a verb's data channels
+        break;  // the END follows
     }
     return false;
   }
@@ -180,10 +241,62 @@ class EventRelay {
   std::shared_ptr<channel::Stream> stream_;
   std::optional<channel::Stream::Message> first_;
   const std::atomic<bool>& stop_;
+  std::optional<LogEvents> log_;
   std::chrono::steady_clock::time_point keepalive_due_ =
       std::chrono::steady_clock::now() + kKeepalive;
   bool done_ = false;
 };
+
+// The host's load and memory for the dashboard's overview: /proc/loadavg and /proc/meminfo.
+Json HostLoad() {
+  Json host = {{"cpus", sysconf(_SC_NPROCESSORS_ONLN)}};
+  if (auto loadavg = ReadFileToString("/proc/loadavg"); loadavg.ok()) {
+    double l1 = 0, l5 = 0, l15 = 0;
+    if (std::sscanf(loadavg->c_str(), "%lf %lf %lf", &l1, &l5, &l15) == 3) {
+      host["load1"] = l1;
+      host["load5"] = l5;
+      host["load15"] = l15;
+    }
+  }
+  if (auto meminfo = ReadFileToString("/proc/meminfo"); meminfo.ok()) {
+    if (auto total = ParseMeminfoMib(*meminfo, "MemTotal"); total.ok()) {
+      host["mem_total_mib"] = *total;
+    }
+    if (auto available = ParseMemAvailableMib(*meminfo); available.ok()) {
+      host["mem_available_mib"] = *available;
+    }
+  }
+  return host;
+}
+
+// A file name for Content-Disposition: the path's last part, as RFC 6266's filename* (UTF-8,
+// percent-encoded), so that no byte of a guest's file name is header syntax.
+std::string AttachmentName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  std::string encoded;
+  for (unsigned char ch : name.empty() ? std::string("file") : name) {
+    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+        ch == '.' || ch == '-' || ch == '_') {
+      encoded += static_cast<char>(ch);
+    } else {
+      static const char kHex[] = "0123456789ABCDEF";
+      encoded += '%';
+      encoded += kHex[ch >> 4];
+      encoded += kHex[ch & 15];
+    }
+  }
+  return "attachment; filename*=UTF-8''" + encoded;
+}
+
+// A query parameter that must be present and non-empty.
+Result<std::string> RequiredQuery(const HttpRequest& req, const char* name) {
+  auto it = req.query.find(name);
+  if (it == req.query.end() || it->second.empty()) {
+    return InvalidArgument(std::string(name) + " is required");
+  }
+  return it->second;
+}
 
 }  // namespace
 
@@ -207,11 +320,21 @@ Result<std::shared_ptr<channel::Stream>> HttpApi::OpenVerb(const Json& request) 
   return mux->Open(request);
 }
 
-api::HttpResponse HttpApi::CallVerb(const Json& request) {
+api::HttpResponse HttpApi::CallVerb(const Json& request, std::string* data) {
   auto s = OpenVerb(request);
   if (!s.ok()) return ErrorOf(s.status());
   for (;;) {
     auto m = (*s)->Next();
+    if (m.ok() && data && m->kind == channel::Stream::Message::Kind::kData &&
+        m->channel == channel::kChanOut) {
+      if (data->size() + m->data.size() > kMaxVerbData) {
+        (void)(*s)->Reset("the reply is larger than the HTTP route takes");
+        return ErrorOf(Status(Code::kResourceExhausted,
+                              "the reply is over " + std::to_string(kMaxVerbData >> 20) + " MiB"));
+      }
+      *data += m->data;
+      continue;
+    }
     if (!m.ok())
       return ErrorOf(Unavailable("the daemon's stream was lost: " + m.status().message()));
     if (m->kind == channel::Stream::Message::Kind::kReset) {
@@ -226,19 +349,28 @@ api::HttpResponse HttpApi::CallVerb(const Json& request) {
   }
 }
 
-api::HttpResponse HttpApi::StreamVerb(const Json& request) {
+api::HttpResponse HttpApi::StreamVerb(const Json& request, std::optional<int64_t> log_offset) {
   auto s = OpenVerb(request);
   if (!s.ok()) return ErrorOf(s.status());
   // The first message decides the status: a verb that refuses its request at once (a field
   // missing, a run unknown) is an HTTP error like a unary verb's, not a 200 and an event.
-  auto first = (*s)->Next();
-  if (!first.ok()) {
+  // A log may stay quiet for as long as its command does: after a moment with no message,
+  // the stream is answered as open, and a refusal would come as its `error` event.
+  auto first = (*s)->Next(log_offset ? channel::Stream::Deadline(std::chrono::steady_clock::now() +
+                                                                 kFirstLogMessageWait)
+                                     : std::nullopt);
+  std::optional<channel::Stream::Message> opening;
+  if (first.ok()) {
+    if (first->kind == channel::Stream::Message::Kind::kEnd && !first->body.value("ok", false)) {
+      return VerbError(first->body);
+    }
+    opening = std::move(*first);
+  } else if (!log_offset || first.status().code() != Code::kDeadlineExceeded) {
     return ErrorOf(Unavailable("the daemon's stream was lost: " + first.status().message()));
   }
-  if (first->kind == channel::Stream::Message::Kind::kEnd && !first->body.value("ok", false)) {
-    return VerbError(first->body);
-  }
-  auto relay = std::make_shared<EventRelay>(*s, std::move(*first), streams_stop_);
+  std::optional<LogEvents> log;
+  if (log_offset) log.emplace(*log_offset);
+  auto relay = std::make_shared<EventRelay>(*s, std::move(opening), streams_stop_, std::move(log));
   HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers.emplace_back("Cache-Control", "no-store");
@@ -331,6 +463,81 @@ void HttpApi::AddRestRoutes() {
               [this](const HttpRequest&, const PathParams& p) {
                 return CallVerb({{"verb", "agent_cancel"}, {"run", p.at("id")}});
               });
+
+  // The dashboard's reads (docs/dashboard.md), each a verb like the routes above.
+  router_.Add("GET", "/trybox/v1/status", [this](const HttpRequest&, const PathParams&) {
+    HttpResponse status = CallVerb({{"verb", "daemon_status"}});
+    if (status.status != 200) return status;
+    Json body = Json::parse(status.body, nullptr, false);
+    if (!body.is_object()) return ErrorOf(Internal("daemon_status answered no object"));
+    body["host"] = HostLoad();
+    return api::JsonReply(200, body.dump());
+  });
+  router_.Add("GET", "/trybox/v1/images", [this](const HttpRequest&, const PathParams&) {
+    return CallVerb({{"verb", "image_ls"}});
+  });
+  router_.Add("DELETE", "/trybox/v1/vms/{id}", [this](const HttpRequest&, const PathParams& p) {
+    return CallVerb({{"verb", "destroy"}, {"vm", p.at("id")}});
+  });
+  router_.Add("GET", "/trybox/v1/vms/{id}/execs", [this](const HttpRequest&, const PathParams& p) {
+    return CallVerb({{"verb", "ps"}, {"vm", p.at("id")}});
+  });
+  // An exec's kept output as server-sent events, resumed from Last-Event-ID (the position an
+  // EventSource saw last) or `offset`.
+  router_.Add(
+      "GET", "/trybox/v1/execs/{id}/output", [this](const HttpRequest& req, const PathParams& p) {
+        auto exec = ParseBoundedInt(p.at("id"), 1, INT64_MAX, "the exec id");
+        if (!exec.ok()) return ErrorOf(exec.status());
+        Json verb = {{"verb", "logs"}, {"exec", *exec}, {"follow", true}};
+        const std::string stream = req.query.count("stream") ? req.query.at("stream") : "stdout";
+        if (stream != "stdout" && stream != "stderr") {
+          return ErrorOf(InvalidArgument("stream must be stdout or stderr"));
+        }
+        verb["stream"] = stream;
+        Status st = QueryInt(req, "offset", 0, INT64_MAX, &verb, "offset");
+        if (!st.ok()) return ErrorOf(st);
+        if (const std::string last = req.Header("last-event-id"); !last.empty()) {
+          auto resumed = ParseBoundedInt(last, 0, INT64_MAX, "Last-Event-ID");
+          if (!resumed.ok()) return ErrorOf(resumed.status());
+          verb["offset"] = *resumed;
+        }
+        return StreamVerb(verb, verb.value("offset", int64_t{0}));
+      });
+  // A VM's files, read by the guest's own tools as root (envd's ListDir and GET /files).
+  router_.Add("GET", "/trybox/v1/vms/{id}/files",
+              [this](const HttpRequest& req, const PathParams& p) {
+                auto path = RequiredQuery(req, "path");
+                if (!path.ok()) return ErrorOf(path.status());
+                auto entries = ListDirAs(vms_, p.at("id"), "root", *path);
+                if (!entries.ok()) return ErrorOf(entries.status());
+                return api::JsonReply(200, SafeDump(Json{{"path", *path}, {"entries", *entries}}));
+              });
+  router_.Add("GET", "/trybox/v1/vms/{id}/files/content",
+              [this](const HttpRequest& req, const PathParams& p) {
+                auto path = RequiredQuery(req, "path");
+                if (!path.ok()) return ErrorOf(path.status());
+                auto content = ReadFileAs(vms_, p.at("id"), "root", *path);
+                if (!content.ok()) {
+                  HttpResponse e = ErrorOf(content.status());
+                  if (content.status().code() == Code::kResourceExhausted) e.status = 413;
+                  return e;
+                }
+                HttpResponse r{200, "application/octet-stream", {}, std::move(*content)};
+                r.headers.emplace_back("Content-Disposition", AttachmentName(*path));
+                return r;
+              });
+  router_.Add(
+      "GET", "/trybox/v1/agent-runs/{id}/transcript",
+      [this](const HttpRequest&, const PathParams& p) {
+        std::string data;
+        HttpResponse end = CallVerb({{"verb", "agent_transcript"}, {"run", p.at("id")}}, &data);
+        if (end.status != 200) return end;
+        Json entries = Json::parse(data, nullptr, false);
+        if (!entries.is_array()) {
+          return ErrorOf(Internal("the run's transcript is not a JSON array"));
+        }
+        return api::JsonReply(200, SafeDump(Json{{"entries", entries}}));
+      });
 
   // What waits for a person (the approvals verb): agent runs that asked for network access
   // or asked a question. Each says how it is answered.

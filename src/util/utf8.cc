@@ -164,6 +164,16 @@ std::string HexEncode(std::string_view bytes) {
   return out;
 }
 
+size_t WholeUtf8Prefix(std::string_view s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? s.size() - back : s.size();
+  }
+  return s.size();
+}
+
 std::optional<std::string> HexDecode(std::string_view hex) {
   if (hex.size() % 2 != 0) return std::nullopt;
   auto digit = [](char c) -> int {

@@ -20,6 +20,11 @@
 
 namespace trybox {
 
+// The length of the longest prefix of `s` that does not end inside a UTF-8 sequence: a reader
+// of a stream sends that much and keeps the rest for the next read, so that a character split
+// between two reads goes out whole.
+size_t WholeUtf8Prefix(std::string_view s);
+
 // Strict UTF-8 as nlohmann::json checks it on dump: no overlong forms, no surrogates, nothing
 // past U+10FFFF, no truncated sequences.
 bool IsValidUtf8(std::string_view s);
