@@ -78,7 +78,7 @@ std::string SessionCookie(const std::string& token, std::chrono::seconds lifetim
 std::string ClearedSessionCookie();
 
 // The headers of every answer: a Content-Security-Policy that lets in only this origin's
-// scripts and styles (no inline ones), nosniff, no referrer, no framing.
+// scripts and styles (no inline ones), nosniff, no referrer to other origins, no framing.
 void AddSecurityHeaders(HttpResponse* resp);
 
 // `text` with &, <, >, " and ' as entities: for the little text the server itself writes

@@ -87,18 +87,17 @@ TEST(CrossOriginRefusalTest, OnlyTheServersOwnOriginOnALoopbackNameMayUseTheSess
                                        {"origin", "http://127.0.0.1:3000"},
                                        {"sec-fetch-site", "same-origin"}}))
                    .has_value());
-  EXPECT_FALSE(
-      CrossOriginRefusal(Req({{"host", "localhost:3000"}, {"sec-fetch-site", "none"}})).has_value());
+  EXPECT_FALSE(CrossOriginRefusal(Req({{"host", "localhost:3000"}, {"sec-fetch-site", "none"}}))
+                   .has_value());
   EXPECT_FALSE(CrossOriginRefusal(Req({{"host", "[::1]:3000"}})).has_value());
 
   // Another port of the same address is the same site, but another origin.
-  auto r = CrossOriginRefusal(
-      Req({{"host", "127.0.0.1:3000"}, {"origin", "http://127.0.0.1:3001"}}));
+  auto r =
+      CrossOriginRefusal(Req({{"host", "127.0.0.1:3000"}, {"origin", "http://127.0.0.1:3001"}}));
   ASSERT_TRUE(r.has_value());
   EXPECT_NE(r->find("http://127.0.0.1:3001"), std::string::npos) << *r;
-  EXPECT_TRUE(
-      CrossOriginRefusal(Req({{"host", "127.0.0.1:3000"}, {"sec-fetch-site", "same-site"}}))
-          .has_value());
+  EXPECT_TRUE(CrossOriginRefusal(Req({{"host", "127.0.0.1:3000"}, {"sec-fetch-site", "same-site"}}))
+                  .has_value());
   EXPECT_TRUE(
       CrossOriginRefusal(Req({{"host", "127.0.0.1:3000"}, {"sec-fetch-site", "cross-site"}}))
           .has_value());

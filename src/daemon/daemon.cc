@@ -101,7 +101,10 @@ Status Daemon::Init() {
                                             opts_.retention, opts_.disk_reserve_mib << 20,
                                             [this] { return agents_->LiveRunIds(); });
   if (opts_.retention.interval.count() > 0) PruneAndLog();
-  http_ = std::make_unique<HttpApi>(*store_, *vms_);
+  HttpApiSettings hs;
+  hs.image_builds.trybox_binary = BinaryBesideSelf("trybox");
+  hs.image_builds.work_dir = p.state + "/image-builds";
+  http_ = std::make_unique<HttpApi>(*store_, *vms_, hs);
   RETURN_IF_ERROR(http_->Init());
   services_.reset(new Services{opts_.paths, opts_.qemu, *vms_, *launcher_, *egress_, *workspaces_,
                                *agents_, *exec_logs_, *records_, *http_});

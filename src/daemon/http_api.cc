@@ -46,7 +46,8 @@ HttpApi::HttpApi(store::Store& store, VmService& vms, HttpApiSettings settings)
       vms_(vms),
       settings_(settings),
       keys_(store),
-      rate_(settings.requests_per_second, settings.burst) {
+      rate_(settings.requests_per_second, settings.burst),
+      builds_(settings.image_builds) {
   AddE2bRoutes();
   AddEnvdRoutes();
   AddRestRoutes();
@@ -106,6 +107,7 @@ bool HttpApi::StopServing() {
 
 void HttpApi::Shutdown() {
   (void)StopServing();
+  builds_.Shutdown();  // while the socket still answers the builds' clean-up
   {
     MutexLock lock(mu_);
     stopping_ = true;

@@ -22,6 +22,7 @@
 #include "api/http_server.h"
 #include "api/router.h"
 #include "channel/mux.h"
+#include "daemon/image_builds.h"
 #include "daemon/sandbox_book.h"
 #include "daemon/vm_service.h"
 #include "store/store.h"
@@ -34,6 +35,7 @@ struct HttpApiSettings {
   double requests_per_second = 20;  // per key, on average
   double burst = 40;                // per key, at once
   int64_t max_sandbox_timeout_s = 24 * 3600;
+  ImageBuildSettings image_builds;  // recipe builds started over HTTP (image_builds.h)
 };
 
 // The envd version the in-sandbox API answers as (docs/protocol/e2b.md, "Versions").
@@ -112,6 +114,7 @@ class HttpApi {
   api::Router router_;       // the control plane (X-API-KEY)
   api::Router envd_router_;  // the in-sandbox API (X-Access-Token)
   SandboxBook book_;
+  ImageBuilds builds_;
 
   // Set while the server stops: open process streams end within a second (envd_process.cc).
   std::atomic<bool> streams_stop_{false};

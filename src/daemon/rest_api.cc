@@ -539,6 +539,102 @@ void HttpApi::AddRestRoutes() {
         return api::JsonReply(200, SafeDump(Json{{"entries", entries}}));
       });
 
+  // Recipe builds (image_builds.h): started here, each a `trybox image build` child, its
+  // output kept for followers.
+  router_.Add("GET", "/trybox/v1/image-builds", [this](const HttpRequest&, const PathParams&) {
+    return api::JsonReply(200, builds_.List().dump());
+  });
+  router_.Add("POST", "/trybox/v1/image-builds", [this](const HttpRequest& req, const PathParams&) {
+    auto body = BodyObject(req);
+    if (!body.ok()) return ErrorOf(body.status());
+    for (const auto& [key, value] : body->items()) {
+      if (key != "name" && key != "recipe") {
+        return ErrorOf(InvalidArgument(key + " is not a field of an image build (name, recipe)"));
+      }
+    }
+    if (!body->contains("name") || !(*body)["name"].is_string()) {
+      return ErrorOf(InvalidArgument("name (the image to build) is required"));
+    }
+    auto id = builds_.Start((*body)["name"], body->value("recipe", Json()));
+    if (!id.ok()) return ErrorOf(id.status());
+    auto shown = builds_.Show(*id);
+    return shown.ok() ? api::JsonReply(202, shown->dump()) : ErrorOf(shown.status());
+  });
+  router_.Add("GET", "/trybox/v1/image-builds/{id}",
+              [this](const HttpRequest&, const PathParams& p) {
+                auto shown = builds_.Show(p.at("id"));
+                return shown.ok() ? api::JsonReply(200, shown->dump()) : ErrorOf(shown.status());
+              });
+  router_.Add("POST", "/trybox/v1/image-builds/{id}/cancel",
+              [this](const HttpRequest&, const PathParams& p) {
+                Status st = builds_.Cancel(p.at("id"));
+                if (!st.ok()) return ErrorOf(st);
+                auto shown = builds_.Show(p.at("id"));
+                return shown.ok() ? api::JsonReply(200, shown->dump()) : ErrorOf(shown.status());
+              });
+  // A build's output as server-sent events: `line` events whose `id` is the number of the
+  // next line (resumed from Last-Event-ID), then `end` with the build.
+  router_.Add("GET", "/trybox/v1/image-builds/{id}/events",
+              [this](const HttpRequest& req, const PathParams& p) {
+                const std::string id = p.at("id");
+                int64_t from = 0;
+                if (const std::string last = req.Header("last-event-id"); !last.empty()) {
+                  auto n = ParseBoundedInt(last, 0, INT64_MAX, "Last-Event-ID");
+                  if (!n.ok()) return ErrorOf(n.status());
+                  from = *n;
+                }
+                if (auto shown = builds_.Show(id); !shown.ok()) return ErrorOf(shown.status());
+                HttpResponse r;
+                r.content_type = "text/event-stream";
+                r.headers.emplace_back("Cache-Control", "no-store");
+                auto keepalive_due = std::make_shared<std::chrono::steady_clock::time_point>(
+                    std::chrono::steady_clock::now() + kKeepalive);
+                auto done = std::make_shared<bool>(false);
+                r.stream = [this, id, from, keepalive_due, done](std::string* out) mutable {
+                  while (!*done) {
+                    if (streams_stop_) {
+                      *done = true;
+                      *out = SseEvent(
+                          "error", {{"status", "UNAVAILABLE"},
+                                    {"message", "the HTTP API is stopping; the stream ends here"}});
+                      return true;
+                    }
+                    auto chunk =
+                        builds_.Follow(id, from, std::chrono::steady_clock::now() + kStopCheck);
+                    if (!chunk.ok()) {
+                      *done = true;
+                      *out = SseEvent("error", {{"status", CodeName(chunk.status().code())},
+                                                {"message", chunk.status().message()}});
+                      return true;
+                    }
+                    out->clear();
+                    int64_t n = chunk->first;
+                    for (const std::string& line : chunk->lines) {
+                      ++n;
+                      *out += "id: " + std::to_string(n) + "\n" +
+                              SseEvent("line", {{"n", n - 1}, {"text", line}});
+                    }
+                    from = n;
+                    if (chunk->ended) {
+                      *done = true;
+                      auto shown = builds_.Show(id);
+                      *out += SseEvent("end", shown.ok() ? *shown : Json::object());
+                    }
+                    if (!out->empty()) {
+                      *keepalive_due = std::chrono::steady_clock::now() + kKeepalive;
+                      return true;
+                    }
+                    if (std::chrono::steady_clock::now() >= *keepalive_due) {
+                      *keepalive_due = std::chrono::steady_clock::now() + kKeepalive;
+                      *out = ": keepalive\n\n";
+                      return true;
+                    }
+                  }
+                  return false;
+                };
+                return r;
+              });
+
   // What waits for a person (the approvals verb): agent runs that asked for network access
   // or asked a question. Each says how it is answered.
   router_.Add("GET", "/trybox/v1/approvals", [this](const HttpRequest&, const PathParams&) {
