@@ -318,6 +318,9 @@ Json AgentRunner::Continue(const AgentContinueRequest& req, bool answer, channel
   s.reason.clear();
   s.error.reset();
   run.rec.outcome = "RUNNING";
+  // Stored now, with the answer: until the call's first save, agent_show and agent_ls would
+  // still say NEEDS_INPUT (and show the question) for a run that is working on its answer.
+  Save(run);
   (void)client.SendEvent({{"run", run.id}});
   Json end = Drive(run, client, req.limits);
   Release(slot);
