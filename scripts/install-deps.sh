@@ -16,6 +16,9 @@ PACKAGES=(
   procps clang-format git tmux curl
   # egress tests: a local TLS upstream (openssl s_server), QEMU's namespace (nsenter, ip)
   openssl util-linux iproute2
+  # the dashboard's e2e test and bench drive it in headless Chromium (tests/ui, puppeteer-core,
+  # which downloads no browser of its own)
+  chromium
 )
 
 missing=()

@@ -26,6 +26,8 @@ build/bin/trybox image build debian-12
 npm ci --prefix tests/mcp --no-audit --no-fund --loglevel=error >/dev/null
 # The official E2B SDK the HTTP API's e2e test drives (tests/e2b, pinned by its lock).
 npm ci --prefix tests/e2b --no-audit --no-fund --loglevel=error >/dev/null
+# puppeteer-core, which drives the dashboard in Debian's chromium (tests/ui, pinned by its lock).
+npm ci --prefix tests/ui --no-audit --no-fund --loglevel=error >/dev/null
 
 stage "unit tests"
 (cd build && ctest --output-on-failure -L unit "$@")

@@ -4,9 +4,10 @@
 import {el, enc, api} from './lib.js';
 
 // A browser opens at most 6 HTTP/1.1 connections to one server, and every open
-// EventSource holds one. Past that, every other request (the 2 s polls, a button)
-// would queue behind streams that may run for hours. So streams share this many
-// connections and the rest wait their turn; a finished stream frees its place.
+// EventSource holds one (an exec's output is one stream, both of its streams in it).
+// Past that, every other request (the 2 s polls, a button) would queue behind streams
+// that may run for hours. So streams share this many connections and the rest wait their
+// turn; a finished stream frees its place.
 const MAX_STREAMS = 4;
 let open = 0;
 const waiting = [];
@@ -176,41 +177,40 @@ export class OutputView {
   }
 }
 
-// Fills `view` from an exec's kept output, both streams, following it while it runs.
-// Streams with nothing in them (an ended exec's byte count 0) are not opened. Returns
-// {close(), done: Promise} where done resolves when both streams have ended.
+// Fills `view` from an exec's kept output, following it while it runs. Both streams come
+// in one server-sent-event stream (?stream=both), in the order the daemon read them, so
+// stdout and stderr keep their order on every load and an exec holds one connection.
+// An ended exec with no output opens nothing. Returns {close(), done: Promise}, which
+// resolves when the stream has ended.
 export function followExec(scope, execId, view, {stdoutBytes = null, stderrBytes = null, running = true, first = false} = {}) {
-  const streams = [];
-  const ends = [];
-  for (const [name, bytes] of [['stdout', stdoutBytes], ['stderr', stderrBytes]]) {
-    if (!running && bytes === 0) continue;
-    let finish;
-    ends.push(new Promise((resolve) => (finish = resolve)));
-    const url = `/trybox/v1/execs/${enc(execId)}/output?stream=${name}`;
-    const s = openStream(
-      url,
-      {
-        output: (d) => view.append(name, outputText(d)),
-        gap: (d) => view.note(`${name}: bytes ${d.from}–${d.to} were not kept`),
-        end: () => finish(true),
-        error: (d) => {
-          view.note(`${name}: ${d.message ?? 'the stream failed'}`);
-          finish(false);
-        },
-      },
-      {
-        first,
-        onState: (state) => {
-          if (state === 'waiting') view.pre.classList.add('waiting');
-          else view.pre.classList.remove('waiting');
-        },
-      },
-    );
-    streams.push(s);
+  if (!running && stdoutBytes === 0 && stderrBytes === 0) {
+    return {close: () => {}, done: Promise.resolve(true)};
   }
-  const close = () => streams.forEach((s) => s.close());
+  let finish;
+  const done = new Promise((resolve) => (finish = resolve));
+  const url = `/trybox/v1/execs/${enc(execId)}/output?stream=both`;
+  const s = openStream(
+    url,
+    {
+      output: (d) => view.append(d.stream === 'stderr' ? 'stderr' : 'stdout', outputText(d)),
+      gap: (d) => view.note(`${d.stream ?? 'output'}: bytes ${d.from}–${d.to} were not kept`),
+      end: () => finish(true),
+      error: (d) => {
+        view.note(d.message ?? 'the stream failed');
+        finish(false);
+      },
+    },
+    {
+      first,
+      onState: (state) => {
+        if (state === 'waiting') view.pre.classList.add('waiting');
+        else view.pre.classList.remove('waiting');
+      },
+    },
+  );
+  const close = () => s.close();
   scope.onDispose(close);
-  return {close, done: Promise.all(ends)};
+  return {close, done};
 }
 
 // Reads a text/event-stream body to its end, calling onEvent(name, data) for each event.

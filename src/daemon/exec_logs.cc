@@ -128,9 +128,10 @@ void ExecLog::Wait(Channel ch, int64_t offset, const std::atomic<bool>* stop) {
   while (!finished_ && files_[ch].total <= offset && !(stop && *stop)) cv_.Wait(mu_);
 }
 
-void ExecLog::WaitAny(int64_t out_offset, int64_t err_offset) {
+void ExecLog::WaitAny(int64_t out_offset, int64_t err_offset, const std::atomic<bool>* stop) {
   MutexLock l(mu_);
-  while (!finished_ && files_[kStdout].total <= out_offset && files_[kStderr].total <= err_offset) {
+  while (!finished_ && files_[kStdout].total <= out_offset && files_[kStderr].total <= err_offset &&
+         !(stop && *stop)) {
     cv_.Wait(mu_);
   }
 }

@@ -61,7 +61,9 @@ class ExecLog : public OutputSink {
   void Wait(Channel ch, int64_t offset, const std::atomic<bool>* stop) EXCLUDES(mu_);
   // Blocks until stdout has bytes past `out_offset` or stderr past `err_offset`, or the exec
   // has ended.
-  void WaitAny(int64_t out_offset, int64_t err_offset) EXCLUDES(mu_);
+  // `stop`: as Wait's, set (then Wake) by another thread to give up.
+  void WaitAny(int64_t out_offset, int64_t err_offset, const std::atomic<bool>* stop = nullptr)
+      EXCLUDES(mu_);
   // The same, but returns false if `deadline` passes first.
   bool WaitAnyUntil(int64_t out_offset, int64_t err_offset,
                     std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);

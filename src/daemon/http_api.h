@@ -89,10 +89,9 @@ class HttpApi {
   // error as an HTTP error (HttpStatusFor).
   // `data`: where channel 1's bytes go (a transcript), at most 64 MiB.
   api::HttpResponse CallVerb(const Json& request, std::string* data = nullptr);
-  // A streaming verb: its EVENTs as server-sent events, then `end` or `error`. With
-  // `log_offset`, the verb is `logs` from that byte, relayed as `output` events.
-  api::HttpResponse StreamVerb(const Json& request,
-                               std::optional<int64_t> log_offset = std::nullopt);
+  // A streaming verb: its EVENTs as server-sent events, then `end` or `error`. With `log`,
+  // the verb is `logs`, its bytes relayed as `output` events.
+  api::HttpResponse StreamVerb(const Json& request, bool log = false);
   Result<std::shared_ptr<channel::Stream>> OpenVerb(const Json& request) EXCLUDES(mu_);
   // An in-sandbox request (it names a sandbox in E2b-Sandbox-Id): its access token checked,
   // then routed to envd's services.

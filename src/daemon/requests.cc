@@ -240,12 +240,18 @@ Result<LogsRequest> ParseLogs(const Json& j) {
   LogsRequest r;
   ASSIGN_OR_RETURN(r.exec, f.Int("exec", 1, INT64_MAX));
   ASSIGN_OR_RETURN(std::string stream, f.String("stream", "stdout"));
-  if (stream != "stdout" && stream != "stderr") {
-    return InvalidArgument("'stream' must be \"stdout\" or \"stderr\", got " +
+  if (stream != "stdout" && stream != "stderr" && stream != "both") {
+    return InvalidArgument("'stream' must be \"stdout\", \"stderr\" or \"both\", got " +
                            QuoteForMessage(stream));
   }
   r.stderr = stream == "stderr";
+  r.both = stream == "both";
   ASSIGN_OR_RETURN(r.offset, f.Int("offset", 0, INT64_MAX, 0));
+  if (r.both) {
+    ASSIGN_OR_RETURN(r.stderr_offset, f.Int("stderr_offset", 0, INT64_MAX, 0));
+  } else if (j.contains("stderr_offset")) {
+    return InvalidArgument("'stderr_offset' goes with \"stream\": \"both\"");
+  }
   ASSIGN_OR_RETURN(r.follow, f.Bool("follow", false));
   return r;
 }

@@ -108,9 +108,11 @@ struct ExecRequest {
 
 struct LogsRequest {  // logs
   int64_t exec = 0;
-  bool stderr = false;  // the exec's stderr instead of its stdout
-  int64_t offset = 0;   // a position in the whole output (docs/protocol/daemon.md, "logs")
-  bool follow = false;  // wait for more until the exec ends
+  bool stderr = false;        // the exec's stderr instead of its stdout
+  bool both = false;          // stdout on channel 1 and stderr on channel 2, as they come
+  int64_t offset = 0;         // a position in the whole output (docs/protocol/daemon.md, "logs")
+  int64_t stderr_offset = 0;  // with `both`: the position in stderr
+  bool follow = false;        // wait for more until the exec ends
 };
 
 struct KillRequest {  // kill

@@ -109,46 +109,58 @@ std::string EventName(const Json& body) {
 }
 
 // An exec's kept output (the `logs` verb) as server-sent events (docs/dashboard.md): each
-// piece of channel 1 an `output` event whose `id` is the byte position after it, a gap an
-// event of its own, and the END an `end` naming where the output stopped. A UTF-8 character
-// split between two pieces waits for its rest.
+// piece an `output` event whose `id` is the position after it, a gap an event of its own,
+// and the END an `end` naming where the output stopped. With `both`, stdout (channel 1) and
+// stderr (channel 2) come in one stream, each event naming its `stream`, and the `id` is
+// both positions, "STDOUT,STDERR". A UTF-8 character split between two pieces waits for
+// its rest.
 class LogEvents {
  public:
-  explicit LogEvents(int64_t offset) : offset_(offset) {}
+  LogEvents(int64_t out_offset, int64_t err_offset, bool both)
+      : offset_{out_offset, err_offset}, both_(both) {}
 
-  std::string Data(const std::string& bytes) {
-    pending_ += bytes;
-    return Output(WholeUtf8Prefix(pending_));
+  std::string Data(uint8_t channel, const std::string& bytes) {
+    const int i = channel == channel::kChanErr ? 1 : 0;
+    if (i == 1 && !both_) return "";
+    pending_[i] += bytes;
+    return Output(i, WholeUtf8Prefix(pending_[i]));
   }
   std::string Gap(const Json& body) {
-    const int64_t to = body.value("to", offset_);
-    std::string out = Output(pending_.size());  // bytes before a gap are whole as they are
-    offset_ = to;
-    out += "id: " + std::to_string(offset_) + "\n" +
-           SseEvent("gap", {{"from", body.value("from", offset_)}, {"to", to}});
-    return out;
+    const int i = both_ && body.value("stream", "") == "stderr" ? 1 : 0;
+    const int64_t to = body.value("to", offset_[i]);
+    std::string out = Output(i, pending_[i].size());  // bytes before a gap are whole as they are
+    Json gap = {{"from", body.value("from", offset_[i])}, {"to", to}};
+    if (both_) gap["stream"] = StreamName(i);
+    offset_[i] = to;
+    return out + "id: " + Id() + "\n" + SseEvent("gap", gap);
   }
   std::string End(const Json& body) {
-    std::string out = Output(pending_.size());
+    std::string out = Output(0, pending_[0].size()) + Output(1, pending_[1].size());
     Json end = body;
     end.erase("ok");
-    return out + "id: " + std::to_string(end.value("offset", offset_)) + "\n" +
-           SseEvent("end", end);
+    return out + "id: " + Id() + "\n" + SseEvent("end", end);
   }
 
  private:
-  // The first `n` pending bytes as one `output` event ("" for none).
-  std::string Output(size_t n) {
+  static const char* StreamName(int i) { return i == 0 ? "stdout" : "stderr"; }
+  std::string Id() const {
+    return both_ ? std::to_string(offset_[0]) + "," + std::to_string(offset_[1])
+                 : std::to_string(offset_[0]);
+  }
+  // The first `n` pending bytes of stream `i` as one `output` event ("" for none).
+  std::string Output(int i, size_t n) {
     if (n == 0) return "";
-    Json data = {{"offset", offset_}};
-    SetBytesField(data, "text", std::string_view(pending_).substr(0, n));
-    offset_ += static_cast<int64_t>(n);
-    pending_.erase(0, n);
-    return "id: " + std::to_string(offset_) + "\n" + SseEvent("output", data);
+    Json data = {{"offset", offset_[i]}};
+    if (both_) data["stream"] = StreamName(i);
+    SetBytesField(data, "text", std::string_view(pending_[i]).substr(0, n));
+    offset_[i] += static_cast<int64_t>(n);
+    pending_[i].erase(0, n);
+    return "id: " + Id() + "\n" + SseEvent("output", data);
   }
 
-  int64_t offset_;  // the position after the bytes sent
-  std::string pending_;
+  int64_t offset_[2];  // the positions after the bytes sent
+  std::string pending_[2];
+  const bool both_;
 };
 
 // Relays one verb stream as server-sent events: each EVENT as it comes, then `end` with the
@@ -228,9 +240,9 @@ class EventRelay {
                                                   m.body.value("reason", std::string())}});
         return true;
       case channel::Stream::Message::Kind::kData:
-        if (!log_ || m.channel != channel::kChanOut) break;
+        if (!log_) break;
         keepalive_due_ = std::chrono::steady_clock::now() + kKeepalive;
-        *out = log_->Data(m.data);
+        *out = log_->Data(m.channel, m.data);
         return !out->empty();
       case channel::Stream::Message::Kind::kEof:
         break;  // the END follows
@@ -349,28 +361,32 @@ api::HttpResponse HttpApi::CallVerb(const Json& request, std::string* data) {
   }
 }
 
-api::HttpResponse HttpApi::StreamVerb(const Json& request, std::optional<int64_t> log_offset) {
+api::HttpResponse HttpApi::StreamVerb(const Json& request, bool log) {
   auto s = OpenVerb(request);
   if (!s.ok()) return ErrorOf(s.status());
   // The first message decides the status: a verb that refuses its request at once (a field
   // missing, a run unknown) is an HTTP error like a unary verb's, not a 200 and an event.
   // A log may stay quiet for as long as its command does: after a moment with no message,
   // the stream is answered as open, and a refusal would come as its `error` event.
-  auto first = (*s)->Next(log_offset ? channel::Stream::Deadline(std::chrono::steady_clock::now() +
-                                                                 kFirstLogMessageWait)
-                                     : std::nullopt);
+  auto first = (*s)->Next(
+      log ? channel::Stream::Deadline(std::chrono::steady_clock::now() + kFirstLogMessageWait)
+          : std::nullopt);
   std::optional<channel::Stream::Message> opening;
   if (first.ok()) {
     if (first->kind == channel::Stream::Message::Kind::kEnd && !first->body.value("ok", false)) {
       return VerbError(first->body);
     }
     opening = std::move(*first);
-  } else if (!log_offset || first.status().code() != Code::kDeadlineExceeded) {
+  } else if (!log || first.status().code() != Code::kDeadlineExceeded) {
     return ErrorOf(Unavailable("the daemon's stream was lost: " + first.status().message()));
   }
-  std::optional<LogEvents> log;
-  if (log_offset) log.emplace(*log_offset);
-  auto relay = std::make_shared<EventRelay>(*s, std::move(opening), streams_stop_, std::move(log));
+  std::optional<LogEvents> events;
+  if (log) {
+    events.emplace(request.value("offset", int64_t{0}), request.value("stderr_offset", int64_t{0}),
+                   request.value("stream", "") == "both");
+  }
+  auto relay =
+      std::make_shared<EventRelay>(*s, std::move(opening), streams_stop_, std::move(events));
   HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers.emplace_back("Cache-Control", "no-store");
@@ -483,25 +499,38 @@ void HttpApi::AddRestRoutes() {
     return CallVerb({{"verb", "ps"}, {"vm", p.at("id")}});
   });
   // An exec's kept output as server-sent events, resumed from Last-Event-ID (the position an
-  // EventSource saw last) or `offset`.
+  // EventSource saw last: "N", or "STDOUT,STDERR" for both streams) or `offset`.
   router_.Add(
       "GET", "/trybox/v1/execs/{id}/output", [this](const HttpRequest& req, const PathParams& p) {
         auto exec = ParseBoundedInt(p.at("id"), 1, INT64_MAX, "the exec id");
         if (!exec.ok()) return ErrorOf(exec.status());
         Json verb = {{"verb", "logs"}, {"exec", *exec}, {"follow", true}};
         const std::string stream = req.query.count("stream") ? req.query.at("stream") : "stdout";
-        if (stream != "stdout" && stream != "stderr") {
-          return ErrorOf(InvalidArgument("stream must be stdout or stderr"));
+        if (stream != "stdout" && stream != "stderr" && stream != "both") {
+          return ErrorOf(InvalidArgument("stream must be stdout, stderr or both"));
         }
         verb["stream"] = stream;
         Status st = QueryInt(req, "offset", 0, INT64_MAX, &verb, "offset");
+        if (st.ok() && stream == "both") {
+          st = QueryInt(req, "stderr_offset", 0, INT64_MAX, &verb, "stderr_offset");
+        }
         if (!st.ok()) return ErrorOf(st);
         if (const std::string last = req.Header("last-event-id"); !last.empty()) {
-          auto resumed = ParseBoundedInt(last, 0, INT64_MAX, "Last-Event-ID");
-          if (!resumed.ok()) return ErrorOf(resumed.status());
-          verb["offset"] = *resumed;
+          const size_t comma = last.find(',');
+          if ((comma != std::string::npos) != (stream == "both")) {
+            return ErrorOf(
+                InvalidArgument("Last-Event-ID '" + last + "' is not a position of " + stream));
+          }
+          auto out = ParseBoundedInt(last.substr(0, comma), 0, INT64_MAX, "Last-Event-ID");
+          if (!out.ok()) return ErrorOf(out.status());
+          verb["offset"] = *out;
+          if (comma != std::string::npos) {
+            auto err = ParseBoundedInt(last.substr(comma + 1), 0, INT64_MAX, "Last-Event-ID");
+            if (!err.ok()) return ErrorOf(err.status());
+            verb["stderr_offset"] = *err;
+          }
         }
-        return StreamVerb(verb, verb.value("offset", int64_t{0}));
+        return StreamVerb(verb, /*log=*/true);
       });
   // A VM's files, read by the guest's own tools as root (envd's ListDir and GET /files).
   router_.Add("GET", "/trybox/v1/vms/{id}/files",

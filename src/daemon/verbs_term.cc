@@ -83,6 +83,62 @@ Result<int64_t> SendLog(channel::Stream& client, ExecLog& log, ExecLog::Channel 
   return offset;
 }
 
+// SendLog for both streams at once: stdout on channel 1 and stderr on channel 2, each from
+// its offset, in the order the reads find them; a gap EVENT names its `stream`. Returns the
+// offsets reached.
+Result<std::pair<int64_t, int64_t>> SendBothLogs(channel::Stream& client, ExecLog& log,
+                                                 int64_t out_offset, int64_t err_offset,
+                                                 bool follow) {
+  std::atomic<bool> stop{false};
+  std::thread watch;
+  if (follow) watch = std::thread([&] { WatchFollower(client, log, &stop); });
+  Status failure;
+  int64_t offsets[2] = {out_offset, err_offset};
+  bool gone = false;
+  while (!stop && !gone) {
+    const bool finished = log.finished();  // read before the data: nothing is missed
+    bool any = false;
+    for (auto ch : {ExecLog::kStdout, ExecLog::kStderr}) {
+      auto slice = log.Read(ch, offsets[ch], kLogChunk);
+      if (!slice.ok()) {
+        failure = slice.status();
+        gone = true;
+        break;
+      }
+      if (slice->skipped_to >= 0) {
+        any = true;
+        if (!client
+                 .SendEvent({{"type", "gap"},
+                             {"stream", ch == ExecLog::kStdout ? "stdout" : "stderr"},
+                             {"from", offsets[ch]},
+                             {"to", slice->skipped_to}})
+                 .ok()) {
+          gone = true;
+          break;
+        }
+        offsets[ch] = slice->skipped_to;
+      } else if (!slice->data.empty()) {
+        any = true;
+        const uint8_t out = ch == ExecLog::kStdout ? channel::kChanOut : channel::kChanErr;
+        if (!client.Write(out, slice->data).ok()) {
+          gone = true;  // the client is gone
+          break;
+        }
+        offsets[ch] += static_cast<int64_t>(slice->data.size());
+      }
+    }
+    if (gone || any) continue;
+    if (!follow || finished) break;
+    log.WaitAny(offsets[ExecLog::kStdout], offsets[ExecLog::kStderr], &stop);
+  }
+  if (watch.joinable()) {
+    client.Interrupt();
+    watch.join();
+  }
+  if (!failure.ok()) return failure;
+  return std::make_pair(offsets[ExecLog::kStdout], offsets[ExecLog::kStderr]);
+}
+
 }  // namespace
 
 void AddTerminalVerbs(VerbTable& t, Services& s) {
@@ -93,6 +149,19 @@ void AddTerminalVerbs(VerbTable& t, Services& s) {
                         : Result<std::shared_ptr<ExecLog>>(rec.status());
     if (!log.ok()) {
       (void)client.End(ErrorReply(log.status()));
+      return;
+    }
+    if (req->both) {
+      auto reached = SendBothLogs(client, **log, req->offset, req->stderr_offset, req->follow);
+      if (!reached.ok()) {
+        (void)client.End(ErrorReply(reached.status()));
+        return;
+      }
+      auto now = s.vms.GetExec(req->exec);
+      (void)client.End({{"ok", true},
+                        {"offset", reached->first},
+                        {"stderr_offset", reached->second},
+                        {"exec", ExecJson(now.ok() ? *now : *rec)}});
       return;
     }
     auto offset = SendLog(client, **log, req->stderr ? ExecLog::kStderr : ExecLog::kStdout,
