@@ -31,4 +31,25 @@ inline double Pct(std::vector<double> v, double p) {
   std::exit(1);
 }
 
+// A failed step, thrown by Fail instead of exit()ing, so that what the bench set up (a
+// harness's daemon and VMs, temporary directories) is cleaned up on the way out; main runs
+// the bench through Guarded, which prints it and returns 1.
+struct BenchFailure {
+  std::string message;
+};
+
+[[noreturn]] inline void Fail(const std::string& what, const Status& st) {
+  throw BenchFailure{what + ": " + st.ToString()};
+}
+
+template <typename Body>
+int Guarded(Body&& body) {
+  try {
+    return body();
+  } catch (const BenchFailure& f) {
+    std::fprintf(stderr, "bench: %s\n", f.message.c_str());
+    return 1;
+  }
+}
+
 }  // namespace trybox::bench

@@ -7,7 +7,12 @@
 // the call) and the middle of the bounds is subtracted; the bounds are printed. Prints
 // figures; asserts nothing.
 //
+// With --load: the dashboard's cost instead (tests/ui/load.mjs): VMS VMs, STREAMING of them
+// printing a line every 100 ms, and tryboxd's CPU and memory without a browser and with
+// headless Chromium on the overview and each printing VM's page; Chromium's own beside it.
+//
 // Usage: dashboard_bench [--rounds R] [--lines N] [--interval-ms MS] [--figures FILE]
+//        dashboard_bench --load [--vms N] [--streaming N] [--seconds S]
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,7 +30,7 @@
 #include "util/process.h"
 
 using Json = nlohmann::json;
-using trybox::bench::Die;
+using trybox::bench::Fail;
 using trybox::bench::Pct;
 
 namespace {
@@ -55,9 +60,9 @@ void Narrow(const trybox::e2e::Harness& h, const std::string& vm, int n, ClockBo
     auto r = h.Call(
         {{"verb", "exec"}, {"vm", vm}, {"argv", {"sh", "-c", "date +%s%N > /tmp/bench-clock"}}});
     const double t1 = WallMs();
-    if (!r.ok()) Die("exec date", r.status());
+    if (!r.ok()) Fail("exec date", r.status());
     auto c = h.Cli({"exec", vm, "--", "cat", "/tmp/bench-clock"});
-    if (c.code != 0) Die("cat the reading", trybox::Internal(c.err));
+    if (c.code != 0) Fail("cat the reading", trybox::Internal(c.err));
     const double guest = std::stod(c.out) / 1e6;
     b->lo = std::max(b->lo, guest - t1);
     b->hi = std::min(b->hi, guest - t0);
@@ -80,10 +85,27 @@ void AddLatencies(const Json& seen, double offset_ms, int round, std::vector<dou
   }
 }
 
+// The load figures of load.mjs's JSON.
+void PrintLoad(const Json& j) {
+  std::printf("%d VMs, %d printing a line every 100 ms; %d s per measurement\n", j.value("vms", 0),
+              j.value("streaming", 0), j.value("seconds", 0));
+  auto row = [](const char* what, const Json& m) {
+    std::printf("  %-52s CPU %6.1f%% of a core  RSS mean %7.1f MiB  peak %7.1f MiB\n", what,
+                m.value("cpu_percent_of_a_core", 0.0), m.value("rss_mean_mib", 0.0),
+                m.value("rss_peak_mib", 0.0));
+  };
+  row("tryboxd, no browser", j["without"]);
+  row("tryboxd, the overview and each printing VM's page open", j["with"]);
+  row("Chromium (all its processes), those pages", j["chromium"]);
+  std::printf("  lines shown on the VM pages at the end: %d\n", j.value("lines_shown", 0));
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   int rounds = 1, lines = 30, interval_ms = 200;
+  bool load = false;
+  int vms = 20, streaming = 5, seconds = 20;
   std::string figures_path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -95,10 +117,19 @@ int main(int argc, char** argv) {
       interval_ms = std::atoi(argv[++i]);
     } else if (a == "--figures" && i + 1 < argc) {
       figures_path = argv[++i];
+    } else if (a == "--load") {
+      load = true;
+    } else if (a == "--vms" && i + 1 < argc) {
+      vms = std::atoi(argv[++i]);
+    } else if (a == "--streaming" && i + 1 < argc) {
+      streaming = std::atoi(argv[++i]);
+    } else if (a == "--seconds" && i + 1 < argc) {
+      seconds = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: dashboard_bench [--rounds R] [--lines N] [--interval-ms MS] "
-                   "[--figures FILE]\n");
+                   "[--figures FILE]\n"
+                   "       dashboard_bench --load [--vms N] [--streaming N] [--seconds S]\n");
       return 2;
     }
   }
@@ -109,21 +140,35 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto h = trybox::e2e::Harness::Start();
-  if (!h.ok()) Die("start tryboxd", h.status());
+  if (!h.ok()) Fail("start tryboxd", h.status());
   auto serve = (*h)->Cli({"serve"});
   std::smatch m;
   if (serve.code != 0 ||
       !std::regex_search(serve.out, m, std::regex("http://127\\.0\\.0\\.1:[0-9]+"))) {
-    Die("serve", trybox::Internal(serve.err));
+    Fail("serve", trybox::Internal(serve.err));
   }
   auto k = (*h)->Cli({"api-key", "create", "bench", "--operator"});
-  if (k.code != 0) Die("api-key create", trybox::Internal(k.err));
+  if (k.code != 0) Fail("api-key create", trybox::Internal(k.err));
   std::vector<std::string> env = (*h)->Env();
   env.push_back("TRYBOX_URL=" + m[0].str());
   env.push_back("TRYBOX_OPERATOR_KEY=" + k.out.substr(0, k.out.find('\n')));
   env.push_back("TRYBOX_CLI=" + trybox::e2e::BinDir() + "/trybox");
+  if (load) {
+    auto status = (*h)->Call({{"verb", "daemon_status"}});
+    if (!status.ok()) Fail("daemon_status", status.status());
+    env.push_back("TRYBOX_DAEMON_PID=" + std::to_string(status->value("pid", 0)));
+    auto run = trybox::e2e::RunProgram(
+        {trybox::FindInPath("node").value_or("node"),
+         std::string(TRYBOX_SOURCE_DIR) + "/tests/ui/load.mjs", std::to_string(vms),
+         std::to_string(streaming), std::to_string(seconds)},
+        env);
+    Json j = Json::parse(run.out, nullptr, false);
+    if (run.code != 0 || !j.is_object()) Fail("load.mjs", trybox::Internal(run.err + run.out));
+    PrintLoad(j);
+    return 0;
+  }
   auto c = (*h)->Cli({"create", "--quiet"});
-  if (c.code != 0) Die("trybox create", trybox::Internal(c.err));
+  if (c.code != 0) Fail("trybox create", trybox::Internal(c.err));
   const std::string vm = c.out.substr(0, c.out.find('\n'));
 
   std::vector<double> page, sse;
@@ -136,7 +181,7 @@ int main(int argc, char** argv) {
                                         std::to_string(lines), std::to_string(interval_ms)},
                                        env);
     Json j = Json::parse(run.out, nullptr, false);
-    if (run.code != 0 || !j.is_object()) Die("bench.mjs", trybox::Internal(run.err + run.out));
+    if (run.code != 0 || !j.is_object()) Fail("bench.mjs", trybox::Internal(run.err + run.out));
     Narrow(**h, vm, 10, &clock);
     if (clock.lo > clock.hi) {
       std::fprintf(stderr,
@@ -173,4 +218,8 @@ int main(int argc, char** argv) {
                 "a guest line until a plain SSE reader has it, p50");
   (void)figures.Write();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return trybox::bench::Guarded([&] { return Run(argc, argv); });
 }

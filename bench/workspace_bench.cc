@@ -15,6 +15,7 @@
 #include <string>
 
 #include "bench/baseline.h"
+#include "bench/bench_util.h"
 #include "cli/client.h"
 #include "cli/transfer.h"
 #include "tests/e2e/harness.h"
@@ -33,15 +34,9 @@ double Sec(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// A failed step. Thrown, not exit()ed, so that the repository's temporary directory and the
-// harness's daemon and VMs are cleaned up on the way out of Run.
-struct BenchFailure {
-  std::string message;
-};
-
-[[noreturn]] void Die(const std::string& what, const Status& st) {
-  throw BenchFailure{what + ": " + st.ToString()};
-}
+// A failed step throws (bench_util.h's Fail), so that the repository's temporary directory
+// and the harness's daemon and VMs are cleaned up on the way out of Run.
+[[noreturn]] void Die(const std::string& what, const Status& st) { trybox::bench::Fail(what, st); }
 
 void Row(const char* what, double s, double mib) {
   std::printf("  %-44s %7.2f s  %7.1f MB/s\n", what, s, mib * 1.048576 / s);
@@ -162,10 +157,5 @@ int Run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const BenchFailure& f) {
-    std::fprintf(stderr, "bench: %s\n", f.message.c_str());
-    return 1;
-  }
+  return trybox::bench::Guarded([&] { return Run(argc, argv); });
 }

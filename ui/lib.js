@@ -138,6 +138,14 @@ export async function errorOf(res) {
 
 // One JSON call. Throws ApiError with the server's message; a 401 signs out.
 export async function api(path, {method = 'GET', body} = {}) {
+  const res = await request(path, {method, body});
+  const text = await res.text();
+  return text ? JSON.parse(text) : null;
+}
+
+// One call whose answer is read by the caller (a stream): the response once its status
+// says it was accepted. Throws as api() does.
+export async function request(path, {method = 'GET', body} = {}) {
   let res;
   try {
     res = await fetch(path, requestInit(method, body));
@@ -149,8 +157,7 @@ export async function api(path, {method = 'GET', body} = {}) {
     throw new ApiError(401, 'the session has ended');
   }
   if (!res.ok) throw await errorOf(res);
-  const text = await res.text();
-  return text ? JSON.parse(text) : null;
+  return res;
 }
 
 // Path segments built from ids always go through encodeURIComponent.

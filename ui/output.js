@@ -119,35 +119,51 @@ export function outputText(data) {
 
 // A <pre class="output"> that keeps the newest `cap` characters; stderr goes in
 // <span class="stderr">. Follows the bottom while the reader is at the bottom.
+//
+// Text is added once a frame, not once an event: a command printing ten lines a second
+// would otherwise cost ten layouts a second (the scroll position is read and set), and
+// growing one text node re-lays out all of its text each time. So each frame's output goes
+// in as new nodes, one per run of a stream, and the bottom is followed once.
 export class OutputView {
   constructor(cap = 256 * 1024) {
     this.cap = cap;
     this.kept = 0;
     this.pre = el('pre', {class: 'output', tabindex: '0'});
     this.dropped = null;
+    this.pending = [];
+    this.scheduled = false;
   }
 
   append(stream, text) {
     if (!text) return;
+    const last = this.pending[this.pending.length - 1];
+    if (last && last[0] === stream) last[1] += text;
+    else this.pending.push([stream, text]);
+    if (this.scheduled) return;
+    this.scheduled = true;
+    // The next frame, or a quarter second if no frame comes first: a tab in the background
+    // gets no animation frames, and its output must still land (and be capped).
+    requestAnimationFrame(() => this.flush());
+    setTimeout(() => this.flush(), 250);
+  }
+
+  flush() {
+    if (!this.scheduled) return;  // the other of the two calls came first
+    this.scheduled = false;
+    if (this.pending.length === 0) return;
     const pre = this.pre;
     const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    const last = pre.lastChild;
-    // Runs of one stream share a node, so a chatty command does not make one per event.
-    if (stream === 'stderr') {
-      if (last && last.nodeType === Node.ELEMENT_NODE && last.classList.contains('stderr')) last.firstChild.appendData(text);
-      else pre.appendChild(el('span', {class: 'stderr'}, text));
-    } else if (last && last.nodeType === Node.TEXT_NODE) {
-      last.appendData(text);
-    } else {
-      pre.appendChild(document.createTextNode(text));
+    for (const [stream, text] of this.pending.splice(0)) {
+      pre.appendChild(stream === 'stderr' ? el('span', {class: 'stderr'}, text) : document.createTextNode(text));
+      this.kept += text.length;
     }
-    this.kept += text.length;
     this.trim();
     if (atBottom) pre.scrollTop = pre.scrollHeight;
   }
 
   // A line of ours (a gap, an error), set apart from the command's output.
   note(text) {
+    if (this.scheduled) this.flush();  // after the output that came before it
     this.pre.appendChild(el('span', {class: 'note'}, `[${text}]\n`));
   }
 

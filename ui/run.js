@@ -162,10 +162,46 @@ function renderChanges(target, collect) {
   target.replaceChildren(...nodes);
 }
 
+// A patch as text, each line in a span whose class says what it is (added, removed, a
+// hunk or file header), so the stylesheet can colour it; the text itself is never markup.
+function renderPatch(text) {
+  const pre = el('pre', {class: 'patch', tabindex: '0', id: 'patch'});
+  for (const line of text.split('\n')) {
+    const kind = line.startsWith('+++') || line.startsWith('---') || line.startsWith('diff ') ? 'file'
+      : line.startsWith('+') ? 'add'
+      : line.startsWith('-') ? 'del'
+      : line.startsWith('@@') ? 'hunk'
+      : null;
+    pre.append(kind ? el('span', {class: kind}, `${line}\n`) : `${line}\n`);
+  }
+  return pre;
+}
+
+// The run's commit as a patch (the diff route with patch=1), under the list of changes.
+async function loadPatch(target, vm) {
+  try {
+    const r = await api(`/trybox/v1/vms/${enc(vm)}/diff?limit=1&patch=1`);
+    const p = r.patch ?? {};
+    const text = outputText(p);
+    const nodes = [el('h3', {}, `Patch of ${String(p.commit ?? '').slice(0, 12)}`)];
+    if (text) nodes.push(renderPatch(text));
+    else nodes.push(el('p', {class: 'empty'}, 'The commit changes no file\u2019s content.'));
+    if (p.truncated) nodes.push(el('p', {class: 'hint'}, `The first ${humanBytes(text.length)} of ${humanBytes(p.bytes)} shown.`));
+    target.replaceChildren(...nodes);
+  } catch (e) {
+    target.replaceChildren(el('p', {class: 'hint'}, `No patch: ${e.message}`));
+  }
+}
+
 function diffSection(rep) {
   const body = el('div');
   if (rep.files) {
     renderChanges(body, rep.files);
+    if (rep.vm?.id) {
+      const patch = el('div', {id: 'patch-box'});
+      body.append(patch);
+      loadPatch(patch, rep.vm.id);
+    }
   } else {
     body.append(el('p', {class: 'empty'}, rep.files_note ?? 'Nothing collected yet: the run\u2019s work is collected when it finishes.'));
     // Someone may have collected the VM by hand meanwhile; asked only on request, as the

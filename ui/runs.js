@@ -1,6 +1,6 @@
 // Agent runs: their states, and answering one that waits for a person.
 
-import {el, enc, requestInit, errorOf, signedOut, ApiError, showError, setText, pageLink} from './lib.js';
+import {el, enc, request, showError, setText, pageLink} from './lib.js';
 import {readEvents} from './output.js';
 
 // docs/agent.md "The report": a run is RUNNING while a call works on it; the others are
@@ -43,17 +43,7 @@ window.addEventListener('beforeunload', (e) => {
 // the background; it never cancels the reader. Errors in the stream go to the banner;
 // `onEnd` is called when the stream ends.
 export async function answerRun(run, body, onEnd = () => {}) {
-  let res;
-  try {
-    res = await fetch(`/trybox/v1/agent-runs/${enc(run)}/answer`, requestInit('POST', body));
-  } catch (e) {
-    throw new ApiError(0, `the server could not be reached (${e.message})`);
-  }
-  if (res.status === 401) {
-    signedOut();
-    throw new ApiError(401, 'the session has ended');
-  }
-  if (!res.ok) throw await errorOf(res);
+  const res = await request(`/trybox/v1/agent-runs/${enc(run)}/answer`, {method: 'POST', body});
   answering.add(run);
   readEvents(res.body, (name, data) => {
     if (name === 'error') showError(`run ${run}: ${data?.message ?? 'the run failed'}`);

@@ -128,7 +128,9 @@ function renderFiles(vm, section) {
   const go = el('button', {id: 'files-go', type: 'submit'}, 'Go');
   const form = el('form', {class: 'files-form'}, el('label', {for: 'files-path'}, 'Path'), input, go);
   const files = table('files-list', ['Name', 'Size', 'Mode', 'Owner', 'Modified']);
-  const shown = el('p', {class: 'files-shown'});
+  // Listed when asked, not on opening the page: each listing (and each download) is an exec
+  // of the guest's own tools, recorded among the VM's commands like any other.
+  const shown = el('p', {class: 'files-shown'}, 'Go lists the directory (it runs find in the guest, shown among the commands).');
   section.append(el('h2', {}, 'Files'), form, shown, files.wrap);
 
   const load = (path) =>
@@ -238,7 +240,7 @@ export async function renderVm(main, scope, id) {
 
   const showExecs = renderExecs(scope, execs);
   const showEgress = renderEgress(egress);
-  const loadFiles = renderFiles(id, filesSection);
+  renderFiles(id, filesSection);
 
   let live = null; // whether the VM is running, once known
   scope.poll(2000, async () => {
@@ -264,8 +266,6 @@ export async function renderVm(main, scope, id) {
         : [['State', 'not running (destroyed, or not this daemon\u2019s)']];
       facts.replaceChildren(...pairs.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, String(v ?? '—'))]));
       destroy.disabled = !vm;
-      // The files are read from the running guest: only once it is known to run.
-      if (live && wasLive === null) loadFiles('/root');
       if (!live && wasLive === null) filesSection.append(el('p', {class: 'empty'}, 'The VM is not running: its files cannot be read.'));
     }
     if (ps.status === 'fulfilled') showExecs(ps.value.execs ?? []);

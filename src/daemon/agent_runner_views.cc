@@ -120,8 +120,10 @@ Json AgentRunner::List(int64_t limit) {
                    {"outcome", r.outcome},
                    {"verdict", s.verdict},
                    {"vm", r.vm_id},
+                   {"turns", s.usage.turns},
                    {"created_at", r.created_at},
                    {"updated_at", r.updated_at}});
+    if (s.limits) out.back()["max_turns"] = s.limits->max_turns;
     // A run waiting for a person (NEEDS_INPUT): what it asks.
     if (s.question) out.back()["question"] = *s.question;
   }

@@ -351,6 +351,7 @@ Result<DiffRequest> ParseDiff(const Json& j) {
   ASSIGN_OR_RETURN(r.vm, VmId(f));
   ASSIGN_OR_RETURN(r.offset, f.Int("offset", 0, INT64_MAX, 0));
   ASSIGN_OR_RETURN(r.limit, f.Int("limit", 1, 100'000, 0));
+  ASSIGN_OR_RETURN(r.patch, f.Bool("patch", false));
   return r;
 }
 

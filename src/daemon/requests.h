@@ -165,6 +165,7 @@ struct DiffRequest {
   std::string vm;
   int64_t offset = 0;  // paging of the change list
   int64_t limit = 0;   // 0: the default page
+  bool patch = false;  // also the commit's patch (WorkspaceService::Patch)
 };
 
 // commit: a running VM's disk state as a new image (docs/images.md, "Derived images").

@@ -339,7 +339,17 @@ TEST(DaemonRequestsTest, LogsKillAndPortFields) {
   ExpectInvalid(ParseLogs(J(R"({"exec":"7"})")).status(), "'exec'");
   ExpectInvalid(ParseLogs(J(R"({"exec":7,"offset":-1})")).status(), "'offset'");
   ExpectInvalid(ParseLogs(J(R"({"exec":7,"offset":1.5})")).status(), "'offset'");
-  ExpectInvalid(ParseLogs(J(R"({"exec":7,"stream":"both"})")).status(), "'stream'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":7,"stream":"all"})")).status(), "'stream'");
+  // Both streams at once: stdout's offset and stderr's; stderr_offset goes with both only.
+  l = ParseLogs(J(R"({"exec":7,"stream":"both","offset":5,"stderr_offset":9})"));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_TRUE(l->both);
+  EXPECT_FALSE(l->stderr);
+  EXPECT_EQ(l->offset, 5);
+  EXPECT_EQ(l->stderr_offset, 9);
+  ExpectInvalid(ParseLogs(J(R"({"exec":7,"stderr_offset":9})")).status(), "'stderr_offset'");
+  ExpectInvalid(ParseLogs(J(R"({"exec":7,"stream":"both","stderr_offset":-1})")).status(),
+                "'stderr_offset'");
 
   auto k = ParseKill(J(R"({"exec":3})"));
   ASSERT_TRUE(k.ok());

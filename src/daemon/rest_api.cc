@@ -412,6 +412,12 @@ void HttpApi::AddRestRoutes() {
                 Status st = QueryInt(req, "offset", 0, INT64_MAX, &verb, "offset");
                 if (st.ok()) st = QueryInt(req, "limit", 1, kMaxReplyChanges, &verb, "limit");
                 if (!st.ok()) return ErrorOf(st);
+                if (auto patch = req.query.find("patch"); patch != req.query.end()) {
+                  if (patch->second != "1" && patch->second != "0") {
+                    return ErrorOf(InvalidArgument("patch must be 1 or 0"));
+                  }
+                  verb["patch"] = patch->second == "1";
+                }
                 return CallVerb(verb);
               });
   // A collect commits the VM's workspace into the repository it came from; where a copy

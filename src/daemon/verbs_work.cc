@@ -53,6 +53,10 @@ Json WorkspaceInJson(const InjectOutcome& o) {
 
 }  // namespace
 
+// The most of a patch a `diff` reply carries: with its base64 twin (bytes that are not
+// UTF-8) and a page of changes, the reply stays under a frame's 1 MiB payload.
+constexpr size_t kMaxPatchBytes = size_t{256} << 10;
+
 void AddWorkVerbs(VerbTable& t, Services& s) {
   t.AddStreaming("workspace_in", [&s](channel::Stream& client, const Json& j, Connection&) {
     auto req = ParseWorkspaceIn(j);
@@ -91,7 +95,13 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
     auto c = s.workspaces.LatestCollect(req->vm);
     if (!c.ok()) return ErrorReply(c.status());
     int64_t limit = req->limit > 0 ? std::min(req->limit, kMaxReplyChanges) : kMaxReplyChanges;
-    return {{"ok", true}, {"collect", CollectJson(*c, req->offset, limit)}};
+    Json reply = {{"ok", true}, {"collect", CollectJson(*c, req->offset, limit)}};
+    if (req->patch) {
+      auto patch = s.workspaces.Patch(req->vm, kMaxPatchBytes);
+      if (!patch.ok()) return ErrorReply(patch.status());
+      reply["patch"] = *patch;
+    }
+    return reply;
   });
   t.AddStreaming("agent", [&s](channel::Stream& client, const Json& j, Connection&) {
     auto req = ParseAgent(j);

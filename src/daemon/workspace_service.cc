@@ -5,6 +5,7 @@
 #include "daemon/workspace_disk.h"
 #include "util/fd.h"
 #include "util/names.h"
+#include "util/utf8.h"
 #include "workspace/git.h"
 #include "workspace/tar.h"
 
@@ -355,6 +356,27 @@ Result<store::CollectRecord> WorkspaceService::LatestCollect(const std::string& 
   bool has = w.ok() && w->has_value();
   return NotFound("no collect is recorded for VM " + QuoteForMessage(vm_id) +
                   (has ? " (run: trybox collect " + vm_id + ")" : " (it never had a workspace)"));
+}
+
+Result<Json> WorkspaceService::Patch(const std::string& vm_id, size_t max_bytes) {
+  ASSIGN_OR_RETURN(store::CollectRecord c, LatestCollect(vm_id));
+  if (c.commit.empty()) {
+    return FailedPrecondition("the newest collect of VM " + vm_id + " made no commit" +
+                              (c.note.empty() ? "" : " (" + c.note + ")"));
+  }
+  ASSIGN_OR_RETURN(auto w, store_.GetWorkspace(vm_id));
+  if (!w) return NotFound("VM " + vm_id + " has no workspace record");
+  ASSIGN_OR_RETURN(workspace::GitRepo repo, workspace::GitRepo::Open(w->dir));
+  // The commit against its first parent (what was injected), as text: no colour, no
+  // external diff or textconv driver of the repository's configuration runs.
+  ASSIGN_OR_RETURN(std::string text, repo.Run({"show", "--format=", "--no-color", "--no-ext-diff",
+                                               "--no-textconv", "--find-renames", c.commit}));
+  const size_t bytes = text.size();
+  const bool truncated = bytes > max_bytes;
+  if (truncated) text.resize(max_bytes);
+  Json out = {{"commit", c.commit}, {"bytes", bytes}, {"truncated", truncated}};
+  SetBytesField(out, "text", text);
+  return out;
 }
 
 }  // namespace trybox::daemon

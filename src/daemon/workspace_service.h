@@ -84,6 +84,10 @@ class WorkspaceService {
   Result<CollectOutcome> Collect(VmEntry& vm, const CollectOptions& opts);
   // The newest collect of a VM (which may be destroyed); NOT_FOUND naming what to do.
   Result<store::CollectRecord> LatestCollect(const std::string& vm_id);
+  // The newest collect's commit as a patch against what was injected (`git show`, hardened),
+  // at most `max_bytes` of it: {commit, text, text_b64?, bytes, truncated}. The commit may
+  // have left the repository's branch; it stays reachable until git's own gc.
+  Result<Json> Patch(const std::string& vm_id, size_t max_bytes);
 
  private:
   store::Store& store_;

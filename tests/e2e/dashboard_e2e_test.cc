@@ -164,8 +164,9 @@ TEST_F(DashboardE2E, CancelOnTheRunPageCancelsTheRun) {
 
 TEST_F(DashboardE2E, MarkupFromGuestsAndModelsIsShownAsText) {
   PushProbeReply();
-  model_->Push(
-      Turn({Call("run", {{"command", "printf '%s\\n' '<img src=x onerror=window.__pwned=7>'"}})}));
+  model_->Push(Turn({Call(
+      "run",
+      {{"command", "printf '%s\\n' '<img src=x onerror=window.__pwned=7>' | tee planted.html"}})}));
   model_->Push(Turn({Call(
       "finish",
       {{"summary",

@@ -14,7 +14,10 @@
 // Prints one line per check (PASS/FAIL name: words), INFO lines, RESULT lines for the C++
 // side (RESULT name=value), and a last line with the counts. Exits 1 if any check failed.
 import { createServer } from 'node:http'
-import { mkdirSync } from 'node:fs'
+import { execFileSync } from 'node:child_process'
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import {
   Report, need, launchBrowser, trybox, spawnTrybox, http, until, login, waitForText, textOf,
   watch, oneLine,
@@ -443,8 +446,15 @@ async function markup(browser) {
     r.check('markup.planted', plant.code === 0 && / 403 /.test(connect.stdout),
       'output, a file and a refused CONNECT planted',
       `planting: exec ${plant.code} ${oneLine(plant.stderr)}; CONNECT: ${oneLine(connect.stdout + connect.stderr)}`)
+    // The run works in a project, and its command writes the planted text into a file: the
+    // run page shows the commit's patch, markup and all, as text.
+    const project = mkdtempSync(join(tmpdir(), 'tbx-dash-project-'))
+    execFileSync('git', ['-C', project, 'init', '-q'])
+    writeFileSync(join(project, 'README'), 'a project\n')
+    execFileSync('git', ['-C', project, '-c', 'user.name=t', '-c', 'user.email=t@t', 'add', '.'])
+    execFileSync('git', ['-C', project, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'init'])
     const agent = await trybox(['agent', '--image', 'debian-12', '--model', model(), '--json',
-      'print something'])
+      '--workspace', project, 'print something'])
     let run = null
     try {
       run = JSON.parse(agent.stdout).run
@@ -488,6 +498,9 @@ async function markup(browser) {
       const call = await waitForText(page, '#calls [data-call] pre.output', PLANT.call, 30_000)
       r.check('markup.call-output', call, `the command's output ${PLANT.call} in #calls pre.output`,
         `#calls: ${oneLine(await textOf(page, '#calls'))}`)
+      const patch = await waitForText(page, '#diff pre.patch', `+${PLANT.call}`, 30_000)
+      r.check('markup.patch', patch, `the commit's patch with +${PLANT.call} in #diff pre.patch`,
+        `#diff: ${oneLine(await textOf(page, '#diff'))}`)
       await expectInert(page, 'markup.run-page', '<img src=x')
     }
 
@@ -579,6 +592,8 @@ async function screens(browser) {
       for (const [name, path, ready] of pages) {
         if (name === 'run' && !run) continue
         await page.goto(URL + path)
+        // The files are listed when asked (each listing is an exec in the guest).
+        if (name === 'vm') await openDir(page, '/root')
         let ok = true
         for (const sel of [ready].flat()) {
           ok &&= await page.waitForSelector(sel, { timeout: 30_000 }).then(() => true, () => false)
