@@ -15,7 +15,7 @@
 // side (RESULT name=value), and a last line with the counts. Exits 1 if any check failed.
 import { createServer } from 'node:http'
 import { execFileSync } from 'node:child_process'
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
@@ -434,6 +434,7 @@ async function markup(browser) {
   const vm = made.stdout.split('\n')[0]
   if (!r.check('markup.vm', made.code === 0 && /^[0-9a-f]{12}$/.test(vm), `VM ${vm}`,
     `trybox create: ${made.code} ${oneLine(made.stderr)}`)) return
+  let project = null
   try {
     const q = (s) => `'${s.replace(/'/g, `'\\''`)}'`
     const plant = await trybox(['exec', vm, '--', 'sh', '-c',
@@ -448,7 +449,7 @@ async function markup(browser) {
       `planting: exec ${plant.code} ${oneLine(plant.stderr)}; CONNECT: ${oneLine(connect.stdout + connect.stderr)}`)
     // The run works in a project, and its command writes the planted text into a file: the
     // run page shows the commit's patch, markup and all, as text.
-    const project = mkdtempSync(join(tmpdir(), 'tbx-dash-project-'))
+    project = mkdtempSync(join(tmpdir(), 'tbx-dash-project-'))
     execFileSync('git', ['-C', project, 'init', '-q'])
     writeFileSync(join(project, 'README'), 'a project\n')
     execFileSync('git', ['-C', project, '-c', 'user.name=t', '-c', 'user.email=t@t', 'add', '.'])
@@ -524,6 +525,7 @@ async function markup(browser) {
     await page.browserContext().close()
   } finally {
     await trybox(['rm', vm])
+    if (project) rmSync(project, { recursive: true, force: true })
   }
 }
 
