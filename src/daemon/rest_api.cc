@@ -35,10 +35,10 @@ using api::PathParams;
 // take it for dead.
 constexpr auto kStopCheck = std::chrono::seconds(1);
 constexpr auto kKeepalive = std::chrono::seconds(15);
-// How long an exec's output stream waits for the `logs` verb's first message before it
-// answers 200 anyway (a running command may print nothing for a long time).
 // The most a route keeps of a verb's channel 1 (a transcript) before it answers.
 constexpr size_t kMaxVerbData = size_t{64} << 20;
+// How long an exec's output stream waits for the `logs` verb's first message before it
+// answers 200 anyway (a running command may print nothing for a long time).
 constexpr auto kFirstLogMessageWait = std::chrono::milliseconds(500);
 
 // A verb's error reply ({"ok":false,"error":{code,message,kind?}}) as an HTTP error in the
