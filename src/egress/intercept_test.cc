@@ -12,97 +12,15 @@
 #include <memory>
 #include <thread>
 
+#include "egress/intercept_test_util.h"
 #include "util/fd.h"
 #include "util/utf8.h"
 
 namespace trybox::egress {
 namespace {
 
-// A relay that hangs fails the test after this long instead of hanging it.
-constexpr int kStuckMs = 10000;
 constexpr char kHost[] = "api.test";
 constexpr char kValue[] = "sk-live-0123456789abcdefXYZ";
-
-std::string ReadSomeBytes(int fd, size_t max) {
-  pollfd p{fd, POLLIN, 0};
-  int n;
-  do {
-    n = ::poll(&p, 1, kStuckMs);
-  } while (n < 0 && errno == EINTR);
-  if (n == 0) {
-    ADD_FAILURE() << "no bytes within " << kStuckMs << " ms";
-    return "";
-  }
-  std::string buf(max, '\0');
-  auto got = ReadSome(fd, buf.data(), buf.size());
-  buf.resize(got.ok() ? *got : 0);
-  return buf;
-}
-
-// Up to the blank line, one byte at a time so nothing after it is consumed.
-std::string ReadHead(int fd) {
-  std::string out;
-  while (out.find("\r\n\r\n") == std::string::npos) {
-    std::string b = ReadSomeBytes(fd, 1);
-    if (b.empty()) break;
-    out += b;
-  }
-  return out;
-}
-
-std::string ReadN(int fd, size_t n) {
-  std::string out;
-  while (out.size() < n) {
-    std::string b = ReadSomeBytes(fd, n - out.size());
-    if (b.empty()) break;
-    out += b;
-  }
-  return out;
-}
-
-std::string ReadUntilEof(int fd) {
-  std::string out;
-  for (;;) {
-    std::string b = ReadSomeBytes(fd, 65536);
-    if (b.empty()) return out;
-    out += b;
-  }
-}
-
-// A head, then as many body bytes as its Content-Length says.
-std::string ReadMessage(int fd) {
-  std::string head = ReadHead(fd);
-  size_t at = head.find("Content-Length: ");
-  if (at == std::string::npos) return head;
-  size_t n = std::stoul(head.substr(at + 16, head.find("\r\n", at) - at - 16));
-  return head + ReadN(fd, n);
-}
-
-std::string Hex(size_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%zx", n);
-  return buf;
-}
-
-void Write(int fd, std::string_view data) { ASSERT_TRUE(WriteFull(fd, data).ok()); }
-
-SecretInput Declare(std::string name, std::string value, std::vector<std::string> hosts,
-                    bool body = false, bool keep_cookies = false) {
-  SecretInput in;
-  in.name = std::move(name);
-  in.value = std::move(value);
-  in.hosts = std::move(hosts);
-  in.body = body;
-  in.keep_cookies = keep_cookies;
-  return in;
-}
-
-// No field of the result may carry a secret's value.
-void ExpectNoValue(const InterceptResult& r, const std::string& value) {
-  EXPECT_EQ(r.refused_reason.find(value), std::string::npos);
-  EXPECT_EQ(r.error.find(value), std::string::npos);
-  for (const auto& [name, n] : r.substitutions) EXPECT_EQ(name.find(value), std::string::npos);
-}
 
 class InterceptTest : public ::testing::Test {
  protected:

@@ -15,6 +15,7 @@
 #include "egress/address.h"
 #include "egress/hostname.h"
 #include "egress/intercept.h"
+#include "egress/intercept_h2.h"
 #include "util/utf8.h"
 
 namespace trybox::egress {
@@ -250,6 +251,7 @@ class Connection {
       return Refuse(403, "refused", *host + " resolves only to refused addresses: " + refused);
     }
     UniqueFd up;
+    sockaddr_storage dialed{};
     std::string dial_errors;
     for (const auto& [a, over] : permitted) {
       auto fd = Dial(a, pol.connect_timeout);
@@ -257,6 +259,7 @@ class Connection {
       d_.override_used = over;
       if (fd.ok()) {
         up = std::move(*fd);
+        dialed = a;
         break;
       }
       dial_errors += (dial_errors.empty() ? "" : "; ") + fd.status().message();
@@ -264,7 +267,7 @@ class Connection {
     if (!up.valid()) return Refuse(502, "failed", dial_errors);
     // Bytes the client sent after its head (none on the transparent path: nothing was read).
     std::string first = head ? buf.substr(head->size) : "";
-    if (intercept) return Intercept(std::move(up), *host, std::move(first));
+    if (intercept) return Intercept(std::move(up), dialed, *host, std::move(first));
     d_.verdict = "allowed";
     d_.status = 200;
     d_.reason = model              ? "the operator's model route (egress.json model_route)"
@@ -283,8 +286,11 @@ class Connection {
 
   // A tunnel to a secret's host (docs/secrets.md): TLS to the real server first (verified;
   // a bad certificate fails the CONNECT), then TLS with the guest under the VM's CA, and
-  // HTTP/1.1 between the two with the placeholders swapped (intercept.h).
-  void Intercept(UniqueFd up, const std::string& host, std::string early) {
+  // HTTP between the two with the placeholders swapped: HTTP/1.1 (intercept.h), or HTTP/2 with
+  // the guest when it asks for it, carried upstream as HTTP/1.1 over more connections to the
+  // same address as requests run concurrently (intercept_h2.h).
+  void Intercept(UniqueFd up, const sockaddr_storage& address, const std::string& host,
+                 std::string early) {
     const Policy& pol = *ctx_.policy;
     if (!ctx_.ca || !ctx_.upstream_tls) {
       return Refuse(502, "failed", "TLS interception is not set up for this VM");
@@ -352,7 +358,29 @@ class Connection {
     });
     InterceptResult r;
     auto guest = TlsStream::Accept(std::move(inner), *server, Clock::now() + kGuestTlsTimeout);
-    if (guest.ok()) {
+    if (guest.ok() && (*guest)->alpn() == "h2") {
+      static const SecretSet kNoSecrets;
+      // The connection verified before the guest's handshake serves the first stream.
+      std::unique_ptr<ByteStream> first_upstream = std::move(*upstream);
+      Mutex dial_mu;
+      UpstreamDialer dial = [&]() -> Result<std::unique_ptr<ByteStream>> {
+        {
+          MutexLock l(dial_mu);
+          if (first_upstream) return std::move(first_upstream);
+        }
+        auto fd = Dial(address, pol.connect_timeout);
+        if (!fd.ok()) return fd.status();
+        auto tls =
+            ctx_.upstream_tls->Connect(std::move(*fd), host, Clock::now() + pol.connect_timeout);
+        if (!tls.ok()) return tls.status();
+        return std::unique_ptr<ByteStream>(std::move(*tls));
+      };
+      d_.reason += "; HTTP/2 with the guest";
+      r = RelayHttp2(**guest, dial, ctx_.secrets ? *ctx_.secrets : kNoSecrets, host, {},
+                     ctx_.rules);
+      (void)(*guest)->CloseWrite();
+      guest->reset();
+    } else if (guest.ok()) {
       static const SecretSet kNoSecrets;
       r = RelayHttp(**guest, **upstream, ctx_.secrets ? *ctx_.secrets : kNoSecrets, host, {},
                     ctx_.rules);

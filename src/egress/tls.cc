@@ -101,19 +101,23 @@ Result<Owned<X509>> NewCertificate(EVP_PKEY* key, const std::string& cn, X509* i
   return cert;
 }
 
-// Walks the client's list itself: SSL_select_next_proto answers the client's first protocol
-// (h2, typically) when nothing matches, and has mishandled empty lists (CVE-2024-5535).
-int SelectHttp11(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
-                 unsigned int inlen, void*) {
-  for (unsigned int i = 0; i < inlen;) {
-    unsigned int len = in[i];
-    if (len > inlen - i - 1) break;
-    if (len == 8 && std::memcmp(in + i + 1, "http/1.1", 8) == 0) {
-      *out = in + i + 1;
-      *outlen = 8;
-      return SSL_TLSEXT_ERR_OK;
+// The guest's protocol: h2 when it offers it (the relay serves HTTP/2 itself, intercept_h2.h),
+// else http/1.1, else none. Walks the client's list itself: SSL_select_next_proto answers the
+// client's first protocol when nothing matches, and has mishandled empty lists
+// (CVE-2024-5535).
+int SelectProtocol(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
+                   unsigned int inlen, void*) {
+  for (std::string_view want : {std::string_view("h2"), std::string_view("http/1.1")}) {
+    for (unsigned int i = 0; i < inlen;) {
+      unsigned int len = in[i];
+      if (len > inlen - i - 1) break;
+      if (len == want.size() && std::memcmp(in + i + 1, want.data(), len) == 0) {
+        *out = in + i + 1;
+        *outlen = static_cast<unsigned char>(len);
+        return SSL_TLSEXT_ERR_OK;
+      }
+      i += 1 + len;
     }
-    i += 1 + len;
   }
   return SSL_TLSEXT_ERR_NOACK;
 }
@@ -246,7 +250,7 @@ Result<std::shared_ptr<SSL_CTX>> CertAuthority::MintContext(const std::string& h
   // Renegotiation would let a guest make the proxy run handshakes at will, and no client
   // of an HTTP/1.1 API needs it.
   SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION);
-  SSL_CTX_set_alpn_select_cb(ctx.get(), SelectHttp11, nullptr);
+  SSL_CTX_set_alpn_select_cb(ctx.get(), SelectProtocol, nullptr);
   return std::shared_ptr<SSL_CTX>(ctx.release(), tls_internal::OpenSslFree());
 }
 

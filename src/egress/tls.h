@@ -55,8 +55,8 @@ class CertAuthority {
   // (egress/hostname.h; anything else is kInvalidArgument). The certificate is minted on
   // the first call for a host and the context cached, so later calls return the same one;
   // past kMaxCachedHosts distinct hosts (a guest walking a wildcard's names) new hosts get
-  // a fresh, uncached context each call. TLS 1.2 or later; ALPN selects "http/1.1" when the
-  // client offers it and nothing otherwise (never h2: the relay speaks HTTP/1.1 only).
+  // a fresh, uncached context each call. TLS 1.2 or later; ALPN selects "h2" when the client
+  // offers it (intercept_h2.h), else "http/1.1" when offered, and nothing otherwise.
   //
   // The caller shares ownership; the context stays valid after the CA is gone, and a
   // TlsStream accepted with it holds its own reference.

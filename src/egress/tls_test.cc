@@ -370,34 +370,33 @@ TEST_F(TlsTest, TheSystemTrustStoreDoesNotTrustAVmCa) {
   EXPECT_EQ(s.client.status().code(), Code::kPermissionDenied) << s.client.status().ToString();
 }
 
-TEST_F(TlsTest, AClientOfferingH2AndHttp11GetsHttp11) {
+// The guest is served HTTP/2 when it offers it (intercept_h2.h), HTTP/1.1 when that is all it
+// offers, and no protocol when it offers neither.
+void ExpectAlpn(CertAuthority& ca, std::string_view offer, const std::string& chosen) {
   TcpPair pair = Connected();
-  auto ctx = ca_->ServerContext("upstream.test");
+  auto ctx = ca.ServerContext("upstream.test");
   ASSERT_TRUE(ctx.ok());
-  auto raw = std::async(std::launch::async, [fd = std::move(pair.client)]() mutable {
-    return RawConnect(std::move(fd), std::string_view("\x02h2\x08http/1.1", 12));
+  auto raw = std::async(std::launch::async, [fd = std::move(pair.client), offer]() mutable {
+    return RawConnect(std::move(fd), offer);
   });
   auto server = TlsStream::Accept(std::move(pair.server), ctx->get(), Generous());
   auto client = raw.get();
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   ASSERT_TRUE(client->connected);
-  EXPECT_EQ((*server)->alpn(), "http/1.1");
-  EXPECT_EQ(client->alpn, "http/1.1");
+  EXPECT_EQ((*server)->alpn(), chosen);
+  EXPECT_EQ(client->alpn, chosen);
 }
 
-TEST_F(TlsTest, AClientOfferingOnlyH2NegotiatesNoAlpn) {
-  TcpPair pair = Connected();
-  auto ctx = ca_->ServerContext("upstream.test");
-  ASSERT_TRUE(ctx.ok());
-  auto raw = std::async(std::launch::async, [fd = std::move(pair.client)]() mutable {
-    return RawConnect(std::move(fd), std::string_view("\x02h2", 3));
-  });
-  auto server = TlsStream::Accept(std::move(pair.server), ctx->get(), Generous());
-  auto client = raw.get();
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ASSERT_TRUE(client->connected);
-  EXPECT_EQ((*server)->alpn(), "");
-  EXPECT_EQ(client->alpn, "");
+TEST_F(TlsTest, AClientOfferingHttp11AndH2GetsH2) {
+  ExpectAlpn(*ca_, std::string_view("\x08http/1.1\x02h2", 12), "h2");
+}
+
+TEST_F(TlsTest, AClientOfferingOnlyHttp11GetsHttp11) {
+  ExpectAlpn(*ca_, std::string_view("\x08http/1.1", 9), "http/1.1");
+}
+
+TEST_F(TlsTest, AClientOfferingNeitherNegotiatesNoAlpn) {
+  ExpectAlpn(*ca_, std::string_view("\x08spdy/3.1\x03h2c", 13), "");
 }
 
 TEST_F(TlsTest, ASessionSurvivesAKeyUpdateThePeerRequests) {
