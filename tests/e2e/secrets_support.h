@@ -70,7 +70,8 @@ int64_t CountInFile(const std::string& path, const std::string& needle);
 // larger than `min_dump_bytes`) holds none of `forms` and at least one `placeholder` (the
 // control that shows the search would have found it); every file of the VM's directory holds
 // no `forms[0]` (the value itself) and, taken together, the placeholder; the daemon's log and
-// store hold no `forms[0]`. Reports through gtest assertions.
+// store (which must exist: CountInFile gives -1 otherwise) hold no `forms[0]`. Reports
+// through gtest assertions.
 void ExpectValueNowhereButPlaceholderFound(const Harness& h, const std::string& id,
                                            const std::vector<std::string>& forms,
                                            const std::string& placeholder, int64_t min_dump_bytes);
