@@ -22,6 +22,9 @@ fi
 stage "build"
 scripts/build.sh
 build/bin/trybox image build debian-12
+# The developer image DevImageSecretsE2E boots (Node's fetch); a no-op when it is current. Built
+# here, with the user's warm package cache, rather than inside the suite's 1500 s ctest limit.
+build/bin/trybox image build debian-12-dev
 # The MCP SDK client the MCP e2e test drives `trybox mcp` with (versions pinned by the lock).
 npm ci --prefix tests/mcp --no-audit --no-fund --loglevel=error >/dev/null
 # The official E2B SDK the HTTP API's e2e test drives (tests/e2b, pinned by its lock).

@@ -4,230 +4,26 @@
 // daemon trusts through egress.json's upstream_ca_file; names resolve through the resolver
 // map and are reached through internal_allow, so nothing leaves loopback. The proof at the
 // end searches the guest's whole memory and its disk layer for the value.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "egress/tls.h"
 #include "tests/e2e/harness.h"
-#include "util/ascii.h"
+#include "tests/e2e/secrets_support.h"
 #include "util/fd.h"
-#include "util/process.h"
-#include "util/tcp.h"
-#include "vmm/qmp.h"
+#include "util/utf8.h"
 
 namespace trybox::e2e {
 namespace {
 
 using Json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 // The real values. Never printed by a passing test; the guest must never hold them.
 constexpr char kGhValue[] = "ghs-REAL-0f3c9a7e51d24b6b8a1e2d3c4b5a6978";
 constexpr char kOtherValue[] = "other-REAL-7d6c5b4a39281706f5e4d3c2b1a0";
-
-std::string Base64(const std::string& s) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < s.size(); i += 3) {
-    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
-    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], t[n & 63]};
-  }
-  if (i + 1 == s.size()) {
-    uint32_t n = uint8_t(s[i]) << 16;
-    out += {t[n >> 18], t[(n >> 12) & 63], '=', '='};
-  } else if (i + 2 == s.size()) {
-    uint32_t n = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
-    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], '='};
-  }
-  return out;
-}
-
-// An HTTPS origin for one name: records each request head it receives and answers "ok" with
-// a Set-Cookie, one request per connection.
-// With a git root, requests under /git/ are served by `git http-backend` (smart HTTP, a CGI
-// run per request with the request's body) and need `git_auth` as their Authorization.
-class TlsOrigin {
- public:
-  TlsOrigin(egress::CertAuthority& ca, const std::string& name, std::string git_root = "",
-            std::string git_auth = "")
-      : git_root_(std::move(git_root)), git_auth_(std::move(git_auth)) {
-    ctx_ = ca.ServerContext(name).value();
-    l_ = ListenTcpLoopback(0, 64).value();
-    accept_ = std::thread([this] {
-      for (;;) {
-        auto c = AcceptTcp(l_.fd.get());
-        if (!c.ok()) return;
-        std::lock_guard<std::mutex> lock(mu_);
-        conns_.emplace_back([this, fd = std::move(*c)]() mutable { Serve(std::move(fd)); });
-      }
-    });
-  }
-  ~TlsOrigin() {
-    ::shutdown(l_.fd.get(), SHUT_RDWR);
-    accept_.join();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& t : conns_) t.join();
-  }
-  uint16_t port() const { return l_.port; }
-  std::vector<std::string> heads() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return heads_;
-  }
-
- private:
-  void Serve(UniqueFd fd) {
-    auto tls =
-        egress::TlsStream::Accept(std::move(fd), ctx_, Clock::now() + std::chrono::seconds(30));
-    if (!tls.ok()) return;
-    std::string head;
-    while (head.find("\r\n\r\n") == std::string::npos) {
-      auto more = (*tls)->Read(16384, Clock::now() + std::chrono::seconds(30));
-      if (!more.ok() || more->empty()) return;
-      head += *more;
-    }
-    const std::string first = head.substr(0, head.find("\r\n\r\n"));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      heads_.push_back(first);
-    }
-    if (!git_root_.empty() && first.find(" /git/") != std::string::npos) {
-      (void)(*tls)->Write(Git(**tls, head));
-      (void)(*tls)->CloseWrite();
-      return;
-    }
-    (void)(*tls)->Write(
-        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nSet-Cookie: session=from-origin\r\n"
-        "Connection: close\r\n\r\nok\n");
-    (void)(*tls)->CloseWrite();
-  }
-
-  // The value of a request header (the first of the name, compared without case); "".
-  static std::string Header(const std::string& head, const std::string& name) {
-    std::string lower = AsciiLower(head);
-    size_t at = lower.find("\r\n" + AsciiLower(name) + ":");
-    if (at == std::string::npos) return "";
-    size_t from = at + 3 + name.size();
-    std::string v = head.substr(from, head.find("\r\n", from) - from);
-    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
-    return v;
-  }
-
-  // One smart-HTTP request through git http-backend; the whole response, Connection: close.
-  std::string Git(egress::TlsStream& tls, std::string buffered) {
-    if (Header(buffered, "authorization") != git_auth_) {
-      return "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"forge\"\r\n"
-             "Content-Length: 0\r\nConnection: close\r\n\r\n";
-    }
-    size_t end = buffered.find("\r\n\r\n") + 4;
-    std::string line = buffered.substr(0, buffered.find("\r\n"));
-    std::string method = line.substr(0, line.find(' '));
-    std::string target = line.substr(line.find(' ') + 1);
-    target = target.substr(0, target.find(' '));
-    std::string path = target.substr(4, target.find('?') - 4);  // after "/git"
-    std::string query =
-        target.find('?') == std::string::npos ? "" : target.substr(target.find('?') + 1);
-    size_t length = static_cast<size_t>(std::atoll(Header(buffered, "content-length").c_str()));
-    std::string body = buffered.substr(end);
-    while (body.size() < length) {
-      auto more = tls.Read(65536, Clock::now() + std::chrono::seconds(30));
-      if (!more.ok() || more->empty()) return "";
-      body += *more;
-    }
-    auto dir = TempDir::Make(::testing::TempDir(), "git_cgi");
-    if (!dir.ok()) return "";
-    const std::string in = dir->path() + "/in", out = dir->path() + "/out";
-    if (!WriteFileAtomic(in, body).ok()) return "";
-    auto in_fd = OpenFile(in, O_RDONLY);
-    auto out_fd = OpenFile(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (!in_fd.ok() || !out_fd.ok()) return "";
-    SpawnOptions o;
-    o.argv = {"git", "http-backend"};
-    o.env =
-        std::vector<std::string>{"PATH=/usr/bin:/bin",
-                                 "GIT_PROJECT_ROOT=" + git_root_,
-                                 "GIT_HTTP_EXPORT_ALL=1",
-                                 "REQUEST_METHOD=" + method,
-                                 "PATH_INFO=" + path,
-                                 "QUERY_STRING=" + query,
-                                 "CONTENT_TYPE=" + Header(buffered, "content-type"),
-                                 "CONTENT_LENGTH=" + std::to_string(body.size()),
-                                 "HTTP_CONTENT_ENCODING=" + Header(buffered, "content-encoding"),
-                                 "GIT_PROTOCOL=" + Header(buffered, "git-protocol"),
-                                 "REMOTE_USER=x-access-token",
-                                 "REMOTE_ADDR=127.0.0.1"};
-    o.stdin_fd = in_fd->get();
-    o.stdout_fd = out_fd->get();
-    auto child = ChildProcess::Spawn(o);
-    if (!child.ok() || !child->WaitFor(std::chrono::seconds(60)).ok()) return "";
-    auto cgi = ReadFileToString(out);
-    if (!cgi.ok()) return "";
-    size_t split = cgi->find("\r\n\r\n");
-    size_t skip = 4;
-    if (split == std::string::npos) {
-      split = cgi->find("\n\n");
-      skip = 2;
-    }
-    if (split == std::string::npos) return "";
-    std::string status = "200 OK", headers;
-    std::string cgi_head = cgi->substr(0, split) + "\n";
-    for (size_t at = 0; at < cgi_head.size();) {
-      size_t nl = cgi_head.find('\n', at);
-      std::string h = cgi_head.substr(at, nl - at);
-      if (!h.empty() && h.back() == '\r') h.pop_back();
-      at = nl + 1;
-      if (h.empty()) continue;
-      if (h.rfind("Status:", 0) == 0) {
-        status = h.substr(h.find_first_not_of(' ', 7));
-      } else {
-        headers += h + "\r\n";
-      }
-    }
-    std::string payload = cgi->substr(split + skip);
-    return "HTTP/1.1 " + status + "\r\n" + headers +
-           "Content-Length: " + std::to_string(payload.size()) + "\r\nConnection: close\r\n\r\n" +
-           payload;
-  }
-
-  const std::string git_root_;
-  const std::string git_auth_;
-  std::shared_ptr<SSL_CTX> ctx_;
-  TcpListener l_;
-  std::thread accept_;
-  std::mutex mu_;
-  std::vector<std::thread> conns_;
-  std::vector<std::string> heads_;
-};
-
-// Occurrences of `needle` in the file at `path`, read in overlapping blocks.
-int64_t CountInFile(const std::string& path, const std::string& needle) {
-  auto fd = OpenFile(path, O_RDONLY);
-  if (!fd.ok()) return -1;
-  int64_t hits = 0;
-  std::string carry;
-  std::string block(8 << 20, '\0');
-  for (;;) {
-    auto n = ReadSome(fd->get(), block.data(), block.size());
-    if (!n.ok()) return -1;
-    if (*n == 0) break;
-    std::string hay = carry + block.substr(0, *n);
-    for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) {
-      ++hits;
-    }
-    size_t keep = std::min(hay.size(), needle.size() - 1);
-    carry = hay.substr(hay.size() - keep);
-  }
-  return hits;
-}
 
 class SecretsE2E : public ::testing::Test {
  protected:
@@ -246,26 +42,18 @@ class SecretsE2E : public ::testing::Test {
     ASSERT_TRUE(MakeBareRepo("me/proj", "the open repository\n"));
     ASSERT_TRUE(MakeBareRepo("me/other", "a repository the rules keep closed\n"));
     forge_ = new TlsOrigin(*ca_, "forge.secret.test", git_root_->path(),
-                           "Basic " + Base64(std::string("x-access-token:") + kGhValue));
+                           "Basic " + Base64Encode(std::string("x-access-token:") + kGhValue));
     auto h = Harness::Start();
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     h_ = h->release();
-    ASSERT_TRUE(h_->StopDaemon().ok());
-    ASSERT_TRUE(MakeDirs(h_->home() + "/config", 0700).ok());
-    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/upstream-ca.pem", ca_->cert_pem()).ok());
+    Status served = ServeOriginsByName(*h_, *ca_,
+                                       {{"api.secret.test", api_->port()},
+                                        {"other.secret.test", other_->port()},
+                                        {"rogue.secret.test", rogue_->port()},
+                                        {"forge.secret.test", forge_->port()}});
+    ASSERT_TRUE(served.ok()) << served.ToString();
     std::string api = std::to_string(api_->port()), other = std::to_string(other_->port()),
-                rogue = std::to_string(rogue_->port()), forge = std::to_string(forge_->port());
-    Json config = {
-        {"resolve",
-         {{"api.secret.test", {"127.0.0.1"}},
-          {"other.secret.test", {"127.0.0.1"}},
-          {"rogue.secret.test", {"127.0.0.1"}},
-          {"forge.secret.test", {"127.0.0.1"}}}},
-        {"internal_allow",
-         {"127.0.0.1:" + api, "127.0.0.1:" + other, "127.0.0.1:" + rogue, "127.0.0.1:" + forge}},
-        {"upstream_ca_file", h_->home() + "/config/upstream-ca.pem"}};
-    ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/egress.json", config.dump()).ok());
-    ASSERT_TRUE(h_->RestartDaemon().ok());
+                rogue = std::to_string(rogue_->port());
     ASSERT_TRUE(WriteFileAtomic(h_->home() + "/gh.token", std::string(kGhValue) + "\n").ok());
     ASSERT_TRUE(WriteFileAtomic(h_->home() + "/other.token", kOtherValue).ok());
     CliResult r = h_->Cli(
@@ -404,8 +192,9 @@ TEST_F(SecretsE2E, BasicAuthCarriesTheRealValueInsideItsBase64) {
   ASSERT_EQ(r.code, 0) << r.err;
   auto heads = api_->heads();
   ASSERT_EQ(heads.size(), before + 1);
-  EXPECT_NE(heads.back().find("Authorization: Basic " + Base64("bot:" + std::string(kGhValue))),
-            std::string::npos);
+  EXPECT_NE(
+      heads.back().find("Authorization: Basic " + Base64Encode("bot:" + std::string(kGhValue))),
+      std::string::npos);
 }
 
 TEST_F(SecretsE2E, APlaceholderSentToAHostOfAnotherSecretIsRefusedAndAudited) {
@@ -516,7 +305,7 @@ TEST_F(SecretsE2E, GitClonesOverHttpsWithTheTokenOnlyTheRepositoryTheRulesOpen) 
   ASSERT_GT(heads.size(), before);
   // Every request of the clone carried the real value (the backend answers 401 otherwise).
   const std::string real =
-      "Authorization: Basic " + Base64(std::string("x-access-token:") + kGhValue);
+      "Authorization: Basic " + Base64Encode(std::string("x-access-token:") + kGhValue);
   for (size_t i = before; i < heads.size(); ++i) {
     EXPECT_TRUE(heads[i].rfind("GET /git/me/proj.git/", 0) == 0 ||
                 heads[i].rfind("POST /git/me/proj.git/", 0) == 0)
@@ -543,44 +332,9 @@ TEST_F(SecretsE2E, ZZTheValueIsNowhereInTheGuestsMemoryDiskOrTheDaemonsRecords) 
     ASSERT_EQ(r.code, 0) << r.err << h_->Cli({"audit", "--vm", id_}).out
                          << ReadFileToString(h_->home() + "/tryboxd.log").value_or("");
   }
-  std::string vm_dir = h_->vms_dir() + "/" + id_;
-  auto dump_dir = TempDir::Make("/tmp", "tbx-memdump-").value();
-  std::string dump = dump_dir.path() + "/guest.mem";
-  {
-    auto out = OpenFile(dump, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ASSERT_TRUE(out.ok());
-    auto qmp = vmm::Qmp::Connect(vm_dir + "/qmp.sock", Clock::now() + std::chrono::seconds(30));
-    ASSERT_TRUE(qmp.ok()) << qmp.status().ToString();
-    ASSERT_TRUE(qmp->Execute("getfd", {{"fdname", "memdump"}}, out->get()).ok());
-    auto done = qmp->Execute("dump-guest-memory", {{"paging", false}, {"protocol", "fd:memdump"}});
-    ASSERT_TRUE(done.ok()) << done.status().ToString();
-  }
-  struct stat st {};
-  ASSERT_EQ(::stat(dump.c_str(), &st), 0);
-  EXPECT_GT(st.st_size, 200 << 20) << "the dump does not hold the guest's memory";
   const std::string value = kGhValue;
-  for (const std::string& form : {value, Base64(value), Base64("bot:" + value)}) {
-    EXPECT_EQ(CountInFile(dump, form), 0) << "a form of the value is in the guest's memory";
-  }
-  EXPECT_GT(CountInFile(dump, ph), 0) << "the search cannot find even the placeholder";
-  // The VM's disk layer: every file of its directory (overlay, transfer disk...).
-  std::vector<std::string> files = ListDir(vm_dir).value_or(std::vector<std::string>{});
-  int64_t ph_on_disk = 0;
-  for (const auto& f : files) {
-    std::string path = vm_dir + "/" + f;
-    struct stat fs {};
-    if (::stat(path.c_str(), &fs) != 0 || !S_ISREG(fs.st_mode)) continue;
-    EXPECT_EQ(CountInFile(path, value), 0) << path;
-    ph_on_disk += std::max<int64_t>(0, CountInFile(path, ph));
-  }
-  EXPECT_GT(ph_on_disk, 0) << "the disk search cannot find even the placeholder";
-  // The trusted side's records.
-  for (const std::string& path : {h_->home() + "/tryboxd.log", h_->home() + "/state/trybox.db",
-                                  h_->home() + "/state/trybox.db-wal"}) {
-    struct stat ps {};
-    if (::stat(path.c_str(), &ps) != 0) continue;
-    EXPECT_EQ(CountInFile(path, value), 0) << path;
-  }
+  ExpectValueNowhereButPlaceholderFound(
+      *h_, id_, {value, Base64Encode(value), Base64Encode("bot:" + value)}, ph, 200 << 20);
 }
 
 }  // namespace
