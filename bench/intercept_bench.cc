@@ -14,6 +14,10 @@
 //   HTTP rules        the same intercepted requests on a proxy whose VM also has 20 HTTP
 //                     rules for the host, the allowing one last (each request walks them
 //                     all): latency p50 and its ratio to the intercepted proxy without rules
+//   HTTP/2            the client offers h2 (as curl does) on the intercepted proxy: one
+//                     connection per round, --requests GETs of 1 KiB one after another on
+//                     it (p50/p99; the relay's lane to the origin is reused), then --mib MiB
+//                     on one stream (MB/s and the ratio to HTTP/1.1 intercepted)
 //
 // No VM is involved: this is the host's share (the guest channel adds the same to both).
 // Usage: intercept_bench [--requests N] [--mib N] [--rounds N]
@@ -37,6 +41,8 @@
 #include "egress/proxy.h"
 #include "egress/secrets.h"
 #include "egress/tls.h"
+#include "tests/h2/h2_client.h"
+#include "util/ascii.h"
 #include "util/fd.h"
 #include "util/tcp.h"
 
@@ -84,30 +90,40 @@ class Origin {
   uint16_t port() const { return l_.port; }
 
  private:
+  // Requests one after another on the connection until one asks to close it (HTTP/1.1
+  // keep-alive, so that the HTTP/2 relay's lanes are reused as with a real server).
   void Serve(UniqueFd fd) {
     auto tls =
         egress::TlsStream::Accept(std::move(fd), ctx_, Clock::now() + std::chrono::seconds(10));
     if (!tls.ok()) return;
-    std::string head;
-    while (head.find("\r\n\r\n") == std::string::npos) {
-      auto more = (*tls)->Read(16384, Clock::now() + std::chrono::seconds(10));
-      if (!more.ok() || more->empty()) return;
-      head += *more;
+    std::string buf;
+    for (;;) {
+      while (buf.find("\r\n\r\n") == std::string::npos) {
+        auto more = (*tls)->Read(16384, Clock::now() + std::chrono::seconds(60));
+        if (!more.ok() || more->empty()) return;
+        buf += *more;
+      }
+      std::string head = buf.substr(0, buf.find("\r\n\r\n") + 4);
+      buf.erase(0, head.size());
+      bool close = AsciiLower(head).find("connection: close") != std::string::npos;
+      size_t n = std::stoul(head.substr(head.find("/bytes/") + 7));
+      if (!(*tls)
+               ->Write("HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(n) +
+                       (close ? "\r\nConnection: close" : "") + "\r\n\r\n")
+               .ok()) {
+        return;
+      }
+      std::string chunk(256 * 1024, 'x');
+      while (n > 0) {
+        size_t k = std::min(n, chunk.size());
+        if (!(*tls)->Write(std::string_view(chunk.data(), k)).ok()) return;
+        n -= k;
+      }
+      if (close) {
+        (void)(*tls)->CloseWrite();
+        return;
+      }
     }
-    size_t n = std::stoul(head.substr(head.find("/bytes/") + 7));
-    if (!(*tls)
-             ->Write("HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(n) +
-                     "\r\nConnection: close\r\n\r\n")
-             .ok()) {
-      return;
-    }
-    std::string chunk(256 * 1024, 'x');
-    while (n > 0) {
-      size_t k = std::min(n, chunk.size());
-      if (!(*tls)->Write(std::string_view(chunk.data(), k)).ok()) return;
-      n -= k;
-    }
-    (void)(*tls)->CloseWrite();
   }
 
   std::shared_ptr<SSL_CTX> ctx_;
@@ -146,10 +162,10 @@ class Proxy {
   std::thread accept_;
 };
 
-// CONNECT through `proxy`, TLS to the origin's name, GET /bytes/n with `auth`; the body
-// bytes read.
-size_t Fetch(uint16_t proxy, uint16_t origin, egress::UpstreamTls& tls, size_t n,
-             const std::string& auth) {
+// A connection through `proxy`'s CONNECT tunnel to the origin, with TLS to its name over
+// `tls` (whose ALPN says which HTTP the relay speaks).
+std::unique_ptr<egress::TlsStream> Tunnel(uint16_t proxy, uint16_t origin,
+                                          egress::UpstreamTls& tls) {
   auto fd = ConnectTcpLoopback(proxy);
   if (!fd.ok()) Die("connect proxy", fd.status());
   NoDelay(fd->get());
@@ -166,14 +182,22 @@ size_t Fetch(uint16_t proxy, uint16_t origin, egress::UpstreamTls& tls, size_t n
   if (reply.rfind("HTTP/1.1 200", 0) != 0) Die("CONNECT", Unavailable(reply.substr(0, 200)));
   auto s = tls.Connect(std::move(*fd), kHost, Clock::now() + std::chrono::seconds(10));
   if (!s.ok()) Die("TLS through the proxy", s.status());
+  return std::move(*s);
+}
+
+// CONNECT through `proxy`, TLS to the origin's name, GET /bytes/n with `auth`; the body
+// bytes read.
+size_t Fetch(uint16_t proxy, uint16_t origin, egress::UpstreamTls& tls, size_t n,
+             const std::string& auth) {
+  auto s = Tunnel(proxy, origin, tls);
   std::string get = "GET /bytes/" + std::to_string(n) + " HTTP/1.1\r\nHost: " + kHost +
                     "\r\nAuthorization: Bearer " + auth + "\r\nConnection: close\r\n\r\n";
-  if (!(*s)->Write(get).ok()) Die("GET", Unavailable("write"));
+  if (!s->Write(get).ok()) Die("GET", Unavailable("write"));
   size_t total = 0;
   std::string head;
   bool in_body = false;
   for (;;) {
-    auto more = (*s)->Read(256 * 1024, Clock::now() + std::chrono::seconds(60));
+    auto more = s->Read(256 * 1024, Clock::now() + std::chrono::seconds(60));
     if (!more.ok()) Die("read reply", more.status());
     if (more->empty()) break;
     if (in_body) {
@@ -286,6 +310,36 @@ int main(int argc, char** argv) {
       lat_r.push_back(Ms(t0, Clock::now()));
     }
   }
+  // HTTP/2 from the client, intercepted.
+  auto h2_tls = egress::UpstreamTls::Create(both_pem, {"h2"});
+  if (!h2_tls.ok()) Die("TLS context", h2_tls.status());
+  std::vector<double> lat_h2, mbs_h2;
+  auto h2_get = [&](h2test::H2Client& c, size_t n) {
+    auto id = c.Submit("GET", "/bytes/" + std::to_string(n),
+                       {{"authorization", "Bearer " + placeholder}}, std::nullopt, kHost);
+    if (!id.ok()) Die("HTTP/2 request", id.status());
+    auto r = c.Wait(*id);
+    if (!r.ok()) Die("HTTP/2 response", r.status());
+    if (r->status != 200 || r->body.size() != n) {
+      Die("HTTP/2 response", Internal("status " + std::to_string(r->status) + ", " +
+                                      std::to_string(r->body.size()) + " bytes"));
+    }
+  };
+  for (int r = 0; r < rounds; ++r) {
+    auto s = Tunnel(intercepted.port(), origin.port(), **h2_tls);
+    if (s->alpn() != "h2") Die("ALPN", Internal("the relay chose '" + s->alpn() + "'"));
+    h2test::H2Client c(*s, std::chrono::seconds(60));
+    for (int i = 0; i < requests; ++i) {
+      auto t0 = Clock::now();
+      h2_get(c, 1024);
+      lat_h2.push_back(Ms(t0, Clock::now()));
+    }
+    size_t bytes = static_cast<size_t>(mib) << 20;
+    auto t0 = Clock::now();
+    h2_get(c, bytes);
+    mbs_h2.push_back(static_cast<double>(bytes) / 1e6 / (Ms(t0, Clock::now()) / 1000));
+  }
+
   std::printf(
       "request latency (new connection, 1 KiB): opaque p50 %.2f ms p99 %.2f ms | "
       "intercepted p50 %.2f ms p99 %.2f ms | ratio p50 %.2fx\n",
@@ -303,5 +357,9 @@ int main(int argc, char** argv) {
       "with 20 HTTP rules (the allowing one last): intercepted p50 %.2f ms p99 %.2f ms | ratio "
       "to no rules p50 %.2fx\n",
       Pct(lat_r, 50), Pct(lat_r, 99), Pct(lat_r, 50) / Pct(lat_i, 50));
+  std::printf(
+      "HTTP/2 intercepted, one connection: request (1 KiB) p50 %.2f ms p99 %.2f ms | "
+      "%d MiB on one stream p50 %.0f MB/s, ratio to HTTP/1.1 intercepted %.2f\n",
+      Pct(lat_h2, 50), Pct(lat_h2, 99), mib, Pct(mbs_h2, 50), Pct(mbs_h2, 50) / Pct(mbs_i, 50));
   return 0;
 }

@@ -30,14 +30,19 @@ constexpr int32_t kConnectionWindow = 4 << 20;
 // A response head's or chunk-size line's bytes, from the lane's own relay.
 constexpr size_t kMaxLine = 4096;
 
-// One direction of an in-memory byte stream between two threads.
+// One direction of an in-memory byte stream between two threads. With a `cap`, Write waits
+// while that many bytes are unread (the writer is a thread that may block); without, the
+// writer bounds what it writes itself.
 class Pipe {
  public:
+  explicit Pipe(size_t cap = 0) : cap_(cap) {}
+
   // Called, outside the lock, with the size of every read.
   void OnRead(std::function<void(size_t)> f) { on_read_ = std::move(f); }
 
   bool Write(std::string_view b) {
     MutexLock l(mu_);
+    while (cap_ != 0 && buf_.size() - off_ >= cap_ && !closed_ && !aborted_) cv_.Wait(mu_);
     if (closed_ || aborted_) return false;
     buf_.append(b);
     cv_.SignalAll();
@@ -62,10 +67,11 @@ class Pipe {
       if (off_ == buf_.size()) {
         buf_.clear();
         off_ = 0;
-      } else if (off_ > (64 << 10)) {
-        buf_.erase(0, off_);
+      } else if (off_ > (64 << 10) && off_ * 2 > buf_.size()) {
+        buf_.erase(0, off_);  // at most as many bytes moved as were read since the last time
         off_ = 0;
       }
+      cv_.SignalAll();  // room for a capped writer
     }
     if (on_read_ && !out.empty()) on_read_(out.size());
     return out;
@@ -83,6 +89,7 @@ class Pipe {
   }
 
  private:
+  const size_t cap_;
   std::function<void(size_t)> on_read_;
   Mutex mu_;
   CondVar cv_;
@@ -125,8 +132,8 @@ struct Stream;
 // One upstream HTTP/1.1 connection and its relay, serving one stream at a time.
 struct Lane {
   Lane() : relay_side(requests, responses) {}
-  Pipe requests;   // HTTP/1.1 request bytes, to the lane's RelayHttp
-  Pipe responses;  // HTTP/1.1 response bytes, from it
+  Pipe requests;                         // HTTP/1.1 request bytes, to the lane's RelayHttp
+  Pipe responses{kMaxBufferedResponse};  // HTTP/1.1 response bytes, from it
   PipeEnd relay_side;
   std::thread relay;       // dials, then runs RelayHttp
   std::thread reader;      // turns responses into the stream's events
@@ -640,6 +647,9 @@ class Session {
     s->body_off += n;
     if (s->body_off == s->body.size()) {
       s->body.clear();
+      s->body_off = 0;
+    } else if (s->body_off > kMaxBufferedResponse) {
+      s->body.erase(0, s->body_off);  // what was sent goes, so the buffer stays bounded
       s->body_off = 0;
     }
     self.space_.SignalAll();

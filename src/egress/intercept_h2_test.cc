@@ -1,7 +1,7 @@
-// RelayHttp2 between a test HTTP/2 client (nghttp2's client session, the same library curl
-// uses) and test upstreams. The guest's side is a real socketpair wrapped in FdStream; every
-// upstream connection the relay dials is another socketpair, whose far end the test reads
-// raw HTTP/1.1 from and answers. The relay runs on its own thread.
+// RelayHttp2 between a test HTTP/2 client (tests/h2/h2_client.h: nghttp2's client session, the
+// library curl uses) and test upstreams. The guest's side is a real socketpair wrapped in FdStream;
+// every upstream connection the relay dials is another socketpair, whose far end the test reads raw
+// HTTP/1.1 from and answers. The relay runs on its own thread.
 #include "egress/intercept_h2.h"
 
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "egress/intercept_test_util.h"
+#include "tests/h2/h2_client.h"
 #include "util/fd.h"
 
 namespace trybox::egress {
@@ -30,156 +31,38 @@ constexpr char kValue[] = "sk-live-0123456789abcdefXYZ";
 
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
-struct H2Response {
-  int status = 0;
-  std::vector<int> interim;  // 1xx statuses, in order
-  Fields headers;
-  std::string body;
-  bool closed = false;
-  uint32_t error_code = 0;  // RST_STREAM's, or 0
+using h2test::Fields;
+using h2test::H2Response;
 
-  std::string Header(const std::string& name) const {
-    for (const auto& [n, v] : headers) {
-      if (n == name) return v;
-    }
-    return "";
-  }
-};
-
-// A blocking HTTP/2 client over a connected socket: Submit requests, then Wait for each.
-class H2Client {
+// The shared client (tests/h2/h2_client.h) with its failures turned into test failures.
+class TestClient {
  public:
-  explicit H2Client(int fd) : fd_(fd) {
-    nghttp2_session_callbacks* cb;
-    nghttp2_session_callbacks_new(&cb);
-    nghttp2_session_callbacks_set_on_header_callback(cb, &H2Client::OnHeader);
-    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, &H2Client::OnData);
-    nghttp2_session_callbacks_set_on_stream_close_callback(cb, &H2Client::OnClose);
-    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, &H2Client::OnFrame);
-    nghttp2_session_client_new(&session_, cb, this);
-    nghttp2_session_callbacks_del(cb);
-    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
-  }
-  ~H2Client() { nghttp2_session_del(session_); }
+  explicit TestClient(int fd) : stream_(fd), c_(stream_, std::chrono::milliseconds(kStuckMs)) {}
 
-  // `body`: nullopt sends the request with END_STREAM on its HEADERS.
   int32_t Submit(const std::string& method, const std::string& path, Fields fields = {},
                  std::optional<std::string> body = std::nullopt,
                  const std::string& authority = kHost, const std::string& scheme = "https") {
-    Fields all = {
-        {":method", method}, {":scheme", scheme}, {":authority", authority}, {":path", path}};
-    all.insert(all.end(), fields.begin(), fields.end());
-    std::vector<nghttp2_nv> nva;
-    for (auto& [n, v] : all) {
-      nva.push_back({reinterpret_cast<uint8_t*>(n.data()), reinterpret_cast<uint8_t*>(v.data()),
-                     n.size(), v.size(), NGHTTP2_NV_FLAG_NONE});
-    }
-    nghttp2_data_provider provider;
-    provider.read_callback = &H2Client::ReadBody;
-    int32_t id = nghttp2_submit_request(session_, nullptr, nva.data(), nva.size(),
-                                        body ? &provider : nullptr, nullptr);
-    EXPECT_GT(id, 0);
-    if (body) bodies_[id] = *body;
-    responses_[id];
-    Flush();
-    return id;
+    auto id = c_.Submit(method, path, std::move(fields), std::move(body), authority, scheme);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : -1;
   }
-
-  void Reset(int32_t id) {
-    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
-    Flush();
-  }
-
-  // Pumps the connection until stream `id` is closed.
   H2Response Wait(int32_t id) {
-    while (!responses_[id].closed) {
-      if (!PumpOnce()) break;
-    }
-    return responses_[id];
+    auto r = c_.Wait(id);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : H2Response{};
   }
-
-  // Pumps until `id` has `n` body bytes (or closes).
-  void WaitForBody(int32_t id, size_t n) {
-    while (responses_[id].body.size() < n && !responses_[id].closed) {
-      if (!PumpOnce()) break;
-    }
-  }
-
-  // Raw bytes after the preface, to break the protocol.
-  void SendRaw(std::string_view b) { ASSERT_TRUE(WriteFull(fd_, b).ok()); }
-
-  bool goaway() const { return goaway_; }
-
+  void WaitForBody(int32_t id, size_t n) { EXPECT_TRUE(c_.WaitForBody(id, n).ok()); }
+  void Reset(int32_t id) { EXPECT_TRUE(c_.Reset(id).ok()); }
+  void SendRaw(std::string_view b) { EXPECT_TRUE(c_.SendRaw(b).ok()); }
   bool PumpOnce() {
-    Flush();
-    std::string got = ReadSomeBytes(fd_, 65536);
-    if (got.empty()) return false;
-    ssize_t rv = nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(got.data()),
-                                          got.size());
-    EXPECT_GE(rv, 0) << nghttp2_strerror(static_cast<int>(rv));
-    Flush();
-    return rv >= 0;
+    auto more = c_.PumpOnce();
+    return more.ok() && *more;
   }
+  bool goaway() const { return c_.goaway(); }
 
  private:
-  void Flush() {
-    for (;;) {
-      const uint8_t* data;
-      ssize_t n = nghttp2_session_mem_send(session_, &data);
-      if (n <= 0) return;
-      ASSERT_TRUE(WriteFull(fd_, std::string_view(reinterpret_cast<const char*>(data), n)).ok());
-    }
-  }
-
-  static H2Client& Of(void* p) { return *static_cast<H2Client*>(p); }
-
-  static int OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
-                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t, void* u) {
-    auto& r = Of(u).responses_[frame->hd.stream_id];
-    std::string n(reinterpret_cast<const char*>(name), namelen);
-    std::string v(reinterpret_cast<const char*>(value), valuelen);
-    if (n == ":status") {
-      int status = std::stoi(v);
-      if (status < 200) {
-        r.interim.push_back(status);
-      } else {
-        r.status = status;
-      }
-    } else if (r.status != 0) {
-      r.headers.emplace_back(n, v);
-    }
-    return 0;
-  }
-  static int OnData(nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len,
-                    void* u) {
-    Of(u).responses_[id].body.append(reinterpret_cast<const char*>(data), len);
-    return 0;
-  }
-  static int OnClose(nghttp2_session*, int32_t id, uint32_t error_code, void* u) {
-    auto& r = Of(u).responses_[id];
-    r.closed = true;
-    r.error_code = error_code;
-    return 0;
-  }
-  static int OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* u) {
-    if (frame->hd.type == NGHTTP2_GOAWAY) Of(u).goaway_ = true;
-    return 0;
-  }
-  static ssize_t ReadBody(nghttp2_session*, int32_t id, uint8_t* buf, size_t length,
-                          uint32_t* flags, nghttp2_data_source*, void* u) {
-    std::string& b = Of(u).bodies_[id];
-    size_t n = std::min(length, b.size());
-    std::memcpy(buf, b.data(), n);
-    b.erase(0, n);
-    if (b.empty()) *flags |= NGHTTP2_DATA_FLAG_EOF;
-    return static_cast<ssize_t>(n);
-  }
-
-  int fd_;
-  nghttp2_session* session_ = nullptr;
-  std::map<int32_t, H2Response> responses_;
-  std::map<int32_t, std::string> bodies_;
-  bool goaway_ = false;
+  FdStream stream_;
+  h2test::H2Client c_;
 };
 
 // A socket end the relay owns as its upstream connection.
@@ -232,7 +115,7 @@ class InterceptH2Test : public ::testing::Test {
       result_ = RelayHttp2(*guest_stream_, dial_, *secrets_, kHost, limits,
                            rules_.empty() ? nullptr : &rules_);
     });
-    client_ = std::make_unique<H2Client>(guest_.get());
+    client_ = std::make_unique<TestClient>(guest_.get());
   }
 
   void TearDown() override {
@@ -270,7 +153,7 @@ class InterceptH2Test : public ::testing::Test {
   }
 
   std::string Placeholder(const std::string& name) { return secrets_->GuestEnv().at(name); }
-  H2Client& client() { return *client_; }
+  TestClient& client() { return *client_; }
   int guest() const { return guest_.get(); }
   void FailDials(std::string why) {
     std::lock_guard<std::mutex> l(mu_);
@@ -290,7 +173,7 @@ class InterceptH2Test : public ::testing::Test {
   int dials_ = 0;
   std::string dial_error_;
   std::thread relay_;
-  std::unique_ptr<H2Client> client_;
+  std::unique_ptr<TestClient> client_;
   InterceptResult result_;
 };
 

@@ -43,7 +43,6 @@ constexpr std::time_t kLeafLifetime = 90 * kDay;
 constexpr size_t kMaxCommonName = 64;  // RFC 5280's ub-common-name
 // SSL_read returns at most one record's plaintext, so a larger buffer would only be zeroed.
 constexpr size_t kMaxReadChunk = SSL3_RT_MAX_PLAIN_LENGTH;
-constexpr unsigned char kAlpnHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
 
 // The first error on this thread's OpenSSL queue, which is then cleared. The texts are
 // OpenSSL's own and carry no application data.
@@ -257,8 +256,8 @@ Result<std::shared_ptr<SSL_CTX>> CertAuthority::MintContext(const std::string& h
 // ---------------------------------------------------------------------------------------
 // UpstreamTls
 
-Result<std::unique_ptr<UpstreamTls>> UpstreamTls::Create(
-    const std::optional<std::string>& ca_file) {
+Result<std::unique_ptr<UpstreamTls>> UpstreamTls::Create(const std::optional<std::string>& ca_file,
+                                                         const std::vector<std::string>& alpn) {
   ERR_clear_error();
   std::unique_ptr<UpstreamTls> tls(new UpstreamTls());
   tls->ctx_.reset(SSL_CTX_new(TLS_client_method()));
@@ -280,7 +279,14 @@ Result<std::unique_ptr<UpstreamTls>> UpstreamTls::Create(
   }
   X509_VERIFY_PARAM_set_hostflags(SSL_CTX_get0_param(ctx), X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
   // Inverted convention: 0 is success.
-  if (SSL_CTX_set_alpn_protos(ctx, kAlpnHttp11, sizeof kAlpnHttp11) != 0) {
+  std::string wire;
+  for (const auto& p : alpn) {
+    if (p.empty() || p.size() > 255) return InvalidArgument("ALPN protocol name length");
+    wire += static_cast<char>(p.size());
+    wire += p;
+  }
+  if (SSL_CTX_set_alpn_protos(ctx, reinterpret_cast<const unsigned char*>(wire.data()),
+                              static_cast<unsigned int>(wire.size())) != 0) {
     return OpenSslError("SSL_CTX_set_alpn_protos");
   }
   return tls;

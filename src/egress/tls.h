@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "egress/byte_stream.h"
 #include "util/fd.h"
@@ -82,14 +83,18 @@ class TlsStream;
 
 // The client side towards real servers: TLS 1.2 or later, the peer's chain verified against
 // the system's trust store (or one PEM file) and its name against the host dialled. Offers
-// ALPN "http/1.1" only.
+// ALPN "http/1.1" only, unless made otherwise.
 //
 // Thread-safe: Connect may be called concurrently.
 class UpstreamTls {
  public:
   // `ca_file`: trust only the certificates in this PEM file instead of the system store
   // (tests, or an operator's private upstream). An unreadable file is an error naming it.
-  static Result<std::unique_ptr<UpstreamTls>> Create(const std::optional<std::string>& ca_file);
+  // `alpn`: the protocols offered, in order (the proxy's upstreams: "http/1.1" only; a bench
+  // playing the guest offers "h2").
+  static Result<std::unique_ptr<UpstreamTls>> Create(const std::optional<std::string>& ca_file,
+                                                     const std::vector<std::string>& alpn = {
+                                                         "http/1.1"});
   ~UpstreamTls();
   UpstreamTls(const UpstreamTls&) = delete;
   UpstreamTls& operator=(const UpstreamTls&) = delete;

@@ -172,6 +172,22 @@ Status ServeOriginsByName(Harness& h, const egress::CertAuthority& ca,
   return h.RestartDaemon();
 }
 
+bool HasField(const std::string& head, const std::string& name, const std::string& value) {
+  size_t at = head.find("\r\n");
+  while (at != std::string::npos) {
+    at += 2;
+    size_t eol = std::min(head.find("\r\n", at), head.size());
+    size_t colon = head.find(':', at);
+    if (colon < eol && AsciiEqualsIgnoreCase(head.substr(at, colon - at), name)) {
+      std::string v = head.substr(colon + 1, eol - colon - 1);
+      while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+      if (v == value) return true;
+    }
+    at = eol == head.size() ? std::string::npos : eol;
+  }
+  return false;
+}
+
 int64_t CountInFile(const std::string& path, const std::string& needle) {
   auto fd = OpenFile(path, O_RDONLY);
   if (!fd.ok()) return -1;

@@ -66,6 +66,10 @@ Status ServeOriginsByName(Harness& h, const egress::CertAuthority& ca,
 // cannot be read.
 int64_t CountInFile(const std::string& path, const std::string& needle);
 
+// Whether a request head an origin recorded has the field `name` (in any case: HTTP/2
+// lower-cases names, and the relay passes them on so) with exactly `value`.
+bool HasField(const std::string& head, const std::string& name, const std::string& value);
+
 // The memory proof, for VM `id` of `h`: a QMP dump of the guest's whole memory (expected
 // larger than `min_dump_bytes`) holds none of `forms` and at least one `placeholder` (the
 // control that shows the search would have found it); every file of the VM's directory holds
