@@ -11,11 +11,10 @@ class AnthropicWire : public Wire {
   std::string Url() const override { return s_.base_url + "/v1/messages"; }
 
   std::vector<std::string> Headers() const override {
-    std::vector<std::string> h = {"content-type: application/json",
-                                  "anthropic-version: 2023-06-01"};
-    if (!s_.api_key.empty()) h.push_back("x-api-key: " + s_.api_key);
-    return h;
+    return {"content-type: application/json", "anthropic-version: 2023-06-01"};
   }
+
+  std::string CredentialHead() const override { return "x-api-key: "; }
 
   Json Request(const std::string& system, const std::vector<Entry>& transcript,
                const std::vector<ToolSpec>& tools, int max_tokens) const override {

@@ -1,11 +1,13 @@
 #include "agent/http.h"
 
 #include <curl/curl.h>
+#include <string.h>  // explicit_bzero
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "util/ascii.h"
@@ -59,6 +61,15 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
   return line.size();
 }
 
+// curl_slist_append copied each line (the credential's among them) to the heap; the copies
+// are overwritten before they are freed.
+void WipeAndFree(curl_slist* list) {
+  for (curl_slist* l = list; l != nullptr; l = l->next) {
+    ::explicit_bzero(l->data, std::strlen(l->data));
+  }
+  curl_slist_free_all(list);
+}
+
 bool AllDigits(const std::string& s) {
   return !s.empty() &&
          std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
@@ -84,6 +95,17 @@ Result<HttpResponse> HttpClient::Post(const HttpPost& post) {
 
   curl_slist* headers = nullptr;
   for (const auto& h : post.headers) headers = curl_slist_append(headers, h.c_str());
+  if (post.credential != nullptr && !post.credential->empty()) {
+    // The line is built in pages of its own and wiped as soon as curl has its copy (the
+    // list, wiped below). Best-effort beyond that: curl copies the request head into its
+    // own buffers to send it, and OpenSSL encrypts from them; both free without wiping.
+    auto line = egress::SecretValue::Join(post.credential_head, post.credential->view());
+    if (!line.ok()) {
+      curl_slist_free_all(headers);
+      return line.status();
+    }
+    headers = curl_slist_append(headers, line->c_str());
+  }
   // Without this, curl sends "Expect: 100-continue" for large bodies and waits for the
   // server's interim answer: one more round trip on every big prompt.
   headers = curl_slist_append(headers, "Expect:");
@@ -113,7 +135,7 @@ Result<HttpResponse> HttpClient::Post(const HttpPost& post) {
   // The list and the error buffer must outlive the transfer; detach them before returning.
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, nullptr);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
-  curl_slist_free_all(headers);
+  WipeAndFree(headers);
 
   if (sink.too_big) {
     return Unavailable("reply larger than " + std::to_string(kMaxReplyBytes >> 20) + " MiB");

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "egress/secrets.h"
 #include "util/status.h"
 
 namespace trybox::agent {
@@ -26,7 +27,11 @@ struct HttpResponse {
 
 struct HttpPost {
   std::string url;
-  std::vector<std::string> headers;  // "Name: value"; may carry a secret, never logged
+  std::vector<std::string> headers;  // "Name: value"; never a secret
+  // The credential: sent as `credential_head` followed by the key ("x-api-key: ",
+  // "authorization: Bearer "), built in the key's own kind of pages. Null: no credential.
+  std::shared_ptr<const egress::SecretValue> credential;
+  std::string credential_head;
   std::string body;
   std::chrono::milliseconds timeout{0};  // the whole exchange, connect included
   std::string ca_file;                   // empty: the system's CA bundle

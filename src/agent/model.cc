@@ -1,5 +1,7 @@
 #include "agent/model.h"
 
+#include <string.h>  // explicit_bzero
+
 #include <algorithm>
 #include <thread>
 
@@ -40,11 +42,17 @@ bool Retryable(int status) {
          status == 529;
 }
 
-// Replaces every occurrence of the key: a provider may quote it back in an error.
-std::string Scrub(std::string s, const std::string& key) {
-  if (key.empty()) return s;
-  for (size_t at; (at = s.find(key)) != std::string::npos;) s.replace(at, key.size(), "[api key]");
-  return s;
+// The request's endpoint: the URL, the headers and the credential (shared, not copied).
+HttpPost Endpoint(const Wire& wire, const ModelSettings& s) {
+  HttpPost post;
+  post.url = wire.Url();
+  post.headers = wire.Headers();
+  if (s.has_key()) {
+    post.credential = s.api_key;
+    post.credential_head = wire.CredentialHead();
+  }
+  post.ca_file = s.ca_file;
+  return post;
 }
 
 // English number words: distinct, ordinary text for the probe.
@@ -128,7 +136,7 @@ class Client : public ModelClient {
   std::string Who() const { return s_.provider + " model " + s_.model; }
 
   Outcome Finish(Outcome out) const {
-    out.message = Scrub(std::move(out.message), s_.api_key);
+    out.message = ScrubKey(std::move(out.message), s_);
     return out;
   }
 
@@ -196,11 +204,8 @@ class Client : public ModelClient {
 
   Outcome Exchange(const Json& request, Deadline deadline) {
     Outcome out;
-    HttpPost post;
-    post.url = wire_->Url();
-    post.headers = wire_->Headers();
+    HttpPost post = Endpoint(*wire_, s_);
     post.body = request.dump(-1, ' ', false, kReplace);
-    post.ca_file = s_.ca_file;
     out.request_bytes = static_cast<int64_t>(post.body.size());
     for (int attempt = 1;; ++attempt) {
       post.timeout = s_.request_timeout;
@@ -238,10 +243,10 @@ class Client : public ModelClient {
                       ") would pass the deadline; last attempt: " + a.message;
         return Finish(std::move(out));
       }
-      LogWarn("agent",
-              Scrub(a.message + "; retrying in " + std::to_string(wait.count()) + " ms (attempt " +
-                        std::to_string(attempt) + " of " + std::to_string(s_.max_attempts) + ")",
-                    s_.api_key));
+      LogWarn("agent", ScrubKey(a.message + "; retrying in " + std::to_string(wait.count()) +
+                                    " ms (attempt " + std::to_string(attempt) + " of " +
+                                    std::to_string(s_.max_attempts) + ")",
+                                s_));
       std::this_thread::sleep_for(wait);
     }
   }
@@ -295,7 +300,18 @@ Result<ModelSettings> ModelSettings::FromJson(const Json& j) {
   ModelSettings s;
   RETURN_IF_ERROR(CheckString(j, "provider", true, &s.provider));
   RETURN_IF_ERROR(CheckString(j, "base_url", false, &s.base_url));
-  RETURN_IF_ERROR(CheckString(j, "api_key", false, &s.api_key));
+  if (const Json* key = Member(j, "api_key"); key != nullptr && !key->is_null()) {
+    if (!key->is_string()) return InvalidArgument("model.api_key is not a string");
+    // Read in place: the value goes from the request's string to its own pages, no copy.
+    const std::string& text = key->get_ref<const std::string&>();
+    // The key goes into a header line: a CR or LF in it would forge headers.
+    for (unsigned char c : text) {
+      if (c < 0x20 || c == 0x7f) return InvalidArgument("model.api_key contains a control byte");
+    }
+    if (!text.empty()) {
+      ASSIGN_OR_RETURN(s.api_key, MakeModelKey(text));
+    }
+  }
   RETURN_IF_ERROR(CheckString(j, "model", true, &s.model));
   RETURN_IF_ERROR(CheckString(j, "ca_file", false, &s.ca_file));
   if (s.provider != "anthropic" && s.provider != "openai") {
@@ -303,10 +319,6 @@ Result<ModelSettings> ModelSettings::FromJson(const Json& j) {
                            "' is not \"anthropic\" or \"openai\"");
   }
   if (s.model.empty()) return InvalidArgument("model.model is empty");
-  // The key goes into a header line: a CR or LF in it would forge headers.
-  for (unsigned char c : s.api_key) {
-    if (c < 0x20 || c == 0x7f) return InvalidArgument("model.api_key contains a control byte");
-  }
   if (s.base_url.empty()) {
     s.base_url =
         s.provider == "anthropic" ? "https://api.anthropic.com" : "https://api.openai.com/v1";
@@ -320,10 +332,30 @@ Result<ModelSettings> ModelSettings::FromJson(const Json& j) {
 }
 
 Json ModelSettings::Describe() const {
-  return {{"provider", provider},
-          {"base_url", base_url},
-          {"model", model},
-          {"key_set", !api_key.empty()}};
+  return {{"provider", provider}, {"base_url", base_url}, {"model", model}, {"key_set", has_key()}};
+}
+
+Result<std::shared_ptr<const egress::SecretValue>> MakeModelKey(std::string_view value) {
+  ASSIGN_OR_RETURN(auto key, egress::SecretValue::Copy(value));
+  return std::make_shared<const egress::SecretValue>(std::move(key));
+}
+
+void WipeKey(Json* model) {
+  if (model == nullptr || !model->is_object()) return;
+  auto it = model->find("api_key");
+  if (it == model->end() || !it->is_string()) return;
+  std::string& text = it->get_ref<std::string&>();
+  ::explicit_bzero(text.data(), text.size());
+  text.clear();
+}
+
+std::string ScrubKey(std::string text, const ModelSettings& settings) {
+  if (!settings.has_key()) return text;
+  const std::string_view key = settings.api_key->view();
+  for (size_t at; (at = text.find(key)) != std::string::npos;) {
+    text.replace(at, key.size(), "[api key]");
+  }
+  return text;
 }
 
 namespace {
@@ -359,11 +391,7 @@ Result<std::unique_ptr<ModelClient>> ModelClient::Make(const ModelSettings& give
 Result<HttpPost> ModelEndpoint(const ModelSettings& given) {
   ModelSettings settings = given;
   ASSIGN_OR_RETURN(auto wire, WireFor(&settings));
-  HttpPost post;
-  post.url = wire->Url();
-  post.headers = wire->Headers();
-  post.ca_file = settings.ca_file;
-  return post;
+  return Endpoint(*wire, settings);
 }
 
 }  // namespace trybox::agent

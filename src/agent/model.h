@@ -6,8 +6,11 @@
 // covers Ollama, vLLM and llama.cpp servers. The loop speaks a provider-neutral transcript;
 // each client translates it to its wire format and back.
 //
-// The API key lives only in ModelSettings, in memory. It is sent in a header and never
-// appears in a Status message, a log line, a ToString or a recorded request.
+// The API key lives only in ModelSettings, in pages of its own (egress::SecretValue: out of
+// core dumps, wiped when the last holder lets go), shared by every copy of the settings. It
+// is copied to ordinary memory only by libcurl, which keeps a request's header line while
+// sending it (http.cc). It never appears in a Status message, a log line, a ToString or a
+// recorded request.
 #pragma once
 
 #include <chrono>
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "egress/secrets.h"
 #include "util/status.h"
 
 namespace trybox::agent {
@@ -27,7 +31,9 @@ using Json = nlohmann::json;
 struct ModelSettings {
   std::string provider;  // "anthropic" or "openai"
   std::string base_url;  // https://api.anthropic.com, or https://api.openai.com/v1
-  std::string api_key;   // may be empty for a local server (no Authorization header then)
+  // Null for a local server that needs no key (no credential header then). Copies of the
+  // settings share the pages; the value is wiped when the last copy goes.
+  std::shared_ptr<const egress::SecretValue> api_key;
   std::string model;
   std::string ca_file;  // extra CA bundle for a self-hosted endpoint; empty: the system's
   int max_output_tokens = 4096;
@@ -37,10 +43,24 @@ struct ModelSettings {
   // From the "model" object of a daemon request ({provider, base_url, api_key, model,
   // ca_file}); INVALID_ARGUMENT naming the field if one is missing or malformed (an unknown
   // provider, a base_url that is not http(s)://). Defaults base_url per provider when empty.
+  // The key goes from the JSON string straight into its own pages; WipeKey then clears the
+  // string.
   static Result<ModelSettings> FromJson(const Json& j);
   // The same object without the key: {"provider","base_url","model","key_set":bool}.
   Json Describe() const;
+  bool has_key() const { return api_key != nullptr && !api_key->empty(); }
 };
+
+// A key in pages of its own, to be shared by the settings that hold it.
+Result<std::shared_ptr<const egress::SecretValue>> MakeModelKey(std::string_view value);
+
+// Overwrites the "api_key" string of a request's "model" object in place (what FromJson
+// read), so that the request's copy does not outlive the parse. Anything else is left alone.
+void WipeKey(Json* model);
+
+// `text` with every occurrence of the settings' key replaced by "[api key]": a provider, or a
+// transport's error text, may quote it back.
+std::string ScrubKey(std::string text, const ModelSettings& settings);
 
 struct ToolSpec {
   std::string name;

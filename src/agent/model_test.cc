@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <type_traits>
 
 #include "agent/http.h"
 #include "tests/fake_model/fake_model.h"
@@ -21,6 +25,29 @@ using trybox::testing::FakeModelServer;
 
 constexpr char kKey[] = "sk-test-5ecret-KEY-0123456789abcdef";
 
+std::shared_ptr<const egress::SecretValue> Key() {
+  auto k = MakeModelKey(kKey);
+  EXPECT_TRUE(k.ok()) << k.status().ToString();
+  return std::move(k).value();
+}
+
+// The VmFlags line of the mapping that holds `p`, from /proc/self/smaps; nullopt if none.
+std::optional<std::string> VmFlagsOf(const void* p) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_mapping = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
+      in_mapping = addr >= lo && addr < hi;
+    } else if (in_mapping && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return std::nullopt;
+}
+
 std::unique_ptr<FakeModelServer> StartServer(bool tls = false) {
   auto s = FakeModelServer::Start({.tls = tls});
   EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -31,7 +58,7 @@ ModelSettings Settings(const FakeModelServer& s, const std::string& provider) {
   ModelSettings m;
   m.provider = provider;
   m.base_url = provider == "anthropic" ? s.anthropic_base_url() : s.openai_base_url();
-  m.api_key = kKey;
+  m.api_key = Key();
   m.model = "fake-model";
   m.ca_file = s.ca_file();
   m.request_timeout = seconds(20);
@@ -186,7 +213,7 @@ TEST(ModelOpenAi, NoAuthorizationHeaderWithoutKey) {
   auto server = StartServer();
   server->Push({{"text", "hi"}});
   ModelSettings m = Settings(*server, "openai");
-  m.api_key.clear();
+  m.api_key.reset();
   Outcome out = SendHello(*Client(m));
   ASSERT_TRUE(out.ok()) << out.message;
   EXPECT_EQ(server->requests()[0].headers.count("authorization"), 0u);
@@ -466,7 +493,7 @@ TEST(ModelClient, ConnectionRefusedIsTransportAfterRetries) {
   m.provider = "openai";
   m.base_url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
   m.model = "fake-model";
-  m.api_key = kKey;
+  m.api_key = Key();
   m.max_attempts = 2;
   ::testing::internal::CaptureStderr();
   Outcome out = SendHello(*Client(m));
@@ -607,6 +634,110 @@ TEST(ModelSettingsJson, DefaultsAndRefusals) {
   refused({{"provider", "openai"}, {"model", "m"}, {"base_url", "ftp://x"}}, "base_url");
   refused({{"provider", "openai"}, {"model", "m"}, {"api_key", 5}}, "api_key");
   refused({{"provider", "openai"}, {"model", "m"}, {"api_key", "sk-1\r\nX-Evil: 1"}}, "api_key");
+}
+
+// Issue 13: the key lives in egress::SecretValue pages for its whole life in the daemon, and
+// a copy of the settings shares them rather than copying the value.
+static_assert(
+    std::is_same_v<decltype(ModelSettings::api_key), std::shared_ptr<const egress::SecretValue>>,
+    "the model key is held in SecretValue pages, never in a std::string");
+
+TEST(ModelSettingsJson, TheKeyGoesFromTheRequestIntoPagesExcludedFromCoreDumps) {
+  auto s = ModelSettings::FromJson({{"provider", "openai"}, {"model", "m"}, {"api_key", kKey}});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->has_key());
+  EXPECT_EQ(s->api_key->view(), kKey);
+  auto flags = VmFlagsOf(s->api_key->view().data());
+  ASSERT_TRUE(flags.has_value());
+  EXPECT_NE(flags->find(" dd"), std::string::npos) << *flags;
+  // An empty key is no key: no credential header, key_set false.
+  s = ModelSettings::FromJson({{"provider", "openai"}, {"model", "m"}, {"api_key", ""}});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->api_key, nullptr);
+  EXPECT_EQ(s->Describe()["key_set"], false);
+}
+
+TEST(ModelSettingsJson, CopiesShareTheKeysPagesAndTheLastOneGoingWipesThem) {
+  auto s = ModelSettings::FromJson({{"provider", "openai"}, {"model", "m"}, {"api_key", kKey}});
+  ASSERT_TRUE(s.ok());
+  std::optional<ModelSettings> copy = *s;
+  const char* where = s->api_key->view().data();
+  EXPECT_EQ(copy->api_key->view().data(), where);  // the same pages, not a second value
+  auto client = ModelClient::Make(*copy);
+  ASSERT_TRUE(client.ok());
+  EXPECT_EQ((*client)->settings().api_key->view().data(), where);
+  auto post = ModelEndpoint(*s);
+  ASSERT_TRUE(post.ok());
+  EXPECT_EQ(post->credential->view().data(), where);
+
+  s->api_key.reset();
+  copy.reset();
+  client->reset();
+  EXPECT_TRUE(VmFlagsOf(where).has_value());  // the endpoint still holds it
+  post->credential.reset();
+  // Unmapped (after explicit_bzero): no mapping marked for the key holds the address now.
+  auto flags = VmFlagsOf(where);
+  EXPECT_TRUE(!flags || flags->find(" dd") == std::string::npos) << *flags;
+}
+
+TEST(ModelSettingsJson, WipeKeyClearsTheRequestsCopyAndNothingElse) {
+  Json model = {{"provider", "openai"}, {"model", "m"}, {"api_key", kKey}};
+  const char* text = model["api_key"].get_ref<const std::string&>().data();
+  auto s = ModelSettings::FromJson(model);
+  ASSERT_TRUE(s.ok());
+  WipeKey(&model);
+  EXPECT_EQ(model["api_key"], "");
+  EXPECT_EQ(std::string_view(text, sizeof kKey - 1), std::string(sizeof kKey - 1, '\0'));
+  EXPECT_EQ(model["model"], "m");
+  EXPECT_EQ(s->api_key->view(), kKey);  // the parsed settings keep their own pages
+  Json not_an_object = "x";
+  WipeKey(&not_an_object);
+  EXPECT_EQ(not_an_object, "x");
+  Json number = {{"api_key", 5}};
+  WipeKey(&number);
+  EXPECT_EQ(number["api_key"], 5);
+}
+
+TEST(ModelEndpointTest, TheKeyIsACredentialNeverAPlainHeaderAndReachesTheServer) {
+  auto server = StartServer();
+  for (const char* provider : {"anthropic", "openai"}) {
+    ModelSettings m = Settings(*server, provider);
+    auto post = ModelEndpoint(m);
+    ASSERT_TRUE(post.ok()) << post.status().ToString();
+    for (const auto& h : post->headers) EXPECT_EQ(h.find(kKey), std::string::npos) << h;
+    EXPECT_EQ(post->credential, m.api_key);
+    // What tryboxd does with a body trybox-agent built: the fake answers 401 unless the
+    // request carried this key, in the provider's own header.
+    server->Push({{"expect_key", kKey}, {"text", "ok"}});
+    post->body = Json{{"model", "fake-model"},
+                      {"max_tokens", 16},
+                      {"messages", {{{"role", "user"}, {"content", "hi"}}}}}
+                     .dump();
+    post->timeout = seconds(20);
+    auto http = HttpClient::Make();
+    ASSERT_TRUE(http.ok());
+    auto r = (*http)->Post(*post);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
+  auto reqs = server->requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0].headers["x-api-key"], kKey);
+  EXPECT_EQ(reqs[0].headers.count("authorization"), 0u);
+  EXPECT_EQ(reqs[1].headers["authorization"], std::string("Bearer ") + kKey);
+  EXPECT_EQ(reqs[1].headers.count("x-api-key"), 0u);
+}
+
+TEST(ModelEndpointTest, ScrubKeyTakesTheKeyOutOfAnyText) {
+  auto server = StartServer();
+  ModelSettings m = Settings(*server, "openai");
+  std::string text =
+      std::string("curl: bad header 'authorization: Bearer ") + kKey + "' and " + kKey;
+  std::string scrubbed = ScrubKey(text, m);
+  EXPECT_EQ(scrubbed.find(kKey), std::string::npos) << scrubbed;
+  EXPECT_NE(scrubbed.find("Bearer [api key]' and [api key]"), std::string::npos) << scrubbed;
+  m.api_key.reset();
+  EXPECT_EQ(ScrubKey("nothing to hide", m), "nothing to hide");
 }
 
 TEST(ModelHttp, RetryAfterReadsMillisecondsSecondsAndDates) {

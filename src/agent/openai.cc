@@ -41,11 +41,9 @@ class OpenAiWire : public Wire {
 
   std::string Url() const override { return s_.base_url + "/chat/completions"; }
 
-  std::vector<std::string> Headers() const override {
-    std::vector<std::string> h = {"content-type: application/json"};
-    if (!s_.api_key.empty()) h.push_back("authorization: Bearer " + s_.api_key);
-    return h;
-  }
+  std::vector<std::string> Headers() const override { return {"content-type: application/json"}; }
+
+  std::string CredentialHead() const override { return "authorization: Bearer "; }
 
   Json Request(const std::string& system, const std::vector<Entry>& transcript,
                const std::vector<ToolSpec>& tools, int max_tokens) const override {

@@ -22,8 +22,10 @@ class Wire {
  public:
   virtual ~Wire() = default;
   virtual std::string Url() const = 0;
-  // Carries the API key when one is set. Never log these.
+  // The headers besides the credential.
   virtual std::vector<std::string> Headers() const = 0;
+  // What precedes the key in its header line: "x-api-key: ", "authorization: Bearer ".
+  virtual std::string CredentialHead() const = 0;
   virtual Json Request(const std::string& system, const std::vector<Entry>& transcript,
                        const std::vector<ToolSpec>& tools, int max_tokens) const = 0;
   // A 2xx body. INVALID_ARGUMENT naming the missing or malformed field. Reply::usage is

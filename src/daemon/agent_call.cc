@@ -19,12 +19,6 @@ constexpr size_t kMaxSaveBytes = 64u << 20;
 constexpr int64_t kMaxExecMs = 86'400'000;
 constexpr size_t kMaxMessage = 2000;
 
-std::string ScrubKey(std::string text, const std::string& key) {
-  if (key.empty()) return text;
-  for (size_t at; (at = text.find(key)) != std::string::npos;) text.replace(at, key.size(), "***");
-  return text;
-}
-
 }  // namespace
 
 void RunFeed::Push(Json event) {
@@ -143,7 +137,7 @@ void AgentCall::AddVerbs(bool loop) {
     auto r = http_->Post(*post);
     if (!r.ok()) {
       (void)s.End(
-          ErrorReply(Status(r.status().code(), ScrubKey(r.status().message(), settings_.api_key))));
+          ErrorReply(Status(r.status().code(), agent::ScrubKey(r.status().message(), settings_))));
       return;
     }
     Json headers = Json::object();

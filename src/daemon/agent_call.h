@@ -45,7 +45,9 @@ class RunFeed {
 
 struct LiveRun {
   std::string id;
-  agent::ModelSettings settings;  // holds the key: never serialised, never sent to the agent
+  // Holds the key (shared pages, wiped when the run ends or expires): never serialised,
+  // never sent to the agent.
+  agent::ModelSettings settings;
   // The run's secrets (AgentRequest::secrets), for its verification VM: memory only.
   std::vector<egress::SecretInput> secrets;
   std::vector<agent::Entry> transcript;

@@ -431,6 +431,9 @@ void AgentRunner::Release(const std::shared_ptr<Slot>& slot) {
   const LiveRun& run = slot->run;
   bool never_started = run.state.error && run.state.error->kind == "setup_failed";
   if (run.rec.outcome == "DONE" || run.rec.outcome == "CANCELLED" || never_started) {
+    // Its key is wiped now (unless the call's request still holds it, until it returns),
+    // not whenever the last holder of the slot lets go.
+    slot->run.settings.api_key.reset();
     runs_.erase(run.id);
   }
   changed_.SignalAll();
@@ -560,6 +563,7 @@ void AgentRunner::ExpireIdleRuns() {
       LogInfo("agent", "run " + r.id + ": " + why);
       (void)vms_.Destroy(r.rec.vm_id);
       r.state.expired = why;
+      r.settings.api_key.reset();  // the run cannot continue: its key is wiped
       Save(r);
     }
   }

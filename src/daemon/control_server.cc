@@ -38,7 +38,7 @@ void VerbTable::AddStreaming(const std::string& verb, Streaming handler) {
 
 std::vector<std::string> VerbTable::Names() const { return order_; }
 
-void VerbTable::Dispatch(channel::Stream& stream, const Json& request, Connection& conn) const {
+void VerbTable::Dispatch(channel::Stream& stream, Json& request, Connection& conn) const {
   Fields f(request);
   Status st = f.CheckObject();
   auto verb = st.ok() ? f.String("verb") : Result<std::string>(st);

@@ -46,13 +46,14 @@ class Connection {
 class VerbTable {
  public:
   using Unary = std::function<Json(const Json& request, Connection& conn)>;
-  using Streaming =
-      std::function<void(channel::Stream& stream, const Json& request, Connection& conn)>;
+  // A streaming verb may change its request: one that carries a secret (the model key) wipes
+  // the request's copy once it has been parsed.
+  using Streaming = std::function<void(channel::Stream& stream, Json& request, Connection& conn)>;
 
   void AddUnary(const std::string& verb, Unary handler);
   void AddStreaming(const std::string& verb, Streaming handler);
   // Runs the verb's handler on this thread; the stream always ends (END or RESET).
-  void Dispatch(channel::Stream& stream, const Json& request, Connection& conn) const;
+  void Dispatch(channel::Stream& stream, Json& request, Connection& conn) const;
   std::vector<std::string> Names() const;
 
  private:

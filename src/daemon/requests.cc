@@ -458,6 +458,11 @@ Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer) {
   return r;
 }
 
+void WipeModelKey(Json* request) {
+  if (!request->is_object()) return;
+  if (auto it = request->find("model"); it != request->end()) agent::WipeKey(&*it);
+}
+
 Result<RunRequest> ParseRunRequest(const Json& j) {
   Fields f(j);
   RETURN_IF_ERROR(f.CheckObject());

@@ -251,6 +251,9 @@ Result<CommitRequest> ParseCommit(const Json& j);
 Result<ImageNameRequest> ParseImageName(const Json& j);
 // `answer`: agent_answer (needs "answer"), else agent_resume.
 Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer);
+// Wipes the model key in an agent, agent_answer or agent_resume request once it is parsed
+// (the parsed request holds it in its own pages).
+void WipeModelKey(Json* request);
 Result<RunRequest> ParseRunRequest(const Json& j);
 // agent_ls: {"limit": N} (default 50).
 Result<int64_t> ParseListLimit(const Json& j);

@@ -232,6 +232,35 @@ TEST(DaemonRequestsTest, AgentRequestAndLimits) {
   ExpectInvalid(ParseRunRequest(J(R"({"run":["r"]})")).status(), "'run'");
 }
 
+// Issue 13: the request's copy of the model key does not outlive the parse; the parsed
+// request holds it in pages of its own.
+TEST(DaemonRequestsTest, AnAgentRequestsModelKeyIsWipedOnceParsed) {
+  const std::string key = "sk-request-key-0123456789";
+  Json model = {{"provider", "openai"}, {"model", "m"}, {"api_key", key}};
+  Json req = {{"task", "t"}, {"model", model}};
+  auto r = ParseAgent(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  WipeModelKey(&req);
+  EXPECT_EQ(req.dump().find(key), std::string::npos) << req.dump();
+  EXPECT_EQ(req["model"]["model"], "m");
+  ASSERT_TRUE(r->model.has_key());
+  EXPECT_EQ(r->model.api_key->view(), key);
+
+  Json cont = {{"run", "r1"}, {"model", model}};
+  auto c = ParseAgentContinue(cont, /*answer=*/false);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  WipeModelKey(&cont);
+  EXPECT_EQ(cont.dump().find(key), std::string::npos);
+  ASSERT_TRUE(c->model.has_value());
+  EXPECT_EQ(c->model->api_key->view(), key);
+  Json no_model = {{"run", "r1"}};
+  WipeModelKey(&no_model);
+  EXPECT_EQ(no_model, Json({{"run", "r1"}}));
+  Json not_an_object = 3;
+  WipeModelKey(&not_an_object);
+  EXPECT_EQ(not_an_object, 3);
+}
+
 TEST(DaemonRequestsTest, NoInputThrows) {
   // Every JSON type in every field of every parser: an error or a value, never an exception.
   const std::vector<Json> values = {nullptr,

@@ -17,6 +17,7 @@
 #include "daemon/admission.h"
 #include "daemon/envd.h"
 #include "daemon/http_api.h"
+#include "daemon/requests.h"
 #include "daemon/verbs.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -453,9 +454,11 @@ void HttpApi::AddRestRoutes() {
     auto body = BodyObject(req);
     if (!body.ok()) return ErrorOf(body.status());
     if (body->contains("verb")) return ErrorOf(InvalidArgument("verb is not a field of a run"));
-    Json verb = *body;
+    Json verb = std::move(*body);
     verb["verb"] = "agent";
-    return StreamVerb(verb);
+    HttpResponse r = StreamVerb(verb);
+    WipeModelKey(&verb);  // sent: the route's copy of the key goes now (docs/secrets.md)
+    return r;
   });
   router_.Add("GET", "/trybox/v1/agent-runs/{id}", [this](const HttpRequest&, const PathParams& p) {
     return CallVerb({{"verb", "agent_show"}, {"run", p.at("id")}});
@@ -475,10 +478,12 @@ void HttpApi::AddRestRoutes() {
                         InvalidArgument("the run is the path's; verb and run are not "
                                         "fields of the body"));
                   }
-                  Json verb = *body;
+                  Json verb = std::move(*body);
                   verb["verb"] = verb_name;
                   verb["run"] = p.at("id");
-                  return StreamVerb(verb);
+                  HttpResponse r = StreamVerb(verb);
+                  WipeModelKey(&verb);
+                  return r;
                 });
   }
   router_.Add("POST", "/trybox/v1/agent-runs/{id}/cancel",

@@ -103,14 +103,16 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
     }
     return reply;
   });
-  t.AddStreaming("agent", [&s](channel::Stream& client, const Json& j, Connection&) {
+  t.AddStreaming("agent", [&s](channel::Stream& client, Json& j, Connection&) {
     auto req = ParseAgent(j);
+    WipeModelKey(&j);
     (void)client.End(req.ok() ? s.agents.Start(*req, client) : ErrorReply(req.status()));
   });
   for (bool answer : {true, false}) {
     t.AddStreaming(answer ? "agent_answer" : "agent_resume",
-                   [&s, answer](channel::Stream& client, const Json& j, Connection& conn) {
+                   [&s, answer](channel::Stream& client, Json& j, Connection& conn) {
                      auto req = ParseAgentContinue(j, answer);
+                     WipeModelKey(&j);
                      if (req.ok()) req->by = "uid " + std::to_string(conn.uid());
                      (void)client.End(req.ok() ? s.agents.Continue(*req, answer, client)
                                                : ErrorReply(req.status()));

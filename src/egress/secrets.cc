@@ -35,10 +35,14 @@ Status RandomFill(unsigned char* out, size_t n) {
 
 }  // namespace
 
-Result<SecretValue> SecretValue::Copy(std::string_view value) {
+Result<SecretValue> SecretValue::Copy(std::string_view value) { return Join({}, value); }
+
+Result<SecretValue> SecretValue::Join(std::string_view head, std::string_view value) {
   SecretValue v;
+  const size_t size = head.size() + value.size();
   size_t page = PageSize();
-  v.mapped_ = std::max<size_t>(page, (value.size() + page - 1) / page * page);
+  // One byte more than the text, so that a NUL always follows it (c_str()).
+  v.mapped_ = (size + 1 + page - 1) / page * page;
   void* p = ::mmap(nullptr, v.mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return ErrnoError("mmap for a secret");
   v.data_ = static_cast<char*>(p);
@@ -46,8 +50,9 @@ Result<SecretValue> SecretValue::Copy(std::string_view value) {
   // RLIMIT_MEMLOCK may not, and a secret is still better held than refused).
   (void)::madvise(p, v.mapped_, MADV_DONTDUMP);
   (void)::mlock(p, v.mapped_);
-  std::memcpy(v.data_, value.data(), value.size());
-  v.size_ = value.size();
+  if (!head.empty()) std::memcpy(v.data_, head.data(), head.size());
+  if (!value.empty()) std::memcpy(v.data_ + head.size(), value.data(), value.size());
+  v.size_ = size;
   return v;
 }
 

@@ -30,6 +30,9 @@ class SecretValue {
  public:
   SecretValue() = default;  // empty
   static Result<SecretValue> Copy(std::string_view value);
+  // `head` followed by `value` in pages of their own: a header line built around a key
+  // without the key passing through ordinary memory.
+  static Result<SecretValue> Join(std::string_view head, std::string_view value);
   SecretValue(SecretValue&& o) noexcept;
   SecretValue& operator=(SecretValue&& o) noexcept;
   SecretValue(const SecretValue&) = delete;
@@ -37,6 +40,9 @@ class SecretValue {
   ~SecretValue();
 
   std::string_view view() const { return {data_, size_}; }
+  // NUL-terminated (the pages past the value are zero); "" when empty.
+  const char* c_str() const { return data_ != nullptr ? data_ : ""; }
+  bool empty() const { return size_ == 0; }
 
  private:
   void Release();

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
@@ -112,6 +113,25 @@ TEST(SecretsTest, AValueLivesInPagesExcludedFromCoreDumps) {
   SecretValue moved = std::move(*v);
   EXPECT_EQ(moved.view(), "a value that must stay out of core dumps");
   EXPECT_TRUE(v->view().empty());
+}
+
+// A header line built around a value: one piece, and NUL-terminated even when the text is
+// exactly a page long.
+TEST(SecretsTest, AJoinedValueIsOnePieceAndNulTerminated) {
+  auto line = SecretValue::Join("x-api-key: ", "sk-123");
+  ASSERT_TRUE(line.ok());
+  EXPECT_EQ(line->view(), "x-api-key: sk-123");
+  EXPECT_STREQ(line->c_str(), "x-api-key: sk-123");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t size : {page - 1, page, page + 1}) {
+    std::string value(size - 3, 'k');
+    auto v = SecretValue::Join("h: ", value);
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(std::strlen(v->c_str()), size);
+  }
+  SecretValue none;
+  EXPECT_TRUE(none.empty());
+  EXPECT_STREQ(none.c_str(), "");
 }
 
 }  // namespace
