@@ -88,12 +88,8 @@ class InterceptH2Test : public ::testing::Test {
 
   void Start(std::vector<SecretInput> inputs, std::vector<std::string> rules = {},
              InterceptLimits limits = {}) {
-    auto made = HttpRules::Make(rules);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    rules_ = std::move(*made);
-    auto set = SecretSet::Make(std::move(inputs));
-    ASSERT_TRUE(set.ok()) << set.status().ToString();
-    secrets_ = *set;
+    MakeSecretsAndRules(std::move(inputs), rules, &secrets_, &rules_);
+    if (HasFatalFailure()) return;
     int g[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, g), 0);
     guest_.Reset(g[0]);

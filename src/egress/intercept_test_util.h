@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "egress/http_rules.h"
 #include "egress/intercept.h"
 #include "egress/secrets.h"
 #include "util/fd.h"
@@ -99,6 +101,18 @@ inline void ExpectNoValue(const InterceptResult& r, const std::string& value) {
   EXPECT_EQ(r.refused_reason.find(value), std::string::npos);
   EXPECT_EQ(r.error.find(value), std::string::npos);
   for (const auto& [name, n] : r.substitutions) EXPECT_EQ(name.find(value), std::string::npos);
+}
+
+// The secrets and HTTP rules a relay test runs with; a malformed declaration fails the test.
+inline void MakeSecretsAndRules(std::vector<SecretInput> inputs,
+                                const std::vector<std::string>& rules,
+                                std::shared_ptr<const SecretSet>* secrets, HttpRules* made_rules) {
+  auto made = HttpRules::Make(rules);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  *made_rules = std::move(*made);
+  auto set = SecretSet::Make(std::move(inputs));
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  *secrets = *set;
 }
 
 }  // namespace trybox::egress

@@ -94,16 +94,12 @@ class DevImageSecretsE2E : public ::testing::Test {
   }
   void SetUp() override { ASSERT_FALSE(id_.empty()); }
 
-  static CliResult Sh(const std::string& script) {
-    return h_->Cli({"exec", id_, "--", "bash", "-c", script});
-  }
+  static CliResult Sh(const std::string& script) { return ShIn(*h_, id_, script); }
   static std::string Url(TlsOrigin* o, const std::string& host, const std::string& path) {
-    return "https://" + host + ":" + std::to_string(o->port()) + path;
+    return OriginUrl(*o, host, path);
   }
   static std::string Placeholder(const std::string& name) {
-    CliResult r = Sh("printf %s \"$" + name + "\"");
-    EXPECT_EQ(r.code, 0) << r.err;
-    return r.out;
+    return GuestPlaceholder(*h_, id_, name);
   }
   // The VM's audit rows with this method and host.
   static std::vector<Json> AuditRows(const std::string& method, const std::string& host) {

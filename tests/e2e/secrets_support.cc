@@ -172,6 +172,20 @@ Status ServeOriginsByName(Harness& h, const egress::CertAuthority& ca,
   return h.RestartDaemon();
 }
 
+CliResult ShIn(Harness& h, const std::string& id, const std::string& script) {
+  return h.Cli({"exec", id, "--", "bash", "-c", script});
+}
+
+std::string OriginUrl(const TlsOrigin& o, const std::string& host, const std::string& path) {
+  return "https://" + host + ":" + std::to_string(o.port()) + path;
+}
+
+std::string GuestPlaceholder(Harness& h, const std::string& id, const std::string& name) {
+  CliResult r = ShIn(h, id, "printf %s \"$" + name + "\"");
+  EXPECT_EQ(r.code, 0) << r.err;
+  return r.out;
+}
+
 bool HasField(const std::string& head, const std::string& name, const std::string& value) {
   size_t at = head.find("\r\n");
   while (at != std::string::npos) {

@@ -66,6 +66,13 @@ Status ServeOriginsByName(Harness& h, const egress::CertAuthority& ca,
 // cannot be read.
 int64_t CountInFile(const std::string& path, const std::string& needle);
 
+// `script` run by bash in VM `id`.
+CliResult ShIn(Harness& h, const std::string& id, const std::string& script);
+// https://HOST:PORT/PATH for origin `o` under the name `host`.
+std::string OriginUrl(const TlsOrigin& o, const std::string& host, const std::string& path);
+// The placeholder the guest of VM `id` sees in variable `name`.
+std::string GuestPlaceholder(Harness& h, const std::string& id, const std::string& name);
+
 // Whether a request head an origin recorded has the field `name` (in any case: HTTP/2
 // lower-cases names, and the relay passes them on so) with exactly `value`.
 bool HasField(const std::string& head, const std::string& name, const std::string& value);
