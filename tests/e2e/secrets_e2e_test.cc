@@ -202,6 +202,44 @@ TEST_F(SecretsE2E, BasicAuthCarriesTheRealValueInsideItsBase64) {
                        "Basic " + Base64Encode("bot:" + std::string(kGhValue))));
 }
 
+// Bodies: a secret declared with "body": true (secrets.json, the only place to say so) is put
+// into a request body; one without is not, in the same request. Over HTTP/2 and HTTP/1.1.
+TEST_F(SecretsE2E, OnlyASecretDeclaredWithBodyIsPutIntoABody) {
+  const std::string body_value = "body-REAL-5e4d3c2b1a0f9e8d7c6b5a49";
+  ASSERT_TRUE(WriteFileAtomic(h_->home() + "/body.token", body_value).ok());
+  ASSERT_TRUE(MakeDirs(h_->home() + "/config", 0700).ok());
+  ASSERT_TRUE(WriteFileAtomic(h_->home() + "/config/secrets.json",
+                              Json{{"BODY_TOKEN",
+                                    {{"source", "file:" + h_->home() + "/body.token"},
+                                     {"hosts", {"api.secret.test"}},
+                                     {"body", true}}}}
+                                  .dump())
+                  .ok());
+  CliResult c =
+      h_->Cli({"create", "--memory", "256", "--allow",
+               "api.secret.test:" + std::to_string(api_->port()), "--secret", "BODY_TOKEN",
+               "--secret", "GH_TOKEN=file:" + h_->home() + "/gh.token@api.secret.test"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string vm = c.out.substr(0, c.out.find('\n'));
+  const std::string gh_ph = GuestPlaceholder(*h_, vm, "GH_TOKEN");
+  for (const std::string version : {"2", "1.1"}) {
+    SCOPED_TRACE("HTTP/" + version);
+    size_t before = api_->bodies().size();
+    CliResult r =
+        ShIn(*h_, vm,
+             "curl -sS -p --http" + version + " --data-binary \"a=$BODY_TOKEN&b=$GH_TOKEN\" " +
+                 OriginUrl(*api_, "api.secret.test", "/form"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto bodies = api_->bodies();
+    ASSERT_EQ(bodies.size(), before + 1);
+    // Compared without printing: a failure must not put a value into the test's output.
+    EXPECT_TRUE(bodies.back() == "a=" + body_value + "&b=" + gh_ph)
+        << "only the body secret's placeholder is replaced in a body";
+  }
+  EXPECT_EQ(h_->Cli({"rm", vm}).code, 0);
+  ::unlink((h_->home() + "/config/secrets.json").c_str());
+}
+
 TEST_F(SecretsE2E, APlaceholderSentToAHostOfAnotherSecretIsRefusedAndAudited) {
   size_t before = other_->heads().size();
   CliResult r = Sh("curl -sS -i -p -H \"Authorization: Bearer $GH_TOKEN\" " +

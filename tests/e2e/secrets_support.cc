@@ -44,6 +44,11 @@ std::vector<std::string> TlsOrigin::heads() {
   return heads_;
 }
 
+std::vector<std::string> TlsOrigin::bodies() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bodies_;
+}
+
 void TlsOrigin::Serve(UniqueFd fd) {
   auto tls =
       egress::TlsStream::Accept(std::move(fd), ctx_, Clock::now() + std::chrono::seconds(30));
@@ -63,6 +68,17 @@ void TlsOrigin::Serve(UniqueFd fd) {
     (void)(*tls)->Write(Git(**tls, head));
     (void)(*tls)->CloseWrite();
     return;
+  }
+  if (std::string length = Header(first + "\r\n", "content-length"); !length.empty()) {
+    std::string body = head.substr(first.size() + 4);
+    size_t want = static_cast<size_t>(std::atoll(length.c_str()));
+    while (body.size() < want) {
+      auto more = (*tls)->Read(16384, Clock::now() + std::chrono::seconds(30));
+      if (!more.ok() || more->empty()) return;
+      body += *more;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    bodies_.push_back(body);
   }
   (void)(*tls)->Write(
       "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nSet-Cookie: session=from-origin\r\n"

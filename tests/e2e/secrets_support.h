@@ -37,6 +37,8 @@ class TlsOrigin {
   uint16_t port() const { return l_.port; }
   // The request heads received so far (request line and headers, without the blank line).
   std::vector<std::string> heads();
+  // The body of each request that had a Content-Length (other than git's), in order.
+  std::vector<std::string> bodies();
 
   // The value of a request header in `head` (the first of the name, compared without
   // case); "" when absent.
@@ -48,6 +50,7 @@ class TlsOrigin {
 
   const std::string git_root_;
   const std::string git_auth_;
+  std::vector<std::string> bodies_;  // guarded by mu_
   std::shared_ptr<SSL_CTX> ctx_;
   TcpListener l_;
   std::thread accept_;
