@@ -58,7 +58,7 @@ using UpstreamDialer = std::function<Result<std::unique_ptr<ByteStream>>()>;
 inline constexpr int kMaxStreams = 16;
 inline constexpr int kMaxIdleLanes = 4;
 inline constexpr int kStreamWindow = 1 << 20;
-inline constexpr size_t kMaxBufferedResponse = 1 << 20;
+inline constexpr size_t kMaxBufferedResponse = 256 << 10;
 
 // Serves HTTP/2 to `guest` for requests to `host` (canonical, the CONNECT target) until the
 // guest closes, the connection idles out, or either side fails. The result sums the lanes':
