@@ -292,6 +292,7 @@ class Session {
       std::string in;
       std::deque<Event> events;
       bool eof, failed, idle_out = false;
+      std::string guest_error;
       {
         MutexLock l(mu_);
         for (;;) {
@@ -312,6 +313,7 @@ class Session {
         eof = guest_eof_;
         eof_seen_ = eof;
         failed = guest_failed_;
+        if (failed) guest_error = guest_error_;
         space_.SignalAll();
       }
       if (idle_out) {
@@ -331,7 +333,7 @@ class Session {
       for (Event& e : events) Handle(e);
       if (!Send().ok() || broken) return;
       if (failed) {
-        SetError(guest_error_);
+        SetError(guest_error);
         return;
       }
       // An HTTP/2 client does not half-close: its end is the connection's, and a response
