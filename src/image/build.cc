@@ -339,6 +339,13 @@ Status Builder::Run() {
     if (::chmod(path.c_str(), 0444) != 0) return ErrnoError("chmod " + path);
   }
   m.created = NowUtc();
+  // A build that made the same image as the one installed keeps its creation time, so its
+  // manifest, and with it the manifest's SHA-256, stays the same: the images derived from it
+  // (which record that SHA-256) and the templates booted from it stay current instead of
+  // being rebuilt (a recipe image took 23 min here for nothing).
+  if (auto had = ReadManifest(opts_.images_root + "/" + opts_.name); had.ok()) {
+    m.created = CreatedFor(m, *had);
+  }
   RETURN_IF_ERROR(WriteFileAtomic(build_dir + "/manifest.json", ManifestToJson(m), 0444));
   // The parts were written by child processes that do not fsync; the swap below must not
   // become visible before their bytes are on disk.

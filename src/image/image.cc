@@ -204,6 +204,12 @@ std::map<std::string, std::string> MergeEnv(const std::map<std::string, std::str
   return out;
 }
 
+std::string CreatedFor(const Manifest& fresh, const Manifest& installed) {
+  Manifest same = fresh;
+  same.created = installed.created;
+  return same == installed ? installed.created : fresh.created;
+}
+
 std::string ManifestToJson(const Manifest& m) {
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   for (const auto& [part, info] : m.files) {

@@ -93,6 +93,11 @@ struct Manifest {
 std::map<std::string, std::string> MergeEnv(const std::map<std::string, std::string>& parent,
                                             const std::map<std::string, std::string>& own);
 
+// The creation time for a freshly built `fresh` when `installed` is already there: the
+// installed one's when the two differ in nothing else (same parts, kernel, init, packages,
+// chain), so that the manifest's bytes and SHA-256 do not change; else fresh.created.
+std::string CreatedFor(const Manifest& fresh, const Manifest& installed);
+
 // Pretty JSON, as written to manifest.json.
 std::string ManifestToJson(const Manifest& manifest);
 // Parses and checks manifest.json text: known format (1 or 2), all fields present with the

@@ -70,6 +70,29 @@ TEST_F(ImageTest, ManifestSurvivesJsonRoundTrip) {
   EXPECT_EQ(*read, m);
 }
 
+// A rebuild that made the same image keeps the installed manifest byte for byte (so images
+// derived from it, which record its SHA-256, stay current); any real change takes the new
+// time.
+TEST_F(ImageTest, ARebuildOfTheSameImageKeepsItsManifestBytes) {
+  Manifest installed = MakeImage("debian-12");
+  Manifest fresh = installed;
+  fresh.created = "2026-12-03T19:37:12Z";
+  fresh.created = CreatedFor(fresh, installed);
+  EXPECT_EQ(fresh.created, installed.created);
+  EXPECT_EQ(Sha256Hex(ManifestToJson(fresh)), Sha256Hex(ManifestToJson(installed)));
+  for (auto change : std::vector<std::function<void(Manifest&)>>{
+           [](Manifest& m) { m.init_sha256 = Sha256Hex("another init"); },
+           [](Manifest& m) { m.files["rootfs.ext4"].sha256 = Sha256Hex("another rootfs"); },
+           [](Manifest& m) { m.kernel_package += "+1"; },
+           [](Manifest& m) { m.packages.push_back("curl"); },
+           [](Manifest& m) { m.modules.pop_back(); }}) {
+    Manifest other = installed;
+    other.created = "2026-12-03T19:37:12Z";
+    change(other);
+    EXPECT_EQ(CreatedFor(other, installed), "2026-12-03T19:37:12Z");
+  }
+}
+
 TEST_F(ImageTest, MissingManifestIsNotFound) {
   ASSERT_TRUE(MakeDirs(root_ + "/empty").ok());
   auto m = ReadManifest(root_ + "/empty");
