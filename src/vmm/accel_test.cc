@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <optional>
+#include <random>
 
 #include "util/fd.h"
 #include "util/process.h"
@@ -85,6 +87,16 @@ TEST_F(AccelCacheTest, AProbeThatHangsGivesUpAtItsTimeout) {
 }
 
 // Stands in for a probe QEMU: a process group leader whose command line names the token.
+// A token no other process on the machine carries: ReapProbe finds a probe by its token, and
+// another unit_tests running this test at the same moment (a CI run beside a developer's)
+// made a fixed token find that process's probe instead (seen: the pid one above ours).
+std::string UniqueToken() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", static_cast<unsigned>(::getpid()), rd());
+  return buf;
+}
+
 Result<ChildProcess> FakeProbe(const std::string& token) {
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c", "sleep 600; true", "sh", "-name", "trybox-probe-" + token};
@@ -92,10 +104,11 @@ Result<ChildProcess> FakeProbe(const std::string& token) {
 }
 
 TEST_F(AccelCacheTest, AProbeLeftByADeadDaemonIsKilledByItsRecordedPid) {
-  auto probe = FakeProbe("0123abcd");
+  const std::string token = UniqueToken();
+  auto probe = FakeProbe(token);
   ASSERT_TRUE(probe.ok()) << probe.status().ToString();
   ASSERT_TRUE(
-      WriteFileAtomic(Path(kProbePidFile), std::to_string(probe->pid()) + " 0123abcd\n").ok());
+      WriteFileAtomic(Path(kProbePidFile), std::to_string(probe->pid()) + " " + token + "\n").ok());
   EXPECT_EQ(ReapProbe(dir_->path()), probe->pid());
   auto exit = probe->Wait();
   ASSERT_TRUE(exit.ok());
@@ -104,12 +117,12 @@ TEST_F(AccelCacheTest, AProbeLeftByADeadDaemonIsKilledByItsRecordedPid) {
 }
 
 TEST_F(AccelCacheTest, AProbeKilledBeforeItsPidWasRecordedIsFoundByItsToken) {
-  auto probe = FakeProbe("feedface");
+  const std::string token = UniqueToken();
+  auto probe = FakeProbe(token);
   ASSERT_TRUE(probe.ok()) << probe.status().ToString();
-  ASSERT_TRUE(WriteFileAtomic(Path(kProbePidFile), "0 feedface\n").ok());
+  ASSERT_TRUE(WriteFileAtomic(Path(kProbePidFile), "0 " + token + "\n").ok());
   // The shell may not have exec'd yet: its command line names the token once it has.
-  for (int i = 0; i < 500 && ProcessCmdline(probe->pid()).find("feedface") == std::string::npos;
-       ++i) {
+  for (int i = 0; i < 500 && ProcessCmdline(probe->pid()).find(token) == std::string::npos; ++i) {
     ::usleep(10000);
   }
   EXPECT_EQ(ReapProbe(dir_->path()), probe->pid());
