@@ -48,8 +48,9 @@ struct LiveRun {
   // Holds the key (shared pages, wiped when the run ends or expires): never serialised,
   // never sent to the agent.
   agent::ModelSettings settings;
-  // The run's secrets (AgentRequest::secrets), for its verification VM: memory only.
-  std::vector<egress::SecretInput> secrets;
+  // The run's secrets (AgentRequest::secrets), for its verification VM: memory only, in
+  // pages of their own, wiped when the run goes.
+  std::shared_ptr<const egress::HeldSecrets> secrets;
   std::vector<agent::Entry> transcript;
   RunState state;
   store::AgentRunRecord rec;  // as stored: id, times, outcome, vm_id (state from `state`)

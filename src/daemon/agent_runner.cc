@@ -101,7 +101,7 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   create.allow = req.allow;
   create.profiles = req.profiles;
   create.deny = req.deny;
-  create.secrets = req.secrets;
+  create.secrets = req.secrets;  // shared: the values stay in their pages
   create.http_rules = req.http_rules;
   // Checked before a VM is booted, and before the probe spends a request, for nothing.
   if (Status st = vms_.Validate(create); !st.ok()) return ErrorReply(st);
@@ -431,9 +431,10 @@ void AgentRunner::Release(const std::shared_ptr<Slot>& slot) {
   const LiveRun& run = slot->run;
   bool never_started = run.state.error && run.state.error->kind == "setup_failed";
   if (run.rec.outcome == "DONE" || run.rec.outcome == "CANCELLED" || never_started) {
-    // Its key is wiped now (unless the call's request still holds it, until it returns),
-    // not whenever the last holder of the slot lets go.
+    // Its key and secrets are wiped now (unless the call's request still holds them, until
+    // it returns), not whenever the last holder of the slot lets go.
     slot->run.settings.api_key.reset();
+    slot->run.secrets.reset();
     runs_.erase(run.id);
   }
   changed_.SignalAll();
@@ -564,6 +565,7 @@ void AgentRunner::ExpireIdleRuns() {
       (void)vms_.Destroy(r.rec.vm_id);
       r.state.expired = why;
       r.settings.api_key.reset();  // the run cannot continue: its key is wiped
+      r.secrets.reset();           // and its secrets
       Save(r);
     }
   }

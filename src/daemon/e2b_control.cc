@@ -243,6 +243,8 @@ void HttpApi::AddE2bRoutes() {
     auto body = ObjectBody(req);
     if (!body.ok()) return FromStatus(body.status());
     auto n = ParseNewSandbox(*body, settings_.max_sandbox_timeout_s);
+    // Parsed: the values are held in pages of their own, and the body's copies go now.
+    if (auto tb = body->find("trybox"); tb != body->end()) WipeSecretValues(&*tb);
     if (!n.ok()) return FromStatus(n.status());
     auto created = vms_.Create(n->create);
     if (!created.ok()) {

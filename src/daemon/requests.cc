@@ -1,5 +1,7 @@
 #include "daemon/requests.h"
 
+#include <string.h>
+
 #include "util/names.h"
 
 namespace trybox::daemon {
@@ -49,27 +51,35 @@ Status NoNul(const std::string& s, const char* what) {
 
 // [{"name": N, "value": V, "hosts": [H...], "body": false, "keep_cookies": false}]. Errors
 // name the secret by its index and name, never by its value. `what`: the prefix of the
-// field's name in messages.
-Result<std::vector<egress::SecretInput>> Secrets(const Json& j, const std::string& what) {
-  std::vector<egress::SecretInput> out;
-  if (j.is_null()) return out;
+// field's name in messages. The values go into pages of their own; every string copy made
+// here is wiped, parsed or not.
+Result<std::shared_ptr<const egress::HeldSecrets>> Secrets(const Json& j, const std::string& what) {
+  if (j.is_null()) return std::shared_ptr<const egress::HeldSecrets>();
   if (!j.is_array()) return InvalidArgument("'" + what + "secrets' must be an array");
   if (j.size() > egress::kMaxSecrets) {
     return InvalidArgument("'" + what + "secrets' has more than " +
                            std::to_string(egress::kMaxSecrets) + " entries");
   }
-  for (size_t i = 0; i < j.size(); ++i) {
-    Fields f(j[i], what + "secrets[" + std::to_string(i) + "].");
-    RETURN_IF_ERROR(f.CheckObject());
-    egress::SecretInput in;
-    ASSIGN_OR_RETURN(in.name, f.String("name"));
-    ASSIGN_OR_RETURN(in.value, f.String("value"));
-    ASSIGN_OR_RETURN(in.hosts, f.StringList("hosts"));
-    ASSIGN_OR_RETURN(in.body, f.Bool("body", false));
-    ASSIGN_OR_RETURN(in.keep_cookies, f.Bool("keep_cookies", false));
-    out.push_back(std::move(in));
+  std::vector<egress::SecretInput> inputs;
+  auto parse = [&]() -> Status {
+    for (size_t i = 0; i < j.size(); ++i) {
+      Fields f(j[i], what + "secrets[" + std::to_string(i) + "].");
+      RETURN_IF_ERROR(f.CheckObject());
+      egress::SecretInput& in = inputs.emplace_back();
+      ASSIGN_OR_RETURN(in.name, f.String("name"));
+      ASSIGN_OR_RETURN(in.value, f.String("value"));
+      ASSIGN_OR_RETURN(in.hosts, f.StringList("hosts"));
+      ASSIGN_OR_RETURN(in.body, f.Bool("body", false));
+      ASSIGN_OR_RETURN(in.keep_cookies, f.Bool("keep_cookies", false));
+    }
+    return Status::Ok();
+  };
+  inputs.reserve(j.size());  // no reallocation leaves a value's old bytes behind
+  if (Status st = parse(); !st.ok()) {
+    egress::WipeSecretInputs(&inputs);
+    return st;
   }
-  return out;
+  return egress::HeldSecrets::Hold(&inputs);
 }
 
 }  // namespace
@@ -461,6 +471,20 @@ Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer) {
 void WipeModelKey(Json* request) {
   if (!request->is_object()) return;
   if (auto it = request->find("model"); it != request->end()) agent::WipeKey(&*it);
+}
+
+void WipeSecretValues(Json* request) {
+  if (!request->is_object()) return;
+  auto secrets = request->find("secrets");
+  if (secrets == request->end() || !secrets->is_array()) return;
+  for (Json& s : *secrets) {
+    if (!s.is_object()) continue;
+    auto value = s.find("value");
+    if (value == s.end() || !value->is_string()) continue;
+    std::string& text = value->get_ref<std::string&>();
+    ::explicit_bzero(text.data(), text.capacity());
+    text.clear();
+  }
 }
 
 Result<RunRequest> ParseRunRequest(const Json& j) {

@@ -49,8 +49,9 @@ struct CreateRequest {
   // Commands keep every capability (docs/security.md): the channel is then within a
   // command's reach, and the VM's results are the guest's word.
   bool privileged = false;
-  // Secrets the guest sees only as placeholders (docs/secrets.md). Values are never echoed.
-  std::vector<egress::SecretInput> secrets;
+  // Secrets the guest sees only as placeholders (docs/secrets.md). Values are never echoed,
+  // and held in pages of their own from parsing on. Null: none.
+  std::shared_ptr<const egress::HeldSecrets> secrets;
   // HTTP rules (egress/http_rules.h), as written: "allow GET api.github.com/repos/A/B".
   std::vector<std::string> http_rules;
 };
@@ -204,8 +205,9 @@ struct AgentRequest {
   agent::ModelSettings model;  // holds the key: never logged, never stored
   AgentLimits limits;
   // The run's VM and its verification VM get these as create's `secrets` (placeholders in
-  // the guest). Values: never logged, never stored.
-  std::vector<egress::SecretInput> secrets;
+  // the guest). Values: never logged, never stored, held in pages of their own from parsing
+  // on (the run keeps this pointer). Null: none.
+  std::shared_ptr<const egress::HeldSecrets> secrets;
   // The run's VM's HTTP rules (create's `http_rules`); not its verification VM's,
   // which runs the operator's command rather than the agent's.
   std::vector<std::string> http_rules;
@@ -254,6 +256,9 @@ Result<AgentContinueRequest> ParseAgentContinue(const Json& j, bool answer);
 // Wipes the model key in an agent, agent_answer or agent_resume request once it is parsed
 // (the parsed request holds it in its own pages).
 void WipeModelKey(Json* request);
+// Wipes the values of `secrets` in a create or agent request once it is parsed (the parsed
+// request holds them in pages of their own).
+void WipeSecretValues(Json* request);
 Result<RunRequest> ParseRunRequest(const Json& j);
 // agent_ls: {"limit": N} (default 50).
 Result<int64_t> ParseListLimit(const Json& j);

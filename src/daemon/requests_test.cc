@@ -42,13 +42,16 @@ TEST(DaemonRequestsTest, CreateTakesSecretsAndItsErrorsNeverQuoteAValue) {
                          {"name":"B","value":"w","hosts":["*.b.test"],"body":true,
                           "keep_cookies":true}]})"));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->secrets.size(), 2u);
-  EXPECT_EQ(r->secrets[0].name, "GH");
-  EXPECT_EQ(r->secrets[0].value, "v-123");
-  EXPECT_EQ(r->secrets[0].hosts, std::vector<std::string>{"a.test"});
-  EXPECT_FALSE(r->secrets[0].body);
-  EXPECT_TRUE(r->secrets[1].body);
-  EXPECT_TRUE(r->secrets[1].keep_cookies);
+  ASSERT_NE(r->secrets, nullptr);
+  const auto& held = r->secrets->entries();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].name, "GH");
+  EXPECT_EQ(held[0].value.view(), "v-123");
+  EXPECT_EQ(held[0].hosts, std::vector<std::string>{"a.test"});
+  EXPECT_FALSE(held[0].body);
+  EXPECT_TRUE(held[1].body);
+  EXPECT_TRUE(held[1].keep_cookies);
+  EXPECT_EQ(ParseCreate(J("{}"))->secrets, nullptr);
   ExpectInvalid(ParseCreate(J(R"({"secrets":{}})")).status(), "'secrets' must be an array");
   ExpectInvalid(ParseCreate(J(R"({"secrets":[1]})")).status(), "secrets[0]");
   ExpectInvalid(ParseCreate(J(R"({"secrets":[{"name":"A","hosts":["a.test"]}]})")).status(),
@@ -258,6 +261,46 @@ TEST(DaemonRequestsTest, AnAgentRequestsModelKeyIsWipedOnceParsed) {
   EXPECT_EQ(no_model, Json({{"run", "r1"}}));
   Json not_an_object = 3;
   WipeModelKey(&not_an_object);
+  EXPECT_EQ(not_an_object, 3);
+}
+
+// Issue 13: the request's JSON kept the secrets' values in ordinary memory after parsing.
+TEST(DaemonRequestsTest, CreateAndAgentSecretValuesAreWipedFromTheJsonOnceParsed) {
+  const std::string value = "ghp_request-secret-0123456789";
+  const std::string shortv = "pw-short";  // within the string's own bytes
+  Json secrets = Json::array({{{"name", "GH"}, {"value", value}, {"hosts", {"a.test"}}},
+                              {{"name", "PW"}, {"value", shortv}, {"hosts", {"b.test"}}}});
+  Json create = {{"secrets", secrets}};
+  auto c = ParseCreate(create);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::string& text = create["secrets"][0]["value"].get_ref<const std::string&>();
+  const char* bytes = text.data();
+  WipeSecretValues(&create);
+  // Zeroed where it lay, not only dropped from the document.
+  EXPECT_EQ(std::string(bytes, value.size()), std::string(value.size(), '\0'));
+  EXPECT_EQ(create.dump().find(value), std::string::npos) << create.dump();
+  EXPECT_EQ(create.dump().find(shortv), std::string::npos) << create.dump();
+  EXPECT_EQ(create["secrets"][0]["name"], "GH");
+  ASSERT_NE(c->secrets, nullptr);
+  EXPECT_EQ(c->secrets->entries()[0].value.view(), value);
+  EXPECT_EQ(c->secrets->entries()[1].value.view(), shortv);
+
+  Json agent = {
+      {"task", "t"}, {"model", {{"provider", "openai"}, {"model", "m"}}}, {"secrets", secrets}};
+  auto a = ParseAgent(agent);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  WipeSecretValues(&agent);
+  EXPECT_EQ(agent.dump().find(value), std::string::npos) << agent.dump();
+  ASSERT_NE(a->secrets, nullptr);
+  EXPECT_EQ(a->secrets->entries()[0].value.view(), value);
+
+  // Malformed entries are left as they are, and nothing throws.
+  Json odd = {{"secrets", Json::array({1, {{"value", 2}}, {{"name", "X"}}})}};
+  Json before = odd;
+  WipeSecretValues(&odd);
+  EXPECT_EQ(odd, before);
+  Json not_an_object = 3;
+  WipeSecretValues(&not_an_object);
   EXPECT_EQ(not_an_object, 3);
 }
 

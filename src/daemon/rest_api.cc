@@ -457,7 +457,9 @@ void HttpApi::AddRestRoutes() {
     Json verb = std::move(*body);
     verb["verb"] = "agent";
     HttpResponse r = StreamVerb(verb);
-    WipeModelKey(&verb);  // sent: the route's copy of the key goes now (docs/secrets.md)
+    // Sent: the route's copies of the key and the secrets' values go now (docs/secrets.md).
+    WipeModelKey(&verb);
+    WipeSecretValues(&verb);
     return r;
   });
   router_.Add("GET", "/trybox/v1/agent-runs/{id}", [this](const HttpRequest&, const PathParams& p) {

@@ -22,7 +22,7 @@ std::string FirstLine(const std::string& s, size_t max = 72) {
 
 void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
                         const std::string& summary, const std::string& agent_verify,
-                        const std::vector<egress::SecretInput>& secrets,
+                        const std::shared_ptr<const egress::HeldSecrets>& secrets,
                         const std::function<void(const std::string&)>& progress) {
   bool cut = false;
   state.claim =
@@ -91,7 +91,8 @@ void Supervisor::Cancel(const std::string& run_id, const std::string& vm_id, Run
 }
 
 void Supervisor::Verify(const RunState& state, const std::string& tree,
-                        const std::vector<egress::SecretInput>& secrets, Verification& v) {
+                        const std::shared_ptr<const egress::HeldSecrets>& secrets,
+                        Verification& v) {
   CreateRequest create;
   create.image = state.image_name;
   create.memory_mib = kVerifyMemoryMib;

@@ -30,7 +30,7 @@ class Supervisor {
   // `secrets`: the run's, given to the verification VM as to the run's own.
   void Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
               const std::string& summary, const std::string& agent_verify,
-              const std::vector<egress::SecretInput>& secrets,
+              const std::shared_ptr<const egress::HeldSecrets>& secrets,
               const std::function<void(const std::string&)>& progress);
   // A cancelled run: what the agent did is collected and committed (as for a failed
   // command), the VM destroyed; nothing is verified.
@@ -43,7 +43,7 @@ class Supervisor {
                    const std::string& what, RunState& state);
   // The verification in a fresh VM from `tree`; fills `v`.
   void Verify(const RunState& state, const std::string& tree,
-              const std::vector<egress::SecretInput>& secrets, Verification& v);
+              const std::shared_ptr<const egress::HeldSecrets>& secrets, Verification& v);
 
   VmService& vms_;
   WorkspaceService& workspaces_;

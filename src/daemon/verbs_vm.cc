@@ -99,9 +99,10 @@ Json Doctor(Services& s, bool probe) {
 }  // namespace
 
 void AddVmVerbs(VerbTable& t, Services& s) {
-  t.AddStreaming("create", [&s](channel::Stream& client, const Json& j, Connection& conn) {
+  t.AddStreaming("create", [&s](channel::Stream& client, Json& j, Connection& conn) {
     auto reply = [&]() -> Json {
       auto req = ParseCreate(j);
+      WipeSecretValues(&j);
       if (!req.ok()) return ErrorReply(req.status());
       // Steps that may take seconds are announced as they start (the CLI prints those that
       // outlast a second).

@@ -106,6 +106,7 @@ void AddWorkVerbs(VerbTable& t, Services& s) {
   t.AddStreaming("agent", [&s](channel::Stream& client, Json& j, Connection&) {
     auto req = ParseAgent(j);
     WipeModelKey(&j);
+    WipeSecretValues(&j);
     (void)client.End(req.ok() ? s.agents.Start(*req, client) : ErrorReply(req.status()));
   });
   for (bool answer : {true, false}) {

@@ -49,7 +49,9 @@ Status VmService::Validate(const CreateRequest& req) const {
   ASSIGN_OR_RETURN(std::string dir, image::ImageDir(images_dir_, req.image));
   RETURN_IF_ERROR(image::VerifyImage(dir));
   RETURN_IF_ERROR(egress_.Reach(req.internet, req.allow, req.profiles, req.deny).status());
-  if (!req.secrets.empty()) RETURN_IF_ERROR(egress::SecretSet::Make(req.secrets).status());
+  if (req.secrets && !req.secrets->empty()) {
+    RETURN_IF_ERROR(egress::SecretSet::Make(*req.secrets).status());
+  }
   RETURN_IF_ERROR(egress::HttpRules::Make(req.http_rules).status());
   return disks_.Admit(DiskUses());
 }
@@ -62,8 +64,8 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   ASSIGN_OR_RETURN(egress::Reach reach,
                    egress_.Reach(req.internet, req.allow, req.profiles, req.deny));
   std::shared_ptr<const egress::SecretSet> secrets;
-  if (!req.secrets.empty()) {
-    ASSIGN_OR_RETURN(secrets, egress::SecretSet::Make(req.secrets));
+  if (req.secrets && !req.secrets->empty()) {
+    ASSIGN_OR_RETURN(secrets, egress::SecretSet::Make(*req.secrets));
   }
   std::shared_ptr<const egress::HttpRules> rules;
   if (!req.http_rules.empty()) {

@@ -113,15 +113,25 @@ bool Secret::BoundTo(const std::string& canonical_host) const {
                      [&](const AllowEntry& e) { return e.MatchesHost(canonical_host); });
 }
 
-Result<std::shared_ptr<const SecretSet>> SecretSet::Make(std::vector<SecretInput> inputs) {
+namespace {
+
+// One declaration as SecretSet::Make reads it, wherever its value is held.
+struct Declared {
+  const std::string& name;
+  std::string_view value;
+  const std::vector<std::string>& hosts;
+  bool body;
+  bool keep_cookies;
+};
+
+Status MakeSet(const std::vector<Declared>& inputs, std::vector<Secret>* out) {
   if (inputs.size() > kMaxSecrets) {
     return InvalidArgument("too many secrets: " + std::to_string(inputs.size()) + " (at most " +
                            std::to_string(kMaxSecrets) + ")");
   }
-  auto set = std::make_shared<SecretSet>();
   std::set<std::string> names;
   std::set<std::string> placeholders;
-  for (auto& in : inputs) {
+  for (const auto& in : inputs) {
     if (!IsName(in.name)) {
       return InvalidArgument("secret name '" + in.name.substr(0, 64) +
                              "' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)");
@@ -150,23 +160,73 @@ Result<std::shared_ptr<const SecretSet>> SecretSet::Make(std::vector<SecretInput
       s.hosts.push_back(std::move(*e));
     }
     ASSIGN_OR_RETURN(s.value, SecretValue::Copy(in.value));
-    ::explicit_bzero(in.value.data(), in.value.size());
     do {
       ASSIGN_OR_RETURN(s.placeholder, MakePlaceholder(s.value.view()));
     } while (!placeholders.insert(s.placeholder).second ||
              s.value.view().find(s.placeholder) != std::string_view::npos);
     s.body = in.body;
     s.keep_cookies = in.keep_cookies;
-    set->secrets_.push_back(std::move(s));
+    out->push_back(std::move(s));
   }
   // A placeholder that contains another's would let one substitution expose the other.
-  for (const auto& a : set->secrets_) {
-    for (const auto& b : set->secrets_) {
+  for (const auto& a : *out) {
+    for (const auto& b : *out) {
       if (&a != &b && a.placeholder.find(b.placeholder) != std::string::npos) {
         return Internal("placeholders overlap; declare the secrets again");
       }
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void WipeSecretInputs(std::vector<SecretInput>* inputs) {
+  for (auto& in : *inputs) {
+    // The whole buffer: a short value sits in the string's own bytes, and may have been
+    // longer once.
+    ::explicit_bzero(in.value.data(), in.value.capacity());
+    in.value.clear();
+  }
+}
+
+Result<std::shared_ptr<const HeldSecrets>> HeldSecrets::Hold(std::vector<SecretInput>* inputs) {
+  auto held = std::make_shared<HeldSecrets>();
+  Status st = Status::Ok();
+  for (auto& in : *inputs) {
+    auto value = SecretValue::Copy(in.value);
+    if (!value.ok()) {
+      st = value.status().Annotate("hold secret " + in.name.substr(0, 64));
+      break;
+    }
+    held->entries_.push_back({in.name, std::move(*value), in.hosts, in.body, in.keep_cookies});
+  }
+  WipeSecretInputs(inputs);
+  if (!st.ok()) return st;
+  return std::shared_ptr<const HeldSecrets>(std::move(held));
+}
+
+Result<std::shared_ptr<const SecretSet>> SecretSet::Make(std::vector<SecretInput> inputs) {
+  std::vector<Declared> declared;
+  declared.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    declared.push_back({in.name, in.value, in.hosts, in.body, in.keep_cookies});
+  }
+  auto set = std::make_shared<SecretSet>();
+  Status made = MakeSet(declared, &set->secrets_);
+  WipeSecretInputs(&inputs);
+  if (!made.ok()) return made;
+  return std::shared_ptr<const SecretSet>(std::move(set));
+}
+
+Result<std::shared_ptr<const SecretSet>> SecretSet::Make(const HeldSecrets& held) {
+  std::vector<Declared> declared;
+  declared.reserve(held.size());
+  for (const auto& e : held.entries()) {
+    declared.push_back({e.name, e.value.view(), e.hosts, e.body, e.keep_cookies});
+  }
+  auto set = std::make_shared<SecretSet>();
+  RETURN_IF_ERROR(MakeSet(declared, &set->secrets_));
   return std::shared_ptr<const SecretSet>(std::move(set));
 }
 

@@ -4,8 +4,10 @@
 // placeholder anywhere else.
 //
 // Ownership: a VM's SecretSet is built once at create and shared (immutable, thread-safe)
-// by every connection of that VM. Real values live in SecretValue's own pages: locked in
-// memory, excluded from core dumps, wiped when the set goes.
+// by every connection of that VM. A request's declarations are held as HeldSecrets from the
+// moment they are parsed (a vm_agent run keeps them for its verification VM). Real values
+// live in SecretValue's own pages in both: locked in memory, excluded from core dumps,
+// wiped when the holder goes.
 #pragma once
 
 #include <map>
@@ -60,6 +62,34 @@ struct SecretInput {
   bool keep_cookies = false;       // pass Set-Cookie from its hosts through to the guest
 };
 
+// Wipes every input's value (its whole buffer) and empties it.
+void WipeSecretInputs(std::vector<SecretInput>* inputs);
+
+// Declared secrets not yet made into a VM's SecretSet: the daemon's create and agent requests
+// hold them so from parsing on, and a vm_agent run keeps them for its verification VM.
+// Nothing is checked but that the values could be copied; SecretSet::Make checks the rest.
+// Immutable once made; shared (std::shared_ptr<const HeldSecrets>) between threads.
+class HeldSecrets {
+ public:
+  struct Entry {
+    std::string name;
+    SecretValue value;
+    std::vector<std::string> hosts;
+    bool body = false;
+    bool keep_cookies = false;
+  };
+  // Copies each input's value into pages of its own and wipes the inputs' values, whether
+  // it succeeds or not.
+  static Result<std::shared_ptr<const HeldSecrets>> Hold(std::vector<SecretInput>* inputs);
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  bool empty() const { return entries_.empty(); }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
 struct Secret {
   std::string name;
   std::string placeholder;  // random; the same length and character class as the value
@@ -75,8 +105,11 @@ class SecretSet {
  public:
   // Validates every input (names unique and well-formed, values within limits, hosts
   // parse); the error names the secret, never its value. Placeholders are drawn from the
-  // kernel's random source.
+  // kernel's random source. The inputs' values are wiped whether it succeeds or not.
   static Result<std::shared_ptr<const SecretSet>> Make(std::vector<SecretInput> inputs);
+  // The same from held secrets: each value goes from its pages to the set's, never through
+  // ordinary memory.
+  static Result<std::shared_ptr<const SecretSet>> Make(const HeldSecrets& held);
 
   const std::vector<Secret>& secrets() const { return secrets_; }
   bool empty() const { return secrets_.empty(); }

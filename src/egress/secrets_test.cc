@@ -115,6 +115,83 @@ TEST(SecretsTest, AValueLivesInPagesExcludedFromCoreDumps) {
   EXPECT_TRUE(v->view().empty());
 }
 
+// The VmFlags line of the mapping that holds `p`, from /proc/self/smaps; "" if none.
+std::string VmFlagsOf(const void* p) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_mapping = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
+      in_mapping = addr >= lo && addr < hi;
+      continue;
+    }
+    if (in_mapping && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// Issue 13: a vm_agent run kept its --secret values as std::strings for its whole life.
+// Held secrets live in pages out of core dumps, and holding them wipes the inputs.
+TEST(SecretsTest, HoldingSecretsMovesTheirValuesIntoPagesOutOfCoreDumpsAndWipesTheInputs) {
+  const std::string long_value = "ghp_held-secret-value-0123456789abcdef";
+  std::vector<SecretInput> inputs = {Input("GH", long_value, {"api.github.com"}),
+                                     Input("PW", "short", {"*.b.test"})};
+  inputs[1].body = true;
+  inputs[1].keep_cookies = true;
+  const char* long_bytes = inputs[0].value.data();
+  const size_t long_capacity = inputs[0].value.capacity();
+  auto held = HeldSecrets::Hold(&inputs);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // The inputs' buffers (still the strings' own) hold zeros only.
+  for (const auto& in : inputs) EXPECT_TRUE(in.value.empty());
+  EXPECT_EQ(inputs[0].value.data(), long_bytes);
+  EXPECT_EQ(std::string(long_bytes, long_capacity), std::string(long_capacity, '\0'));
+  EXPECT_EQ(std::string(inputs[1].value.data(), 5), std::string(5, '\0'));
+
+  ASSERT_EQ((*held)->size(), 2u);
+  const auto& e = (*held)->entries();
+  EXPECT_EQ(e[0].name, "GH");
+  EXPECT_EQ(e[0].value.view(), long_value);
+  EXPECT_EQ(e[1].value.view(), "short");
+  EXPECT_EQ(e[1].hosts, std::vector<std::string>{"*.b.test"});
+  EXPECT_TRUE(e[1].body);
+  EXPECT_TRUE(e[1].keep_cookies);
+  for (const auto& entry : e) {
+    std::string flags = VmFlagsOf(entry.value.view().data());
+    EXPECT_NE(flags.find(" dd"), std::string::npos) << flags;
+  }
+}
+
+// A VM's set made from held secrets, as for each VM of a run: the held values stay whole
+// (the next VM needs them) and the set's are in pages of their own.
+TEST(SecretsTest, ASetMadeFromHeldSecretsCopiesPagesToPagesAndChecksAsFromInputs) {
+  const std::string value = "0123456789abcdef0123456789abcdef";
+  std::vector<SecretInput> inputs = {Input("TOKEN", value, {"api.example.com"})};
+  auto held = HeldSecrets::Hold(&inputs);
+  ASSERT_TRUE(held.ok());
+  for (int vm = 0; vm < 2; ++vm) {
+    auto set = SecretSet::Make(**held);
+    ASSERT_TRUE(set.ok()) << set.status().ToString();
+    const Secret& s = (*set)->secrets()[0];
+    EXPECT_EQ(s.value.view(), value);
+    EXPECT_NE(s.value.view().data(), (*held)->entries()[0].value.view().data());
+    EXPECT_NE(VmFlagsOf(s.value.view().data()).find(" dd"), std::string::npos);
+    EXPECT_EQ(s.placeholder.size(), value.size());
+    EXPECT_TRUE(s.BoundTo("api.example.com"));
+  }
+  EXPECT_EQ((*held)->entries()[0].value.view(), value);
+  // Held secrets are checked when a set is made, with the same errors, never quoting a value.
+  std::vector<SecretInput> bad = {Input("T", "sekrit-value-77", {"a.test:443"})};
+  auto bad_held = HeldSecrets::Hold(&bad);
+  ASSERT_TRUE(bad_held.ok());
+  auto refused = SecretSet::Make(**bad_held);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("has a port"), std::string::npos);
+  EXPECT_EQ(refused.status().message().find("sekrit"), std::string::npos);
+}
+
 // A header line built around a value: one piece, and NUL-terminated even when the text is
 // exactly a page long.
 TEST(SecretsTest, AJoinedValueIsOnePieceAndNulTerminated) {
