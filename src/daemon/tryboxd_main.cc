@@ -1,10 +1,12 @@
 // tryboxd: the per-user (or system) trybox daemon. Usually started by the CLI on demand.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "daemon/daemon.h"
@@ -12,6 +14,14 @@
 #include "util/version.h"
 
 int main(int argc, char** argv) {
+  // Secrets and model keys pass through this process (docs/secrets.md). Like ssh-agent, it
+  // makes itself non-dumpable: a crash writes no core file holding what its heap held (the
+  // raw bytes of a request are freed unwiped), and other processes of the same user can
+  // neither ptrace it nor read its memory. TRYBOX_CORE_DUMPS=1 keeps it dumpable to debug a
+  // crash; the pages that hold secrets are MADV_DONTDUMP then.
+  if (const char* d = std::getenv("TRYBOX_CORE_DUMPS"); !(d && std::string(d) == "1")) {
+    ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  }
   CLI::App app{"tryboxd: owns trybox VMs, images and records; serves the trybox socket"};
   trybox::daemon::Options opts;
   opts.paths = trybox::Paths::FromEnvironment();

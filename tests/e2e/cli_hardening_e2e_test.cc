@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -272,6 +273,48 @@ TEST_F(CliHardeningE2E, SquattedDaemonOfAnotherUserIsRefusedAndHearsNothing) {
   auto heard = (*impostor)->BytesHeard();
   ASSERT_TRUE(heard.ok()) << heard.status().ToString();
   EXPECT_EQ(*heard, 0) << "the impostor received the request";
+}
+
+// Secrets pass through tryboxd, so it makes itself non-dumpable (as ssh-agent does): a crash
+// leaves no core file with whatever its heap held. TRYBOX_CORE_DUMPS=1 keeps dumps for
+// debugging, and is also the control showing that this test sees a core file when there is
+// one.
+TEST(DaemonCoreDumpE2E, ACrashedDaemonLeavesNoCoreFileUnlessDumpsAreAskedFor) {
+  auto pattern = ReadFileToString("/proc/sys/kernel/core_pattern");
+  if (!pattern.ok() || *pattern != "core\n") {
+    GTEST_SKIP() << "kernel.core_pattern is not 'core': the core file would not be in the "
+                    "daemon's directory for this test to look at";
+  }
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_CORE, &old), 0);
+  rlimit unlimited{RLIM_INFINITY, RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_CORE, &unlimited) != 0) {
+    GTEST_SKIP() << "cannot raise RLIMIT_CORE here";
+  }
+  for (bool dumps : {false, true}) {
+    SCOPED_TRACE(dumps ? "TRYBOX_CORE_DUMPS=1" : "default");
+    auto h = Harness::Start(dumps ? std::vector<std::string>{"TRYBOX_CORE_DUMPS=1"}
+                                  : std::vector<std::string>{});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    const pid_t pid = (*h)->daemon_pid();
+    char cwd[4096];
+    ssize_t n = ::readlink(("/proc/" + std::to_string(pid) + "/cwd").c_str(), cwd, sizeof cwd - 1);
+    ASSERT_GT(n, 0);
+    const std::string core = std::string(cwd, static_cast<size_t>(n)) + "/core";
+    ::unlink(core.c_str());
+    ASSERT_EQ(::kill(pid, SIGSEGV), 0);
+    // The dump is written before the process becomes a zombie.
+    for (int i = 0; i < 3000; ++i) {
+      auto stat = ReadFileToString("/proc/" + std::to_string(pid) + "/stat");
+      if (!stat.ok() || stat->find(") Z ") != std::string::npos) break;
+      ::usleep(10000);
+    }
+    struct stat st {};
+    bool found = ::stat(core.c_str(), &st) == 0;
+    EXPECT_EQ(found, dumps) << core;
+    ::unlink(core.c_str());
+  }
+  ::setrlimit(RLIMIT_CORE, &old);
 }
 
 }  // namespace
