@@ -12,11 +12,14 @@
 #include <type_traits>
 
 #include "agent/http.h"
+#include "egress/secrets_test_util.h"
 #include "tests/fake_model/fake_model.h"
 #include "util/tcp.h"
 
 namespace trybox::agent {
 namespace {
+
+using egress::VmFlagsOf;
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -29,23 +32,6 @@ std::shared_ptr<const egress::SecretValue> Key() {
   auto k = MakeModelKey(kKey);
   EXPECT_TRUE(k.ok()) << k.status().ToString();
   return std::move(k).value();
-}
-
-// The VmFlags line of the mapping that holds `p`, from /proc/self/smaps; nullopt if none.
-std::optional<std::string> VmFlagsOf(const void* p) {
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool in_mapping = false;
-  while (std::getline(smaps, line)) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
-      in_mapping = addr >= lo && addr < hi;
-    } else if (in_mapping && line.rfind("VmFlags:", 0) == 0) {
-      return line;
-    }
-  }
-  return std::nullopt;
 }
 
 std::unique_ptr<FakeModelServer> StartServer(bool tls = false) {

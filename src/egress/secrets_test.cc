@@ -9,6 +9,8 @@
 #include <set>
 #include <string>
 
+#include "egress/secrets_test_util.h"
+
 namespace trybox::egress {
 namespace {
 
@@ -115,23 +117,6 @@ TEST(SecretsTest, AValueLivesInPagesExcludedFromCoreDumps) {
   EXPECT_TRUE(v->view().empty());
 }
 
-// The VmFlags line of the mapping that holds `p`, from /proc/self/smaps; "" if none.
-std::string VmFlagsOf(const void* p) {
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool in_mapping = false;
-  while (std::getline(smaps, line)) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
-      in_mapping = addr >= lo && addr < hi;
-      continue;
-    }
-    if (in_mapping && line.rfind("VmFlags:", 0) == 0) return line;
-  }
-  return "";
-}
-
 // Issue 13: a vm_agent run kept its --secret values as std::strings for its whole life.
 // Held secrets live in pages out of core dumps, and holding them wipes the inputs.
 TEST(SecretsTest, HoldingSecretsMovesTheirValuesIntoPagesOutOfCoreDumpsAndWipesTheInputs) {
@@ -159,7 +144,7 @@ TEST(SecretsTest, HoldingSecretsMovesTheirValuesIntoPagesOutOfCoreDumpsAndWipesT
   EXPECT_TRUE(e[1].body);
   EXPECT_TRUE(e[1].keep_cookies);
   for (const auto& entry : e) {
-    std::string flags = VmFlagsOf(entry.value.view().data());
+    std::string flags = VmFlagsOf(entry.value.view().data()).value_or("");
     EXPECT_NE(flags.find(" dd"), std::string::npos) << flags;
   }
 }
@@ -177,7 +162,7 @@ TEST(SecretsTest, ASetMadeFromHeldSecretsCopiesPagesToPagesAndChecksAsFromInputs
     const Secret& s = (*set)->secrets()[0];
     EXPECT_EQ(s.value.view(), value);
     EXPECT_NE(s.value.view().data(), (*held)->entries()[0].value.view().data());
-    EXPECT_NE(VmFlagsOf(s.value.view().data()).find(" dd"), std::string::npos);
+    EXPECT_NE(VmFlagsOf(s.value.view().data()).value_or("").find(" dd"), std::string::npos);
     EXPECT_EQ(s.placeholder.size(), value.size());
     EXPECT_TRUE(s.BoundTo("api.example.com"));
   }
