@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Runs the whole test suite:
 #   1. formatting (clang-format, .clang-format at the root)
-#   2. unit tests, then the end-to-end suites side by side (each boots real guests under its
-#      own private tryboxd; TRYBOX_E2E_JOBS of them at a time, default 3)
-#   3. a clang build with ASan+UBSan and -Wthread-safety: the unit tests again, and every
+#   2. unit tests
+#   3. the end-to-end suites side by side (each boots real guests under its own private
+#      tryboxd; TRYBOX_E2E_JOBS of them at a time, default 3)
+#   4. a clang build with ASan+UBSan and -Wthread-safety: the unit tests again, and every
 #      fuzz target for TRYBOX_FUZZ_SECONDS each (default 30); skip with TRYBOX_ASAN=0
 # Installs missing packages, builds, and (re)builds the default image first; the image's
-# root filesystem is cached, so a rebuild after the first takes seconds.
+# root filesystem is cached, so a rebuild after the first takes seconds. The developer image
+# (debian-12-dev, 15-20 min from cold under TCG, a no-op when current) builds in the
+# background while the tests compile, and the e2e suites start once it is there: it uses
+# one core (the guest's), the compilers the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -19,12 +23,50 @@ if ! clang-format --dry-run --Werror $(git ls-files '*.cc' '*.h'); then
   exit 1
 fi
 
-stage "build"
-scripts/build.sh
+stage "build: the programs"
+programs=(trybox tryboxd trybox-agent trybox-ext4tar trybox-init)
+scripts/build.sh "${programs[@]}"
 build/bin/trybox image build debian-12
-# The developer image DevImageSecretsE2E boots (Node's fetch); a no-op when it is current. Built
-# here, with the user's warm package cache, rather than inside the suite's 1500 s ctest limit.
-build/bin/trybox image build debian-12-dev
+
+# The clang build (ASan+UBSan, -Wthread-safety, libFuzzer) compiles at nice 19 from here to
+# the end of the e2e stage: it takes only the CPU the other stages leave idle, and its tests
+# run after the e2e suites, at normal priority.
+asan=${TRYBOX_ASAN:-1}
+fuzzers=(frame_fuzzer egress_fuzzer model_reply_fuzzer daemon_request_fuzzer guest_reply_fuzzer)
+asan_pid=""
+if [ "$asan" != "0" ]; then
+  launcher=()
+  if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+  cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTRYBOX_SANITIZE=ON \
+    -DTRYBOX_THREAD_SAFETY=ON -DTRYBOX_FUZZ=ON "${launcher[@]}" >/dev/null
+  asan_log=$(mktemp /tmp/trybox-asan-build-XXXXXX.log)
+  nice -n 19 ninja -C build-asan unit_tests "${fuzzers[@]}" >"$asan_log" 2>&1 &
+  asan_pid=$!
+  echo "clang build: in the background at nice 19 (pid $asan_pid, log $asan_log)"
+fi
+
+# The developer image DevImageSecretsE2E boots (Node's fetch), built with the user's warm
+# package cache rather than inside the suite's 1500 s ctest limit. Nothing else until the
+# e2e stage touches the image directory, whose lock a second build (or commit) would meet.
+dev_log=$(mktemp /tmp/trybox-dev-image-XXXXXX.log)
+TRYBOX_PROGRESS=always build/bin/trybox image build debian-12-dev >"$dev_log" 2>&1 &
+dev_pid=$!
+stop_background() {
+  # Ctrl-C or a failed stage: the CLI's own SIGINT handling destroys its build VM.
+  if kill -0 "$dev_pid" 2>/dev/null; then
+    kill -INT "$dev_pid" 2>/dev/null || true
+    wait "$dev_pid" 2>/dev/null || true
+  fi
+  if [ -n "$asan_pid" ] && kill -0 "$asan_pid" 2>/dev/null; then
+    kill -TERM "$asan_pid" 2>/dev/null || true
+    wait "$asan_pid" 2>/dev/null || true
+  fi
+}
+trap stop_background EXIT
+echo "debian-12-dev: building in the background (pid $dev_pid, log $dev_log)"
+
+stage "build: tests and benchmarks"
+scripts/build.sh
 # The MCP SDK client the MCP e2e test drives `trybox mcp` with (versions pinned by the lock).
 npm ci --prefix tests/mcp --no-audit --no-fund --loglevel=error >/dev/null
 # The official E2B SDK the HTTP API's e2e test drives (tests/e2b, pinned by its lock).
@@ -34,17 +76,28 @@ npm ci --prefix tests/ui --no-audit --no-fund --loglevel=error >/dev/null
 
 stage "unit tests"
 (cd build && ctest --output-on-failure -L unit "$@")
+
+stage "waiting for debian-12-dev"
+if ! wait "$dev_pid"; then
+  tail -40 "$dev_log" >&2
+  echo "debian-12-dev: the build failed (its whole log: $dev_log)" >&2
+  exit 1
+fi
+grep -E "^trybox: |image debian-12-dev" "$dev_log" | tail -3 || true
+rm -f "$dev_log"
+
 stage "e2e tests"
 (cd build && ctest --output-on-failure -L e2e -j "${TRYBOX_E2E_JOBS:-3}" --timeout 1500 "$@")
 
-if [ "${TRYBOX_ASAN:-1}" != "0" ]; then
-  stage "clang: ASan+UBSan, -Wthread-safety, fuzzers"
-  launcher=()
-  if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-  cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTRYBOX_SANITIZE=ON \
-    -DTRYBOX_THREAD_SAFETY=ON -DTRYBOX_FUZZ=ON "${launcher[@]}" >/dev/null
-  fuzzers=(frame_fuzzer egress_fuzzer model_reply_fuzzer daemon_request_fuzzer guest_reply_fuzzer)
-  ninja -C build-asan unit_tests "${fuzzers[@]}"
+if [ "$asan" != "0" ]; then
+  stage "clang: waiting for its build"
+  if ! wait "$asan_pid"; then
+    tail -60 "$asan_log" >&2
+    echo "clang build failed (its whole log: $asan_log)" >&2
+    exit 1
+  fi
+  rm -f "$asan_log"
+  stage "clang: ASan+UBSan unit tests, fuzzers"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 \
     ctest --output-on-failure -L unit)
   for f in "${fuzzers[@]}"; do
