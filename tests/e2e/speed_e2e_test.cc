@@ -194,11 +194,13 @@ TEST(SpeedE2E, BulkDataTakesTheDiskByDefaultAndTheChannelWhenToldOrWhenSmall) {
   ASSERT_TRUE(tmp.ok());
   const std::string t = tmp->path();
   // A repository, and a tree with a symlink and an executable.
-  ASSERT_EQ(Sh("set -e; git init -q -b main '" + t + "/repo' && cd '" + t +
-               "/repo' && mkdir -p a/b && for i in $(seq 1 300); do echo line $i > a/b/f$i; "
-               "done && printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh && ln -s "
-               "a/b/f1 link && git add -A && git commit -qm init && echo ok"),
-            "ok\n");
+  ASSERT_EQ(
+      Sh("set -e; git init -q -b main '" + t + "/repo' && cd '" + t +
+         "/repo' && mkdir -p a/b && for i in $(seq 1 300); do echo line $i > a/b/f$i; "
+         "done && printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh && ln -s "
+         "a/b/f1 link && git add -A && git -c user.name=t -c user.email=t@t commit -qm init && "
+         "echo ok"),
+      "ok\n");
   for (const std::string mode : {"disk", "channel"}) {
     SCOPED_TRACE(mode);
     auto h = Harness::Start({"TRYBOX_TRANSFER=" + mode});
