@@ -36,6 +36,11 @@ class RemoveOnExit {
   std::string path_;
 };
 
+// The scratch part (an empty 8 GiB ext4 as qcow2) at `out`, its raw file made in `tmp_dir`.
+// The same bytes on every call (fixed UUID, hash seed and times): a rebuild of an unchanged
+// image keeps its manifest.
+Status MakeScratchImage(const std::string& tmp_dir, const std::string& out);
+
 // The time now as a manifest's `created`: "2025-11-30T05:13:00Z".
 std::string NowUtc();
 
