@@ -8,7 +8,7 @@
 #      fuzz target for TRYBOX_FUZZ_SECONDS each (default 30); skip with TRYBOX_ASAN=0
 # Installs missing packages, builds, and (re)builds the default image first; the image's
 # root filesystem is cached, so a rebuild after the first takes seconds. The developer image
-# (debian-12-dev, 15-20 min from cold under TCG, a no-op when current) builds in the
+# (debian-12-dev, 7-10 min from cold under TCG here, a no-op when current) builds in the
 # background while the tests compile, and the e2e suites start once it is there: it uses
 # one core (the guest's), the compilers the other.
 set -euo pipefail
