@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -117,10 +119,37 @@ void Register(Harness* h) {
   g_live.insert(h);
 }
 
+std::mutex g_reports_mu;
+std::vector<std::string> g_reports;
+
+// Where a sanitizer's report starts in `log`, or npos.
+size_t FindSanitizerReport(const std::string& log) {
+  size_t at = std::string::npos;
+  for (const char* mark : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"}) {
+    at = std::min(at, log.find(mark));
+  }
+  if (at == std::string::npos) return at;
+  size_t line = log.rfind('\n', at);
+  return line == std::string::npos ? 0 : line + 1;
+}
+
 }  // namespace
+
+std::vector<std::string> Harness::SanitizerReports() {
+  std::lock_guard<std::mutex> lock(g_reports_mu);
+  return g_reports;
+}
 
 void Harness::CleanUp() {
   (void)StopDaemon();
+  // After the stop: LeakSanitizer reports as the daemon exits.
+  const std::string log = ReadFileToString(home_ + "/tryboxd.log").value_or("");
+  if (size_t at = FindSanitizerReport(log); at != std::string::npos) {
+    std::string report = "tryboxd in " + home_ + ":\n" + log.substr(at, 6000);
+    std::fprintf(stderr, "%s\n", report.c_str());
+    std::lock_guard<std::mutex> lock(g_reports_mu);
+    g_reports.push_back(std::move(report));
+  }
   for (pid_t p : QemuPids()) ::kill(p, SIGKILL);
   (void)RemoveTree(home_);
 }

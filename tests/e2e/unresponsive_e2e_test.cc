@@ -66,7 +66,9 @@ class UnresponsiveE2E : public SharedHarness<UnresponsiveE2E> {
 };
 
 TEST_F(UnresponsiveE2E, AStoppedGuestsExecEndsAsGuestUnresponsiveAndTheGuestIsNoticedAgain) {
-  auto [id, pid] = Create();
+  // Not a structured binding: clang 14 cannot capture one in the lambdas below.
+  const auto [created_id, pid] = Create();
+  const std::string id = created_id;
   ASSERT_GT(pid, 0);
   // The exec runs; then its guest stops answering. Its timeout lives in the guest, which
   // will never act on it: only the host's deadline (or heartbeat) can end it.
