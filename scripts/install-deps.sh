@@ -4,8 +4,9 @@
 set -euo pipefail
 
 PACKAGES=(
-  # build
-  cmake ninja-build g++ pkg-config ccache
+  # build: clang (scripts/build.sh's compiler) with its sanitizer and libFuzzer runtimes
+  # (scripts/test.sh); g++ for CXX=g++ and the C++ standard library's headers
+  cmake ninja-build clang libclang-rt-dev g++ pkg-config ccache
   # libraries
   nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev libcurl4-openssl-dev
   libmicrohttpd-dev libext2fs-dev libnghttp2-dev
