@@ -26,9 +26,11 @@ if ! clang-format --dry-run --Werror $(git ls-files '*.cc' '*.h'); then
   exit 1
 fi
 
-# The two background jobs below end with the script, however it ends.
+# The two background jobs below end with the script, however it ends, and so does the
+# user's daemon when the image builds started it (with its spare clones).
 dev_pid=""
 asan_pid=""
+started_daemon=0
 stop_background() {
   # Ctrl-C or a failed stage: the CLI's own SIGINT handling destroys its build VM.
   if [ -n "$dev_pid" ] && kill -0 "$dev_pid" 2>/dev/null; then
@@ -39,6 +41,7 @@ stop_background() {
     kill -TERM "$asan_pid" 2>/dev/null || true
     wait "$asan_pid" 2>/dev/null || true
   fi
+  if [ "$started_daemon" = "1" ]; then build/bin/trybox daemon stop || true; fi
 }
 trap stop_background EXIT
 
@@ -62,6 +65,8 @@ fi
 stage "build: the programs"
 programs=(trybox tryboxd trybox-agent trybox-ext4tar trybox-init)
 scripts/build.sh "${programs[@]}"
+# `daemon status` starts no daemon; the image build below does when none runs.
+if ! build/bin/trybox daemon status >/dev/null 2>&1; then started_daemon=1; fi
 build/bin/trybox image build debian-12
 
 # The developer image DevImageSecretsE2E boots (Node's fetch), built with the user's warm
