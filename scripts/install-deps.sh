@@ -4,9 +4,9 @@
 set -euo pipefail
 
 PACKAGES=(
-  # build: clang (scripts/build.sh's compiler) with its sanitizer and libFuzzer runtimes
-  # (scripts/test.sh); g++ for CXX=g++ and the C++ standard library's headers
-  cmake ninja-build clang libclang-rt-dev g++ pkg-config ccache
+  # build: g++ (scripts/build.sh); clang with its sanitizer and libFuzzer runtimes
+  # (scripts/test.sh's ASan build of the unit tests and the fuzzers)
+  cmake ninja-build g++ clang libclang-rt-dev pkg-config ccache
   # libraries
   nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev libcurl4-openssl-dev
   libmicrohttpd-dev libext2fs-dev libnghttp2-dev
