@@ -133,15 +133,21 @@ void InChild(const std::function<void(Guest&, int& failures)>& body, bool like_i
         BlockChildSignal();
         g_own_status = ReadFileToString("/proc/self/status").value_or("");
         if (like_init && LimitBoundingSetForChildren() != 0) std::_Exit(4);
-        auto dir = TempDir::Make(::testing::TempDir(), "exec_test");
-        if (!dir.ok() || ::chmod(dir->path().c_str(), 0755) != 0) std::_Exit(3);
-        int failures = 0;
+        int code = 3;
         {
-          Guest g(dir->path());
-          body(g, failures);
+          // Removed when this scope ends: _Exit below runs no destructor.
+          auto dir = TempDir::Make(::testing::TempDir(), "exec_test");
+          if (dir.ok() && ::chmod(dir->path().c_str(), 0755) == 0) {
+            int failures = 0;
+            {
+              Guest g(dir->path());
+              body(g, failures);
+            }
+            code = failures == 0 ? 0 : 1;
+          }
         }
         std::fflush(stderr);
-        std::_Exit(failures == 0 ? 0 : 1);
+        std::_Exit(code);
       },
       ::testing::ExitedWithCode(0), "");
 }
