@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <string>
 
-// In a sanitized build (CI's): LeakSanitizer checks at exit by stopping the process's
+// In a sanitized build (TRYBOX_SANITIZE): LeakSanitizer checks at exit by stopping the process's
 // threads with ptrace, which the sandbox denies, and reads /proc, which its empty root lacks;
 // the check would fail every sandboxed run. The code these binaries share is leak-checked
 // in unit_tests.

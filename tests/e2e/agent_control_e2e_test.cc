@@ -125,6 +125,7 @@ class AgentControlE2E : public AgentFixture {
     UniqueFd mem(::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC));
     if (!mem.valid()) return false;
     std::string line;
+    std::string buf(kChunk + needle.size(), '\0');
     while (std::getline(maps, line)) {
       unsigned long lo = 0, hi = 0;
       char perms[5] = {0};
@@ -132,7 +133,6 @@ class AgentControlE2E : public AgentFixture {
         continue;
       }
       if (line.find("[vvar]") != std::string::npos || hi - lo > kShadowSize) continue;
-      std::string buf(kChunk + needle.size(), '\0');
       for (unsigned long at = lo; at < hi; at += kChunk) {
         const size_t want = static_cast<size_t>(std::min(hi - at, kChunk + needle.size()));
         ssize_t n = ::pread(mem.get(), buf.data(), want, static_cast<off_t>(at));

@@ -292,7 +292,7 @@ TEST(DaemonCoreDumpE2E, ACrashedDaemonLeavesNoCoreFileUnlessDumpsAreAskedFor) {
   if (::setrlimit(RLIMIT_CORE, &unlimited) != 0) {
     GTEST_SKIP() << "cannot raise RLIMIT_CORE here";
   }
-  // A sanitized daemon (scripts/test.sh's build) would catch the SIGSEGV itself and exit
+  // A sanitized daemon (an e2e run from build-asan/) would catch the SIGSEGV itself and exit
   // without a core, as it disables dumps of its shadow memory: it leaves both to the kernel,
   // as a plain build does. Other builds ignore ASAN_OPTIONS.
   const char* asan = std::getenv("ASAN_OPTIONS");

@@ -49,7 +49,7 @@ class Harness {
 
   // Stops the daemon, kills this home's QEMUs and removes the home: the destructor, and at
   // exit for a harness never destroyed (a bench that failed with std::exit). A sanitizer's
-  // report in the daemon's log (a sanitized build, scripts/test.sh's) is kept first.
+  // report in the daemon's log (a sanitized build's daemon) is kept first.
   void CleanUp();
   // The sanitizer reports (ASan, LSan, UBSan) found in the logs of the daemons cleaned up so
   // far, each named by its home; e2e_tests fails on any (tests/e2e/sanitizer_check.cc).

@@ -1,7 +1,8 @@
-// e2e_tests fails when a daemon it ran reported a sanitizer's finding in its log (a sanitized
-// build: scripts/test.sh's). The daemon's stderr is its log, which no test reads, and a leak
-// found as it stops changes nothing a test sees; the harness keeps each report as it cleans
-// up (Harness::CleanUp), and this environment turns them into a failure of the program.
+// e2e_tests fails when a daemon it ran reported a sanitizer's finding in its log (an e2e run
+// from a sanitized build; scripts/test.sh runs the e2e suites from the plain one). The daemon's
+// stderr is its log, which no test reads, and a leak found as it stops changes nothing a test sees;
+// the harness keeps each report as it cleans up (Harness::CleanUp), and this environment turns them
+// into a failure of the program.
 #include <gtest/gtest.h>
 
 #include "tests/e2e/harness.h"
