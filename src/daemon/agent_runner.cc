@@ -152,8 +152,9 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   run.rec.vm_id = vm.id();
   s.image_sha256 = vm.record().image_sha256;
   progress("copying the workspace into VM " + vm.id());
-  auto plan = ws::PlanInject(s.repo, ws::Quota{});
-  auto recorded = plan.ok() ? workspaces_.Inject(vm, *plan, ws::Quota{})
+  bool written = false;
+  auto plan = workspaces_.Plan(vm, s.repo, ws::Quota{}, &written);
+  auto recorded = plan.ok() ? workspaces_.Inject(vm, *plan, ws::Quota{}, nullptr, written)
                             : Result<store::WorkspaceRecord>(plan.status());
   if (!recorded.ok()) {
     (void)vms_.Destroy(vm.id());

@@ -30,8 +30,8 @@ constexpr size_t kMaxStderrBytes = size_t{16} << 20;
 std::string DefaultExt4TarBinary() { return BinaryBesideSelf("trybox-ext4tar"); }
 
 Status MountWorkspace(GuestChannel& guest, WorkspaceDiskPort& disk, const std::string& root,
-                      const ws::Manifest& m, const ws::Ext4Geometry& geo) {
-  RETURN_IF_ERROR(ws::WriteExt4ImageToFd(root, m, disk.fd_for_io(), geo));
+                      const ws::Manifest& m, const ws::Ext4Geometry& geo, bool written) {
+  if (!written) RETURN_IF_ERROR(ws::WriteExt4ImageToFd(root, m, disk.fd_for_io(), geo));
   RETURN_IF_ERROR(disk.Announce(geo.bytes));
   return GuestCall(guest, {{"op", "workspace_mount"}, {"disk", {{"bytes", geo.bytes}}}},
                    "mount the workspace disk")

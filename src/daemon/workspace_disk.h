@@ -23,8 +23,11 @@ namespace trybox::daemon {
 
 // Writes the entries of `m` (relative to `root`) as an ext4 file system of `geo` into the
 // disk's file (by its descriptor, never its path) and has the guest mount it at /workspace.
+// With `written`, the caller wrote that file system already (WorkspaceService::Plan, while
+// the plan hashed the files): only the announce and the mount are left.
 Status MountWorkspace(GuestChannel& guest, WorkspaceDiskPort& disk, const std::string& root,
-                      const workspace::Manifest& m, const workspace::Ext4Geometry& geo);
+                      const workspace::Manifest& m, const workspace::Ext4Geometry& geo,
+                      bool written = false);
 
 // The tar of a guest's /workspace as read from its disk. While it lives the guest keeps
 // /workspace frozen (its writers wait); Finish or the destructor thaws it.

@@ -82,10 +82,11 @@ Json CountChanges(const Json& changes) {
 
 Status WorkspaceService::SendTree(VmEntry& vm, const std::string& root,
                                   const ws::Manifest& manifest, const ws::Quota& quota,
-                                  const char** transfer) {
+                                  const char** transfer, bool written) {
   Status st;
   if (WorkspaceDiskPort* disk = vm.workspace_disk()) {
-    st = MountWorkspace(vm, *disk, root, manifest, ws::Ext4GeometryFor(quota.bytes, quota.entries));
+    st = MountWorkspace(vm, *disk, root, manifest, ws::Ext4GeometryFor(quota.bytes, quota.entries),
+                        written);
     if (st.ok()) {
       vm.set_workspace_on_disk();
       if (transfer) *transfer = kTransferWorkspaceDisk;
@@ -104,10 +105,25 @@ Status WorkspaceService::SendTree(VmEntry& vm, const std::string& root,
   return st;
 }
 
+Result<ws::InjectPlan> WorkspaceService::Plan(VmEntry& vm, const std::string& dir,
+                                              const ws::Quota& quota, bool* written) {
+  *written = false;
+  WorkspaceDiskPort* disk = vm.workspace_disk();
+  if (!disk) return ws::PlanInject(dir, quota);
+  // The disk's file system needs only the list (sizes, modes, links): it is written while
+  // the plan reads the same files for their digests.
+  return ws::PlanInject(dir, quota, [&](const ws::InjectPlan& listed) -> Status {
+    RETURN_IF_ERROR(ws::WriteExt4ImageToFd(listed.dir, listed.manifest, disk->fd_for_io(),
+                                           ws::Ext4GeometryFor(quota.bytes, quota.entries)));
+    *written = true;
+    return Status::Ok();
+  });
+}
+
 Result<store::WorkspaceRecord> WorkspaceService::Inject(VmEntry& vm, const ws::InjectPlan& plan,
                                                         const ws::Quota& quota,
-                                                        const char** transfer) {
-  Status st = SendTree(vm, plan.dir, plan.manifest, quota, transfer);
+                                                        const char** transfer, bool written) {
+  Status st = SendTree(vm, plan.dir, plan.manifest, quota, transfer, written);
   if (!st.ok()) return st.Annotate("copy the workspace into VM " + vm.id());
   store::WorkspaceRecord rec;
   rec.vm_id = vm.id();
@@ -162,9 +178,10 @@ Result<InjectOutcome> WorkspaceService::WorkspaceIn(VmEntry& vm, const Workspace
   if (existing) {
     return FailedPrecondition("VM " + vm.id() + " already has a workspace, from " + existing->dir);
   }
-  ASSIGN_OR_RETURN(ws::InjectPlan plan, ws::PlanInject(req.dir, quota));
+  bool written = false;
+  ASSIGN_OR_RETURN(ws::InjectPlan plan, Plan(vm, req.dir, quota, &written));
   InjectOutcome out;
-  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota, &out.transfer));
+  ASSIGN_OR_RETURN(out.record, Inject(vm, plan, quota, &out.transfer, written));
   // The project's hook runs before any command; its output goes to the caller as it is
   // produced and is kept with the workspace record.
   if (req.setup) {
@@ -269,6 +286,10 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
   ws::ExtractReport report;
   ws::ExtractOptions xo = ws::ExtractOptions::ForCollect(
       &excludes, static_cast<uint64_t>(w.quota_bytes), static_cast<uint64_t>(w.quota_entries));
+  // Files that come back as they went in are not written to the staging tree (most of a
+  // workspace, usually): the commit takes their blobs from what went in. With --into the
+  // user gets every file.
+  if (opts.into.empty()) xo.unchanged_from = &before;
   Status st = ws::ExtractTar([&] { return source->Next(); }, staging, xo, &report);
   if (st.code() == Code::kResourceExhausted &&
       (report.bytes > xo.quota_bytes || (xo.quota_entries && report.entries > xo.quota_entries))) {
@@ -297,6 +318,7 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
   }
   auto after = ws::ManifestFromTree(staging, excludes, &report.skipped);
   if (!after.ok()) return failed(after.status());
+  after->merge(report.unwritten);
   auto changes = ws::Diff(before, *after);
   rec.changes = ws::ChangesToJson(changes);
   rec.files = static_cast<int64_t>(after->size());

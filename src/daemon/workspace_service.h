@@ -66,15 +66,22 @@ class WorkspaceService {
   // is produced) unless `req.setup` is false.
   Result<InjectOutcome> WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,
                                     channel::Stream* client);
+  // Plans the workspace `dir` for `vm` (workspace::PlanInject). When the VM has a workspace
+  // disk, its file system is written while the plan hashes the files (*written says it was:
+  // pass it to Inject).
+  Result<workspace::InjectPlan> Plan(VmEntry& vm, const std::string& dir,
+                                     const workspace::Quota& quota, bool* written);
   // Sends a planned workspace to /workspace, records it and marks the VM as having one.
-  // *transfer (if given): how the tree went (kTransfer...).
+  // *transfer (if given): how the tree went (kTransfer...). `written`: Plan wrote the disk.
   Result<store::WorkspaceRecord> Inject(VmEntry& vm, const workspace::InjectPlan& plan,
                                         const workspace::Quota& quota,
-                                        const char** transfer = nullptr);
+                                        const char** transfer = nullptr, bool written = false);
   // Sends the tree `root` (the entries of `manifest`) to /workspace: as the ext4 of the VM's
-  // workspace disk, sized for `quota`, when it has one; else as a tar.
+  // workspace disk, sized for `quota`, when it has one (`written`: already written); else as
+  // a tar.
   Status SendTree(VmEntry& vm, const std::string& root, const workspace::Manifest& manifest,
-                  const workspace::Quota& quota, const char** transfer = nullptr);
+                  const workspace::Quota& quota, const char** transfer = nullptr,
+                  bool written = false);
   // Runs the project's .trybox/setup.sh (if `manifest` has one that is not a symlink) in
   // /workspace, as root. nullopt when there is none. With `record`, its output is kept with
   // the workspace record.

@@ -198,6 +198,23 @@ Result<std::vector<std::string>> GitRepo::ListFiles() const {
   return files;
 }
 
+Result<std::map<std::string, std::string>> GitRepo::StagedBlobs() const {
+  ASSIGN_OR_RETURN(std::string out, Run({"ls-files", "-z", "--stage"}));
+  std::map<std::string, std::string> blobs;
+  // "MODE ID STAGE\tPATH", each record ended by NUL.
+  for (const auto& rec : SplitZ(out)) {
+    size_t tab = rec.find('\t');
+    if (tab == std::string::npos) continue;
+    std::string head = rec.substr(0, tab);
+    size_t sp1 = head.find(' '), sp2 = head.rfind(' ');
+    if (sp1 == std::string::npos || sp2 == sp1) continue;
+    std::string mode = head.substr(0, sp1);
+    if (head.substr(sp2 + 1) != "0" || mode == "160000") continue;
+    blobs[rec.substr(tab + 1)] = head.substr(sp1 + 1, sp2 - sp1 - 1);
+  }
+  return blobs;
+}
+
 Result<std::optional<std::string>> GitRepo::ResolveCommit(const std::string& ref) const {
   auto r = Run({"rev-parse", "--verify", "-q", ref + "^{commit}"});
   if (!r.ok()) return std::optional<std::string>();

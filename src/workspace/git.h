@@ -20,6 +20,7 @@
 // written. Docs: docs/workspace.md.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,6 +54,11 @@ class GitRepo {
   // Tracked and untracked-but-not-ignored paths (`ls-files --cached --others
   // --exclude-standard`), relative, deduplicated.
   Result<std::vector<std::string>> ListFiles() const;
+  // The object id the index records for each path at stage 0 (`ls-files --stage`): the
+  // blob `git add` wrote for a file or symlink, so one the repository holds (unless the
+  // entry is intent-to-add: then the id is the empty blob's, which it may not hold).
+  // Submodules (mode 160000) and conflicted paths are left out.
+  Result<std::map<std::string, std::string>> StagedBlobs() const;
   // HEAD's commit, or nullopt on an unborn branch.
   Result<std::optional<std::string>> Head() const;
   // `REF^{commit}` if it exists.

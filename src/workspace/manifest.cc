@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
+#include <thread>
+#include <vector>
 
 #include "util/file_type.h"
 #include "util/sha256.h"
@@ -14,6 +17,9 @@
 
 namespace trybox::workspace {
 namespace {
+
+// Threads that read and hash a manifest's files at once (at most one per core).
+constexpr long kMaxDigestThreads = 4;
 
 // Reads one lstat'ed path into `e`, its git blob id too unless `blob_ids` is kNone.
 Status FillEntry(const std::string& full, const struct stat& st, GitObjectHash blob_ids, Entry* e) {
@@ -46,8 +52,17 @@ const char* Entry::GitMode() const {
 
 Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
                                   const ExcludeList& excludes, std::vector<Skipped>* skipped,
-                                  GitObjectHash blob_ids) {
-  Manifest m;
+                                  GitObjectHash blob_ids,
+                                  const std::function<Status(const Manifest&)>& listed) {
+  // First which paths go in (lstat, in order), then their digests, which is where the time
+  // goes: read and hashed on every core, each file by one thread.
+  struct Todo {
+    std::string full;
+    struct stat st;
+    Entry e;
+    Status status = Status::Ok();
+  };
+  std::vector<Todo> todo;
   for (const auto& p : paths) {
     std::string full = root + "/" + p;
     struct stat st;
@@ -69,10 +84,57 @@ Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std
       skipped->push_back({p, refusal.reason});
       continue;
     }
-    Entry e;
-    e.path = p;
-    RETURN_IF_ERROR(FillEntry(full, st, blob_ids, &e));
-    m[p] = std::move(e);
+    Todo t{std::move(full), st, Entry(), Status::Ok()};
+    t.e.path = p;
+    t.e.mode = st.st_mode & 07777;
+    t.e.size = static_cast<uint64_t>(st.st_size);
+    todo.push_back(std::move(t));
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  // What is known before any file is read, for `listed` (a symlink's target is read here:
+  // it is part of what a symlink is).
+  Status listed_status = Status::Ok();
+  std::thread beside;
+  if (listed) {
+    Manifest sized;
+    for (Todo& t : todo) {
+      if (S_ISLNK(t.st.st_mode)) {
+        t.status = FillEntry(t.full, t.st, blob_ids, &t.e);
+        if (!t.status.ok()) return t.status;
+      }
+      Entry e = t.e;
+      if (!e.symlink) e.size = static_cast<uint64_t>(t.st.st_size);
+      sized[e.path] = std::move(e);
+    }
+    beside = std::thread([&, sized = std::move(sized)] {
+      listed_status = listed(sized);
+      if (!listed_status.ok()) failed = true;
+    });
+  }
+  auto work = [&] {
+    for (size_t i = next++; i < todo.size() && !failed; i = next++) {
+      Todo& t = todo[i];
+      if (t.e.symlink) continue;  // done above
+      t.status = FillEntry(t.full, t.st, blob_ids, &t.e);
+      if (!t.status.ok()) failed = true;
+    }
+  };
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const size_t threads =
+      std::min<size_t>(std::clamp<long>(cores, 1, kMaxDigestThreads), (todo.size() + 63) / 64);
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < threads; ++i) helpers.emplace_back(work);
+  work();
+  for (auto& h : helpers) h.join();
+  if (beside.joinable()) beside.join();
+  RETURN_IF_ERROR(listed_status);
+  Manifest m;
+  for (auto& t : todo) {
+    if (!t.status.ok()) return t.status;
+    // A failed read stops the others: what they left unread is not in the manifest.
+    if (failed) continue;
+    m[t.e.path] = std::move(t.e);
   }
   return m;
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -56,9 +57,15 @@ Json SkippedToJson(const std::vector<Skipped>& skipped);
 // all but excluded ones are added to `skipped`. With `blob_ids`, each entry's `blob` is the
 // id git would give its content, computed in the same read as its SHA-256 (the repository
 // may not hold it yet), or "" for a file whose length changed while it was read.
+//
+// With `listed`: once every path is examined (types, sizes, modes and symlink targets known,
+// files not yet read), `listed` is called on a thread of its own with that manifest (files
+// without digests or blob ids) while the files are read and hashed. Its error is the
+// result (the reading stops early); otherwise the first read error is.
 Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std::string>& paths,
                                   const ExcludeList& excludes, std::vector<Skipped>* skipped,
-                                  GitObjectHash blob_ids = GitObjectHash::kNone);
+                                  GitObjectHash blob_ids = GitObjectHash::kNone,
+                                  const std::function<Status(const Manifest&)>& listed = nullptr);
 // Every regular file and symlink below `root`, never following a link, minus exclusions and
 // minus paths a commit cannot hold (UnstorablePath), which are added to `skipped` if given (a
 // refused directory once, for everything below it).

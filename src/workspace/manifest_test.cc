@@ -116,6 +116,43 @@ TEST(ManifestTest, ListReportsMissingAndSpecialPaths) {
   EXPECT_EQ(skipped[1].path, "sub");
 }
 
+// The files are read on several threads: every entry still has its own digests, in place.
+TEST(ManifestTest, ListOfManyFilesHasEachFilesOwnDigests) {
+  auto t = TempDir::Make("/tmp", "manifest-test-");
+  ASSERT_TRUE(t.ok());
+  std::string r = t->path();
+  std::vector<std::string> paths;
+  for (int i = 0; i < 500; ++i) {
+    std::string p = "d" + std::to_string(i % 7) + "/f" + std::to_string(i);
+    ASSERT_TRUE(MakeDirs(r + "/d" + std::to_string(i % 7)).ok());
+    ASSERT_TRUE(
+        WriteFileAtomic(r + "/" + p,
+                        std::string(static_cast<size_t>(i) * 37, 'a' + i % 26) + std::to_string(i))
+            .ok());
+    paths.push_back(p);
+  }
+  ASSERT_EQ(::symlink("d0/f0", (r + "/ln").c_str()), 0);
+  paths.push_back("ln");
+  paths.push_back("gone");
+  std::vector<Skipped> skipped;
+  auto m = ManifestFromList(r, paths, ExcludeList(), &skipped, GitObjectHash::kSha1);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->size(), 501u);
+  for (int i = 0; i < 500; ++i) {
+    std::string p = "d" + std::to_string(i % 7) + "/f" + std::to_string(i);
+    std::string content =
+        std::string(static_cast<size_t>(i) * 37, 'a' + i % 26) + std::to_string(i);
+    const Entry& e = m->at(p);
+    EXPECT_EQ(e.size, content.size()) << p;
+    EXPECT_EQ(e.sha256, Sha256Hex(content)) << p;
+    EXPECT_EQ(e.blob, GitBlobId(content, GitObjectHash::kSha1)) << p;
+  }
+  EXPECT_TRUE(m->at("ln").symlink);
+  EXPECT_EQ(m->at("ln").target, "d0/f0");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].path, "gone");
+}
+
 // A name of random bytes: no NUL, '/' only between non-empty components.
 std::string RandomPath(std::mt19937& rng) {
   std::string p;

@@ -8,11 +8,14 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "util/fd.h"
 #include "util/file_type.h"
+#include "util/sha256.h"
 #include "util/utf8.h"
 #include "workspace/archive_ptr.h"
 #include "workspace/git_path.h"
@@ -68,6 +71,48 @@ Status DiskWriteError(archive* disk, const std::string& what, const std::string&
   }
   return Internal(what + ": " + msg);
 }
+
+// Makes the directories above `name` below `dest` as extraction would (0755), never through a
+// symbolic link. False if one of them exists as something else: extraction refuses or
+// replaces such an entry, so it is left to extraction.
+bool MakeParentsNoFollow(const std::string& dest, const std::string& name) {
+  UniqueFd dir(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return false;
+  size_t start = 0;
+  for (size_t slash = name.find('/'); slash != std::string::npos;
+       start = slash + 1, slash = name.find('/', start)) {
+    std::string comp = name.substr(start, slash - start);
+    if (comp.empty() || comp == ".") continue;
+    if (::mkdirat(dir.get(), comp.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    UniqueFd next(
+        ::openat(dir.get(), comp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!next.valid()) return false;
+    dir = std::move(next);
+  }
+  return true;
+}
+
+// The paths of `m` strictly above `name` ("a" and "a/b" for "a/b/c") that are in it.
+bool HasAncestorIn(const Manifest& m, const std::string& name) {
+  for (size_t slash = name.find('/'); slash != std::string::npos;
+       slash = name.find('/', slash + 1)) {
+    if (m.count(name.substr(0, slash))) return true;
+  }
+  return false;
+}
+
+// Whether `m` holds a path strictly below `name`.
+bool HasDescendantIn(const Manifest& m, const std::string& name) {
+  const std::string prefix = name + "/";
+  auto it = m.lower_bound(prefix);
+  return it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+}
+
+// A data block of an entry read before deciding whether to write it.
+struct Block {
+  la_int64_t offset;
+  std::string data;
+};
 
 }  // namespace
 
@@ -214,6 +259,25 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
   auto write_fail = [&](const std::string& name) {
     return DiskWriteError(disk.get(), "write " + JsonSafe(name), dest);
   };
+  // Reads the current entry's data blocks, counted against the quota as they come (past
+  // the declared size too), and hands each to `take`.
+  auto read_blocks = [&](uint64_t& counted,
+                         const std::function<Status(const void*, size_t, la_int64_t)>& take) {
+    const void* buf;
+    size_t size;
+    la_int64_t off;
+    for (;;) {
+      int rr = archive_read_data_block(in.get(), &buf, &size, &off);
+      if (rr == ARCHIVE_EOF) return Status::Ok();
+      if (rr != ARCHIVE_OK) return read_fail("untar");
+      uint64_t end_of_block = static_cast<uint64_t>(off) + size;
+      if (end_of_block > counted) {
+        RETURN_IF_ERROR(count_bytes(end_of_block - counted));
+        counted = end_of_block;
+      }
+      RETURN_IF_ERROR(take(buf, size, off));
+    }
+  };
   std::set<std::string> refused_places;  // paths a commit cannot hold, named once each
   for (;;) {
     archive_entry* e;
@@ -268,7 +332,72 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     }
     // Permission bits only: a guest must not plant set-uid, set-gid or sticky files on the
     // host (the daemon may run as root). Ownership is never restored (no EXTRACT_OWNER).
-    archive_entry_set_perm(e, archive_entry_perm(e) & 0777);
+    const uint32_t perm = archive_entry_perm(e) & 0777;
+    archive_entry_set_perm(e, perm);
+    // A file that came back as it went in is not written (ExtractOptions::unchanged_from).
+    // Its content is read whole first; `stash` keeps it for writing if it differs.
+    std::optional<std::vector<Block>> stash;
+    uint64_t counted = 0;
+    if (opts.unchanged_from) {
+      // Left unwritten only where extraction would have written it: nothing there yet, no
+      // unwritten file above it, and its directories made (or there) without a link.
+      auto free_place = [&] {
+        struct stat st;
+        return ::lstat((dest + "/" + name).c_str(), &st) != 0 && errno == ENOENT &&
+               !HasAncestorIn(report->unwritten, name) && MakeParentsNoFollow(dest, name);
+      };
+      auto same = hard ? report->unwritten.find(hard_name) : report->unwritten.end();
+      auto before = opts.unchanged_from->find(name);
+      if (hard && same != report->unwritten.end() && free_place()) {
+        Entry copy = same->second;  // a hard link to an unwritten file is that file again
+        copy.path = name;
+        report->unwritten[name] = std::move(copy);
+        continue;
+      }
+      if (!hard && type == AE_IFREG && before != opts.unchanged_from->end() &&
+          !before->second.symlink && !before->second.blob.empty() && archive_entry_size_is_set(e) &&
+          archive_entry_size(e) >= 0 &&
+          static_cast<uint64_t>(archive_entry_size(e)) == before->second.size &&
+          before->second.size <= kMaxUnwrittenBytes && free_place()) {
+        counted = before->second.size;
+        RETURN_IF_ERROR(count_bytes(counted));
+        stash.emplace();
+        std::string content(counted, '\0');
+        bool fits = true;
+        RETURN_IF_ERROR(read_blocks(counted, [&](const void* buf, size_t size, la_int64_t off) {
+          if (off < 0 || static_cast<uint64_t>(off) + size > content.size()) {
+            fits = false;
+          } else {
+            std::memcpy(content.data() + off, buf, size);
+          }
+          stash->push_back({off, std::string(static_cast<const char*>(buf), size)});
+          return Status::Ok();
+        }));
+        std::string sha = fits ? Sha256Hex(content) : "";
+        if (fits && sha == before->second.sha256) {
+          ++report->files;
+          Entry u;
+          u.path = name;
+          u.mode = perm;
+          u.size = content.size();
+          u.sha256 = std::move(sha);
+          report->unwritten[name] = std::move(u);
+          continue;
+        }
+      }
+      // Written: what extraction would do to an unwritten file in its way. A file cannot
+      // hold entries (libarchive: "Could not stat"); a directory with entries cannot become
+      // something else; an entry replaces a file at its own path.
+      if (HasAncestorIn(report->unwritten, name)) {
+        list(shown, "refused: a parent of it is a file");
+        continue;
+      }
+      if (type != AE_IFDIR && HasDescendantIn(report->unwritten, name)) {
+        list(shown, "refused: Can't replace existing directory with non-directory");
+        continue;
+      }
+      report->unwritten.erase(name);
+    }
     if (hard) archive_entry_set_hardlink(e, (dest + "/" + hard_name).c_str());
     archive_entry_set_pathname(e, (dest + "/" + name).c_str());
     r = archive_write_header(disk.get(), e);
@@ -279,29 +408,28 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
       continue;
     }
     if (type == AE_IFREG && !hard) ++report->files;
+    if (stash) {
+      for (const Block& b : *stash) {
+        if (archive_write_data_block(disk.get(), b.data.data(), b.data.size(), b.offset) !=
+            ARCHIVE_OK) {
+          return write_fail(name);
+        }
+      }
+      if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) return write_fail(name);
+      continue;
+    }
     // A file counts at its declared size: a sparse file holds little data but is read (and
     // hashed, and stored by git) at its full length.
-    uint64_t counted = 0;
     if (type == AE_IFREG && archive_entry_size_is_set(e) && archive_entry_size(e) > 0) {
       counted = static_cast<uint64_t>(archive_entry_size(e));
       RETURN_IF_ERROR(count_bytes(counted));
     }
-    const void* buf;
-    size_t size;
-    la_int64_t off;
-    for (;;) {
-      r = archive_read_data_block(in.get(), &buf, &size, &off);
-      if (r == ARCHIVE_EOF) break;
-      if (r != ARCHIVE_OK) return read_fail("untar");
-      uint64_t end_of_block = static_cast<uint64_t>(off) + size;
-      if (end_of_block > counted) {
-        RETURN_IF_ERROR(count_bytes(end_of_block - counted));
-        counted = end_of_block;
-      }
+    RETURN_IF_ERROR(read_blocks(counted, [&](const void* buf, size_t size, la_int64_t off) {
       if (archive_write_data_block(disk.get(), buf, size, off) != ARCHIVE_OK) {
         return write_fail(name);
       }
-    }
+      return Status::Ok();
+    }));
     if (archive_write_finish_entry(disk.get()) != ARCHIVE_OK) return write_fail(name);
   }
   if (archive_write_close(disk.get()) != ARCHIVE_OK) {

@@ -37,6 +37,13 @@ struct ExtractOptions {
   bool commit_paths_only = false;
   // Skipped entries listed in the report; the rest are only counted. 0: all.
   size_t max_listed_skipped = 0;
+  // What went in (a collect's manifest). A regular file that comes back with exactly the
+  // content of this manifest's file at the same path (its SHA-256; an entry with a blob id)
+  // is not written to `dest`: it goes into the report's `unwritten`, as ManifestFromTree
+  // would list it, and the caller adds it to the manifest of `dest`. Files up to
+  // kMaxUnwrittenBytes are read whole to decide; larger ones are always written. Null:
+  // everything is written (`collect --into`, where the user gets the tree).
+  const Manifest* unchanged_from = nullptr;
 
   // A workspace collect (docs/workspace.md): exclusions, both quotas, commit paths only, at
   // most kMaxListedSkipped entries listed.
@@ -45,6 +52,7 @@ struct ExtractOptions {
 };
 
 inline constexpr size_t kMaxListedSkipped = 1000;
+inline constexpr uint64_t kMaxUnwrittenBytes = uint64_t{8} << 20;
 
 struct ExtractReport {
   std::vector<Skipped> skipped;   // at most max_listed_skipped
@@ -54,9 +62,15 @@ struct ExtractReport {
   uint64_t entries = 0;           // entries written or skipped, as counted against quota_entries
   uint64_t excluded = 0;          // entries dropped by the exclude list
   uint64_t tar_bytes = 0;         // bytes of tar stream read
+  // With `unchanged_from`: the files left unwritten because their content came back as it
+  // went in, each as ManifestFromTree would list it (no blob id). None of these paths exists
+  // below `dest`, and no entry below `dest` lies under one of them.
+  Manifest unwritten;
 };
 
-// Unpacks the tar stream from `next_chunk` ("" at the end) into `dest` (created).
+// Unpacks the tar stream from `next_chunk` ("" at the end) into `dest` (created). With
+// `unchanged_from`, the manifest of what came back is ManifestFromTree(dest) plus
+// `report->unwritten`, the same as without it.
 Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const std::string& dest,
                   const ExtractOptions& opts, ExtractReport* report);
 

@@ -10,10 +10,19 @@
 #include <unistd.h>
 
 #include <map>
+#include <ostream>
+#include <set>
 
 #include "util/fd.h"
 
 namespace trybox::workspace {
+
+// For gtest's messages: an entry as its fields, not its bytes.
+void PrintTo(const Entry& e, std::ostream* os) {
+  *os << "{" << e.path << (e.symlink ? " -> " + e.target : "") << " mode " << std::oct << e.mode
+      << std::dec << " size " << e.size << " sha256 " << e.sha256.substr(0, 12) << "}";
+}
+
 namespace {
 
 // Builds a tar in memory, entry by entry, the way a hostile guest could.
@@ -416,6 +425,132 @@ TEST_F(TarTest, PathLongerThanTheHostTakesIsSkippedNotFatal) {
   auto m = ManifestFromTree(dest_, ExcludeList());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->size(), 1u);
+}
+
+// The manifest of what a tar brings back, and the paths it skipped: extracted whole, or with
+// unchanged files left unwritten (a collect without --into).
+struct Outcome {
+  Manifest manifest;
+  std::set<std::string> skipped;
+  Manifest unwritten;
+};
+
+Outcome ExtractAndList(const std::string& tar, const std::string& dest, const Manifest* before) {
+  Outcome out;
+  ExtractReport r;
+  ExtractOptions o;
+  o.unchanged_from = before;
+  Status st = ExtractTar(Chunks(tar), dest, o, &r);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  auto m = ManifestFromTree(dest, ExcludeList());
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (m.ok()) out.manifest = *m;
+  for (const auto& [p, e] : r.unwritten) {
+    EXPECT_FALSE(Exists(dest + "/" + p)) << p << " was left unwritten but is there";
+    EXPECT_TRUE(out.manifest.emplace(p, e).second) << p << " is both written and unwritten";
+  }
+  for (const auto& s : r.skipped) out.skipped.insert(s.path);
+  out.unwritten = r.unwritten;
+  return out;
+}
+
+// Extracts `back` whole and again with the files of `before` it holds unchanged left
+// unwritten: the two trees must list the same. Returns the second.
+Outcome ExpectTheSameTreeEitherWay(const std::string& back, const Manifest& before,
+                                   const std::string& tmp) {
+  Outcome whole = ExtractAndList(back, tmp + "/whole", nullptr);
+  Outcome lean = ExtractAndList(back, tmp + "/lean", &before);
+  EXPECT_EQ(whole.manifest, lean.manifest);
+  EXPECT_EQ(whole.skipped, lean.skipped);
+  EXPECT_TRUE(whole.unwritten.empty());
+  return lean;
+}
+
+// What went in: every file of `tar` as extraction lists it, each with a blob id.
+Manifest BeforeOf(const std::string& tar, const std::string& dest) {
+  ExtractReport r;
+  EXPECT_TRUE(ExtractTar(Chunks(tar), dest, {}, &r).ok());
+  auto m = ManifestFromTree(dest, ExcludeList());
+  EXPECT_TRUE(m.ok());
+  Manifest out = m.ok() ? *m : Manifest();
+  for (auto& [p, e] : out) e.blob = "blob-of-" + p;
+  return out;
+}
+
+TEST_F(TarTest, UnchangedFilesAreLeftUnwrittenAndTheTreeListsTheSame) {
+  const std::string big(3 << 20, 'q');
+  std::string in = TarBuilder()
+                       .Add("same.txt", AE_IFREG, "unchanged")
+                       .Add("d/e/deep.txt", AE_IFREG, "deep")
+                       .Add("edited.txt", AE_IFREG, "aaaa")
+                       .Add("grown.txt", AE_IFREG, "short")
+                       .Add("moded.sh", AE_IFREG, "#!/bin/sh\n")
+                       .Add("big.bin", AE_IFREG, big)
+                       .Add("gone.txt", AE_IFREG, "deleted in the VM")
+                       .Add("ln", AE_IFLNK, "", "same.txt")
+                       .Finish();
+  Manifest before = BeforeOf(in, tmp_->path() + "/before");
+  ASSERT_EQ(before.size(), 8u);
+  std::string back = TarBuilder()
+                         .Add("d", AE_IFDIR)
+                         .Add("d/e", AE_IFDIR)
+                         .Add("same.txt", AE_IFREG, "unchanged")
+                         .Add("d/e/deep.txt", AE_IFREG, "deep")
+                         .Add("edited.txt", AE_IFREG, "bbbb")  // same size, other bytes
+                         .Add("grown.txt", AE_IFREG, "longer now")
+                         .Add("moded.sh", AE_IFREG, "#!/bin/sh\n", "", false, 0755)
+                         .Add("big.bin", AE_IFREG, big)
+                         .Add("new.txt", AE_IFREG, "unchanged")  // content of a file, new path
+                         .Add("ln", AE_IFLNK, "", "same.txt")
+                         .Add("hard", AE_IFREG, "", "same.txt", true)
+                         .Finish();
+  Outcome lean = ExpectTheSameTreeEitherWay(back, before, tmp_->path());
+  // Unwritten: the unchanged files (a mode change is still the same content; 3 MiB is read
+  // whole to know) and the hard link to one. Written: what changed, what is new, symlinks.
+  std::set<std::string> unwritten;
+  for (const auto& [p, e] : lean.unwritten) unwritten.insert(p);
+  EXPECT_EQ(unwritten,
+            (std::set<std::string>{"big.bin", "d/e/deep.txt", "hard", "moded.sh", "same.txt"}));
+  EXPECT_EQ(lean.manifest.at("moded.sh").mode, 0755u);
+  EXPECT_TRUE(Exists(tmp_->path() + "/lean/edited.txt"));
+  EXPECT_TRUE(Exists(tmp_->path() + "/lean/new.txt"));
+  EXPECT_TRUE(Exists(tmp_->path() + "/lean/ln"));
+}
+
+// A guest's tar may name a path twice, put entries under a file, or turn a directory into a
+// link after filling it: whatever extraction makes of such a tree, leaving unchanged files
+// unwritten makes the same of it.
+TEST_F(TarTest, LeavingFilesUnwrittenChangesNothingForHostileOrders) {
+  std::string in = TarBuilder()
+                       .Add("a", AE_IFREG, "A")
+                       .Add("d/f", AE_IFREG, "F")
+                       .Add("e/g", AE_IFREG, "G")
+                       .Add("twice", AE_IFREG, "T")
+                       .Add("twice2", AE_IFREG, "U")
+                       .Add("x/y", AE_IFREG, "Y")
+                       .Add("hl", AE_IFREG, "H")
+                       .Finish();
+  Manifest before = BeforeOf(in, tmp_->path() + "/before");
+  std::string back = TarBuilder()
+                         .Add("a", AE_IFREG, "A")
+                         .Add("a/b", AE_IFREG, "under a file")  // refused
+                         .Add("d/f", AE_IFREG, "F")
+                         .Add("d", AE_IFLNK, "", "/tmp")  // d holds f: refused
+                         .Add("e/g", AE_IFREG, "G")
+                         .Add("e", AE_IFREG, "a file over a directory")  // refused
+                         .Add("twice", AE_IFREG, "T")
+                         .Add("twice", AE_IFREG, "changed")  // the later one wins
+                         .Add("twice2", AE_IFREG, "U")
+                         .Add("twice2", AE_IFLNK, "", "elsewhere")
+                         .Add("x", AE_IFLNK, "", "/tmp")
+                         .Add("x/y", AE_IFREG, "Y")  // through a link: refused
+                         .Add("hl", AE_IFREG, "H")
+                         .Add("hl2", AE_IFREG, "", "hl", true)
+                         .Add("hl", AE_IFREG, "now other")  // the link keeps the old content
+                         .Add("hl3", AE_IFREG, "", "hl", true)
+                         .Finish();
+  Outcome lean = ExpectTheSameTreeEitherWay(back, before, tmp_->path());
+  EXPECT_FALSE(lean.unwritten.empty());
 }
 
 }  // namespace

@@ -40,12 +40,22 @@ Status WriteBlobs(const GitRepo& repo, const std::string& root, Manifest* m) {
 
 // Clears the blob id of every entry whose blob the repository does not hold yet, so that
 // WriteBlobs writes it: ids computed from the files (ManifestFromList) cost one lookup here
-// instead of git reading and hashing every file again.
-Status ForgetAbsentBlobs(const GitRepo& repo, Manifest* m) {
+// instead of git reading and hashing every file again. A file whose id is the one the index
+// records for its path (committed or added, unchanged since) needs no lookup: `git add`
+// wrote that blob. An intent-to-add entry records the empty blob's id, so only an empty file
+// could match it, and the empty blob is always looked up. Were the index to name an object
+// the store lacks, the commit would fail naming it (`write-tree` checks), never record a
+// tree with a hole.
+Status ForgetAbsentBlobs(const GitRepo& repo, GitObjectHash object_hash, Manifest* m) {
+  ASSIGN_OR_RETURN(auto staged, repo.StagedBlobs());
+  const std::string empty = GitBlobId("", object_hash);
   std::vector<Entry*> known;
   std::vector<std::string> ids;
   for (auto& [p, e] : *m) {
     if (e.blob.empty()) continue;
+    if (auto s = staged.find(p); s != staged.end() && s->second == e.blob && e.blob != empty) {
+      continue;
+    }
     known.push_back(&e);
     ids.push_back(e.blob);
   }
@@ -120,7 +130,8 @@ Result<InjectPlan> PlanInject(const std::string& dir, uint64_t quota_bytes) {
   return PlanInject(dir, Quota{quota_bytes, kDefaultQuotaEntries});
 }
 
-Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota) {
+Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota,
+                              const std::function<Status(const InjectPlan&)>& alongside) {
   const uint64_t quota_bytes = quota.bytes;
   ASSIGN_OR_RETURN(GitRepo repo, GitRepo::Open(dir));
   InjectPlan plan;
@@ -137,23 +148,41 @@ Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota) {
   }
   ASSIGN_OR_RETURN(auto files, repo.ListFiles());
   ASSIGN_OR_RETURN(GitObjectHash object_hash, repo.ObjectHash());
-  ASSIGN_OR_RETURN(plan.manifest,
-                   ManifestFromList(plan.dir, files, plan.excludes, &plan.skipped, object_hash));
-  uint64_t total = TotalBytes(plan.manifest);
-  if (quota_bytes && total > quota_bytes) {
-    return ResourceExhausted("workspace " + plan.dir + " holds " + FormatBytes(total) +
-                             ", over the workspace quota of " + FormatBytes(quota_bytes) + " (" +
-                             std::to_string(quota_bytes) + " bytes)");
+  // The quota needs only sizes: it is checked as soon as they are known, before anything
+  // runs alongside the hashing.
+  auto within_quota = [&](const Manifest& m) -> Status {
+    uint64_t total = TotalBytes(m);
+    if (quota_bytes && total > quota_bytes) {
+      return ResourceExhausted("workspace " + plan.dir + " holds " + FormatBytes(total) +
+                               ", over the workspace quota of " + FormatBytes(quota_bytes) + " (" +
+                               std::to_string(quota_bytes) + " bytes)");
+    }
+    uint64_t entries = CountEntries(m);
+    if (quota.entries && entries > quota.entries) {
+      return ResourceExhausted("workspace " + plan.dir + " holds " + std::to_string(entries) +
+                               " entries (files, directories and symbolic links), over the "
+                               "workspace quota of " +
+                               std::to_string(quota.entries) + " entries");
+    }
+    return Status::Ok();
+  };
+  std::function<Status(const Manifest&)> listed;
+  if (alongside) {
+    listed = [&](const Manifest& m) -> Status {
+      RETURN_IF_ERROR(within_quota(m));
+      InjectPlan so_far;
+      so_far.dir = plan.dir;
+      so_far.base = plan.base;
+      so_far.excludes = plan.excludes;
+      so_far.manifest = m;
+      return alongside(so_far);
+    };
   }
-  uint64_t entries = CountEntries(plan.manifest);
-  if (quota.entries && entries > quota.entries) {
-    return ResourceExhausted("workspace " + plan.dir + " holds " + std::to_string(entries) +
-                             " entries (files, directories and symbolic links), over the "
-                             "workspace quota of " +
-                             std::to_string(quota.entries) + " entries");
-  }
+  ASSIGN_OR_RETURN(plan.manifest, ManifestFromList(plan.dir, files, plan.excludes, &plan.skipped,
+                                                   object_hash, listed));
+  RETURN_IF_ERROR(within_quota(plan.manifest));
   // Most files of a workspace are committed already: their blobs are looked up, not written.
-  RETURN_IF_ERROR(ForgetAbsentBlobs(repo, &plan.manifest));
+  RETURN_IF_ERROR(ForgetAbsentBlobs(repo, object_hash, &plan.manifest));
   RETURN_IF_ERROR(WriteBlobs(repo, plan.dir, &plan.manifest));
   return plan;
 }

@@ -3,6 +3,7 @@
 // Design and decisions: docs/workspace.md. Plain functions; no shared state.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,7 +37,13 @@ struct InjectPlan {
 // Lists the files (hardened git), applies the exclude list, checks the quota (an over-quota
 // workspace is kResourceExhausted naming the quota and the size or the count) and writes the
 // blobs of what will be sent, so that the commit can later record exactly what went in.
-Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota);
+//
+// With `alongside`: once the files are listed and within the quota, it is called on a
+// thread of its own with the plan so far (entries without digests or blob ids) while the
+// files are hashed, e.g. to write them into the VM's workspace disk at the same time. Its
+// error fails the plan.
+Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota,
+                              const std::function<Status(const InjectPlan&)>& alongside = nullptr);
 // The default entry quota.
 Result<InjectPlan> PlanInject(const std::string& dir, uint64_t quota_bytes);
 

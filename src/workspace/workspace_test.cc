@@ -79,12 +79,14 @@ class WorkspaceGitTest : public ::testing::Test {
     std::string collected = staging_ + "-collected";
     (void)RemoveTree(collected);
     ExtractReport report;
-    RETURN_IF_ERROR(ExtractTar(
-        Once(back), collected,
-        ExtractOptions::ForCollect(&plan.excludes, kDefaultQuotaBytes, kDefaultQuotaEntries),
-        &report));
+    // As the daemon collects without --into: files that came back unchanged stay unwritten.
+    ExtractOptions xo =
+        ExtractOptions::ForCollect(&plan.excludes, kDefaultQuotaBytes, kDefaultQuotaEntries);
+    xo.unchanged_from = &plan.manifest;
+    RETURN_IF_ERROR(ExtractTar(Once(back), collected, xo, &report));
     if (skipped) *skipped = report.skipped;
     ASSIGN_OR_RETURN(Manifest after, ManifestFromTree(collected, plan.excludes, skipped));
+    after.merge(report.unwritten);
     if (changes) *changes = Diff(plan.manifest, after);
     if (after_out) *after_out = after;
     CommitInput in{plan.dir, plan.base, plan.excludes, plan.manifest,
@@ -167,6 +169,29 @@ TEST_F(WorkspaceGitTest, ThePlansBlobIdsAreGitsAndTheRepositoryHoldsEachOne) {
   EXPECT_EQ(before.st_mtim.tv_sec, 1);
 }
 
+// The index's ids spare the lookup of committed files. An intent-to-add entry records the
+// empty blob's id whatever the file holds: its content is looked up, found missing and
+// written, and the commit holds both files.
+TEST_F(WorkspaceGitTest, IntentToAddFilesGetTheirBlobsWritten) {
+  Sh(home_, "cd '" + repo_ +
+                "' && : > src/empty && echo 'not yet added' > src/ita && "
+                "git add -N src/empty src/ita");
+  const std::string empty = GitBlobId("", GitObjectHash::kSha1);
+  ASSERT_NE(Sh(home_, "cd '" + repo_ + "' && git ls-files -s src/ita").find(empty),
+            std::string::npos);
+  auto plan = PlanInject(repo_, kDefaultQuotaBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->manifest.at("src/empty").blob, empty);
+  const std::string ita = plan->manifest.at("src/ita").blob;
+  EXPECT_EQ(ita, GitBlobId("not yet added\n", GitObjectHash::kSha1));
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git cat-file -t " + ita), "blob\n");
+  auto c = RoundTrip("echo more >> src/a.txt");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->committed) << c->note;
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git rev-parse trybox/vm1:src/empty"), empty + "\n");
+  EXPECT_EQ(Sh(home_, "cd '" + repo_ + "' && git rev-parse trybox/vm1:src/ita"), ita + "\n");
+}
+
 TEST_F(WorkspaceGitTest, ARepositoryOfSha256ObjectsGetsSha256BlobIds) {
   const std::string repo = tmp_->path() + "/repo256";
   Sh(home_, "git init -q --object-format=sha256 -b main '" + repo + "' && cd '" + repo +
@@ -185,6 +210,44 @@ TEST_F(WorkspaceGitTest, QuotaIsCheckedBeforeAnythingIsSent) {
   ASSERT_EQ(plan.status().code(), Code::kResourceExhausted);
   EXPECT_NE(plan.status().message().find("quota of 10 bytes"), std::string::npos)
       << plan.status().message();
+}
+
+// What runs alongside the hashing (the daemon writes the workspace disk) gets the listed
+// entries, sizes and symlink targets known, and only once the quota holds; its failure is
+// the plan's.
+TEST_F(WorkspaceGitTest, AlongsideTheHashingRunsOnlyWithinTheQuotaAndItsErrorFailsThePlan) {
+  Sh(home_, "cd '" + repo_ + "' && ln -s a.txt src/link");
+  int calls = 0;
+  auto over = PlanInject(repo_, Quota{10, kDefaultQuotaEntries}, [&](const InjectPlan&) {
+    ++calls;
+    return Status::Ok();
+  });
+  EXPECT_EQ(over.status().code(), Code::kResourceExhausted) << over.status().ToString();
+  EXPECT_EQ(calls, 0);
+
+  Manifest seen;
+  auto plan = PlanInject(repo_, Quota{}, [&](const InjectPlan& listed) {
+    ++calls;
+    seen = listed.manifest;
+    return Status::Ok();
+  });
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(seen.size(), plan->manifest.size());
+  for (const auto& [p, e] : plan->manifest) {
+    ASSERT_TRUE(seen.count(p)) << p;
+    EXPECT_EQ(seen[p].size, e.size) << p;
+    EXPECT_EQ(seen[p].mode, e.mode) << p;
+    EXPECT_EQ(seen[p].symlink, e.symlink) << p;
+    EXPECT_EQ(seen[p].target, e.target) << p;
+  }
+  EXPECT_EQ(seen.at("src/link").target, "a.txt");
+
+  auto failed = PlanInject(repo_, Quota{}, [&](const InjectPlan&) {
+    return Status(Code::kUnavailable, "the disk went away");
+  });
+  EXPECT_EQ(failed.status().code(), Code::kUnavailable);
+  EXPECT_NE(failed.status().message().find("the disk went away"), std::string::npos);
 }
 
 TEST_F(WorkspaceGitTest, NotARepositoryAndMissingDirAreClearErrors) {
