@@ -197,6 +197,9 @@ std::vector<double> SrtTrue(Bench& b, int n) {
 int main(int argc, char** argv) {
   int restores = 30, colds = 5, runs = 20, idle = 10, ondemand = 1, back_to_back = 10;
   std::string figures_path;
+  // Each section starts a daemon of its own and points TRYBOX_HOME at it; the images stay
+  // where they were before the first (the harness would look under the last one's home).
+  ::setenv("TRYBOX_IMAGES", trybox::Paths::FromEnvironment().images.c_str(), 0);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") {
@@ -286,6 +289,9 @@ int main(int argc, char** argv) {
     auto burst = RunTrue(b, back_to_back, false);
     PrintPct("trybox run -- true, back to back", burst);
     auto [ready, target] = PoolReadyAndTarget(b);
+    if (auto d = b.c->Call({{"verb", "doctor"}}); d.ok() && (*d)["spare_pool"].is_object()) {
+      std::printf("  refills at a time: %d\n", (*d)["spare_pool"].value("refill_workers", 1));
+    }
     int grown = WaitForPool(b, std::chrono::seconds(60));
     auto burst_grown = RunTrue(b, back_to_back, false);
     std::printf(

@@ -828,10 +828,11 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
       ASSIGN_OR_RETURN(int64_t budget, pool->IntOr("budget_mib", 0, 0));
       ASSIGN_OR_RETURN(int64_t min_spares, pool->IntOr("min_spares", 0, 0));
       ASSIGN_OR_RETURN(int64_t window, pool->IntOr("demand_window_s", 0, 0));
+      ASSIGN_OR_RETURN(int64_t workers, pool->IntOr("refill_workers", 1, 0));
       out += "spare clones: " + std::to_string(used) + " of " + std::to_string(budget) +
              " MiB budget; at least " + std::to_string(min_spares) +
              " per shape in use, more with the creates of the last " + std::to_string(window) +
-             " s\n";
+             " s; " + std::to_string(workers) + " refilled at a time\n";
       ASSIGN_OR_RETURN(auto shapes, pool->OptionalObject("shapes"));
       if (shapes) {
         for (const auto& [shape, ignored] : shapes->json().items()) {

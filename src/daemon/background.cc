@@ -1,14 +1,18 @@
 #include "daemon/background.h"
 
+#include <algorithm>
+
 namespace trybox::daemon {
 
-BackgroundQueue::BackgroundQueue() {
-  worker_ = std::thread([this] { Run(); });
+BackgroundQueue::BackgroundQueue(int workers) {
+  for (int i = 0; i < std::max(workers, 1); ++i) workers_.emplace_back([this] { Run(); });
 }
 
 BackgroundQueue::~BackgroundQueue() {
   Stop();
-  if (worker_.joinable()) worker_.join();
+  for (auto& w : workers_) {
+    if (w.joinable()) w.join();
+  }
 }
 
 void BackgroundQueue::Enqueue(const std::string& key, std::function<void()> fn) {

@@ -1,7 +1,9 @@
-// BackgroundQueue: one worker thread that runs tasks in order, each key queued at most once
-// (a rebuild or refill asked for twice before it starts runs once; asked for while it runs,
-// it runs again after). Tasks may wait, but only
-// through SleepUntil, which Stop() cuts short. Thread-safe.
+// BackgroundQueue: worker threads that run tasks in order of arrival, each key queued at
+// most once (a rebuild or refill asked for twice before it starts runs once). A task asked
+// for again while it runs is queued again and may run beside itself on another worker, so a
+// task must be safe to run concurrently with itself (VmLauncher's refills and rebuilds are:
+// the spare pool and the template store decide under their own locks). Tasks may wait,
+// but only through SleepUntil, which Stop() cuts short. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "util/mutex.h"
 
@@ -18,8 +21,9 @@ namespace trybox::daemon {
 
 class BackgroundQueue {
  public:
-  BackgroundQueue();
-  // Stop()s and joins the worker; tasks not started are dropped.
+  // `workers` threads (at least one).
+  explicit BackgroundQueue(int workers = 1);
+  // Stop()s and joins the workers; tasks not started are dropped.
   ~BackgroundQueue();
 
   // Queues `fn` unless a task with `key` is already queued (or the queue is stopping).
@@ -37,7 +41,7 @@ class BackgroundQueue {
   bool stopping_ GUARDED_BY(mu_) = false;
   std::deque<std::pair<std::string, std::function<void()>>> tasks_ GUARDED_BY(mu_);
   std::set<std::string> queued_ GUARDED_BY(mu_);
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace trybox::daemon

@@ -60,6 +60,9 @@ struct Options {
   // turns spares off.
   int spares = 1;
   int64_t spare_memory_mib = 2048;
+  // Spare refills (and template rebuilds) that run at once; 0: one per core, at most four
+  // (docs/templates.md, "Spare clones").
+  int refill_workers = 0;
   // The creates of the last `spare_demand_window` set a shape's target; a spare idle for as
   // long beyond the target is released (docs/templates.md, "Spare clones").
   std::chrono::seconds spare_demand_window{60};

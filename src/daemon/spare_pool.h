@@ -93,13 +93,25 @@ class SparePool {
   }
 
   // How many more spares `shape` should have now: its target less those ready and being
-  // prepared, within the budget. The caller calls RefillStarted for each one it starts.
+  // prepared, within the budget. A refill starts with BeginRefill (or RefillStarted).
   int Wanted(const std::string& shape, int memory_mib, Time now) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     Shape& s = shapes_[shape];
     s.memory_mib = memory_mib;
     Prune(s, now);
     return WantedOf(s, now);
+  }
+
+  // Starts one refill of `shape` if it wants one (Wanted > 0), in one step: refills run on
+  // several threads at once, and two of them must not both take the last one wanted.
+  bool BeginRefill(const std::string& shape, int memory_mib, Time now) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    Shape& s = shapes_[shape];
+    s.memory_mib = memory_mib;
+    Prune(s, now);
+    if (WantedOf(s, now) <= 0) return false;
+    ++s.refilling;
+    return true;
   }
 
   void RefillStarted(const std::string& shape) EXCLUDES(mu_) {

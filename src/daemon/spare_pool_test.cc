@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
+#include <vector>
 
 namespace trybox::daemon {
 namespace {
@@ -194,6 +196,28 @@ TEST(SparePoolTest, DescribeShowsTargetReadyAndRefilling) {
   EXPECT_EQ(d["shapes"]["s"]["recent_creates"], 2);
   EXPECT_EQ(d["used_mib"], 2 * kMib);
   EXPECT_EQ(d["budget_mib"], 10 * kMib);
+}
+
+// Refills run on several threads: a refill begins in one step with the pool, so however
+// many threads ask at once, no more spares are begun than are wanted.
+TEST(SparePoolTest, ConcurrentRefillsBeginNoMoreThanWanted) {
+  Pool p(Options());
+  for (int i = 0; i < 3; ++i) Create(p, t0 + seconds(i));
+  ASSERT_EQ(p.Wanted("s", kMib, t0 + seconds(3)), 3);
+  std::atomic<int> begun{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      while (p.BeginRefill("s", kMib, t0 + seconds(3))) ++begun;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(begun.load(), 3);
+  EXPECT_EQ(p.Wanted("s", kMib, t0 + seconds(3)), 0);
+  EXPECT_EQ(p.Describe(t0 + seconds(3))["shapes"]["s"]["refilling"], 3);
+  // Each that ends makes room for none: the three cover the target.
+  EXPECT_FALSE(p.RefillDone("s", 1, t0 + seconds(4)).has_value());
+  EXPECT_FALSE(p.BeginRefill("s", kMib, t0 + seconds(4)));
 }
 
 }  // namespace

@@ -47,6 +47,13 @@ int main(int argc, char** argv) {
                  "MiB all spare clones may take together (each counted at its memory size); "
                  "the pool grows with demand up to this (env TRYBOX_SPARE_MEMORY_MIB)")
       ->check(CLI::NonNegativeNumber);
+  if (const char* n = std::getenv("TRYBOX_REFILL_WORKERS"); n && *n) {
+    opts.refill_workers = std::atoi(n);
+  }
+  app.add_option("--refill-workers", opts.refill_workers,
+                 "Spare refills that run at once; 0 picks one per core, at most four (env "
+                 "TRYBOX_REFILL_WORKERS)")
+      ->check(CLI::Range(0, 16));
   int64_t demand_window_s = opts.spare_demand_window.count();
   if (const char* n = std::getenv("TRYBOX_SPARE_DEMAND_WINDOW_S"); n && *n) {
     demand_window_s = std::atoll(n);

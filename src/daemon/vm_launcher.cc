@@ -221,8 +221,9 @@ void VmLauncher::RefillLater(const vmm::TemplateShape& shape) {
 
 void VmLauncher::Refill(const vmm::TemplateShape& shape) {
   const std::string dir = templates_.DirFor(shape);
-  while (pool_.Wanted(dir, shape.memory_mib, Clock::now()) > 0) {
-    pool_.RefillStarted(dir);
+  // Runs on any of the background queue's workers, possibly beside another Refill of the
+  // same shape: each spare is begun in one step with the pool, so none is made twice.
+  while (pool_.BeginRefill(dir, shape.memory_mib, Clock::now())) {
     auto spare = MakeSpare(shape, dir);
     if (!spare.ok())
       LogWarn("daemon", "could not prepare a spare clone: " + spare.status().message());
@@ -299,6 +300,7 @@ Json VmLauncher::DescribeSpares() const {
   for (auto& [dir, v] : d["shapes"].items()) shapes[dir.substr(dir.rfind('/') + 1)] = v;
   d["shapes"] = shapes;
   d["refill_nice"] = refill_nice_;
+  d["refill_workers"] = opts_.refill_workers;
   return d;
 }
 
