@@ -303,6 +303,8 @@ int main(int argc, char** argv) {
       std::printf("srt (Anthropic sandbox-runtime): not installed here, no comparison\n");
     } else {
       PrintPct("srt true, back to back", srt);
+      figures.Lower("peer.srt_true_back_to_back_p50_ms", Pct(srt, 50), "ms",
+                    "peer: srt true, back to back, p50");
     }
     figures.Lower("start.spare_create_first_exec_p50_ms", Pct(pooled, 50), "ms",
                   "spare: create -> first exec reply, p50");

@@ -29,6 +29,17 @@ for b in lifecycle_bench template_bench workspace_bench bench_compare; do
     exit 2
   fi
 done
+# template_bench compares `run -- true` with Anthropic's `srt` process sandbox when it is on
+# PATH: a pinned version from npm, into build/srt, once (no npm, no network: no comparison).
+srt_version=0.0.83
+if ! command -v srt >/dev/null 2>&1; then
+  if [ ! -x build/srt/node_modules/.bin/srt ] && command -v npm >/dev/null 2>&1; then
+    npm install --silent --no-audit --no-fund --prefix build/srt \
+      "@anthropic-ai/sandbox-runtime@$srt_version" >/dev/null 2>&1 ||
+      echo "bench.sh: could not install srt from npm; template_bench runs without it" >&2
+  fi
+  if [ -x build/srt/node_modules/.bin/srt ]; then PATH="$PWD/build/srt/node_modules/.bin:$PATH"; fi
+fi
 out=$(mktemp -d /tmp/tbx-bench-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 echo "== load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores; $(git log -1 --format='%h %s' | cut -c1-70)"

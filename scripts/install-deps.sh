@@ -20,6 +20,9 @@ PACKAGES=(
   # the dashboard's e2e test and bench drive it in headless Chromium (tests/ui, puppeteer-core,
   # which downloads no browser of its own)
   chromium
+  # template_bench's peer: Anthropic's `srt` process sandbox (scripts/bench.sh installs it
+  # from npm) runs its commands under bubblewrap, with socat and ripgrep
+  bubblewrap socat ripgrep
 )
 
 missing=()
