@@ -31,6 +31,8 @@ class BackgroundQueue {
   // For a running task: waits until `t`; false if the queue stopped meanwhile.
   bool SleepUntil(std::chrono::steady_clock::time_point t) EXCLUDES(mu_);
   bool stopping() const EXCLUDES(mu_);
+  // How many tasks run at once.
+  int workers() const { return static_cast<int>(workers_.size()); }
   void Stop() EXCLUDES(mu_);
 
  private:

@@ -60,7 +60,6 @@ Status Daemon::Init() {
   lo.pool.memory_budget_mib = opts_.spare_memory_mib;
   lo.pool.demand_window = opts_.spare_demand_window;
   lo.pool.idle_release = opts_.spare_demand_window;
-  lo.refill_workers = workers;
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();

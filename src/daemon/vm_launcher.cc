@@ -300,7 +300,7 @@ Json VmLauncher::DescribeSpares() const {
   for (auto& [dir, v] : d["shapes"].items()) shapes[dir.substr(dir.rfind('/') + 1)] = v;
   d["shapes"] = shapes;
   d["refill_nice"] = refill_nice_;
-  d["refill_workers"] = opts_.refill_workers;
+  d["refill_workers"] = background_.workers();
   return d;
 }
 

@@ -50,9 +50,6 @@ struct LauncherOptions {
   // The nice value of a refill's QEMU until its spare is handed out (0 where the daemon
   // could not take it back: no CAP_SYS_NICE, RLIMIT_NICE below 20).
   int refill_nice = 10;
-  // How many refills the background queue runs at once (for doctor; the queue is the
-  // daemon's).
-  int refill_workers = 1;
   bool netns = true;
   // Seams for tests; empty means the real ones: vmm::ProbeAccel (5 s at most) and
   // vmm::AccelKey.

@@ -103,9 +103,7 @@ Result<Manifest> ManifestFromList(const std::string& root, const std::vector<std
         t.status = FillEntry(t.full, t.st, blob_ids, &t.e);
         if (!t.status.ok()) return t.status;
       }
-      Entry e = t.e;
-      if (!e.symlink) e.size = static_cast<uint64_t>(t.st.st_size);
-      sized[e.path] = std::move(e);
+      sized[t.e.path] = t.e;
     }
     beside = std::thread([&, sized = std::move(sized)] {
       listed_status = listed(sized);

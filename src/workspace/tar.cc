@@ -108,10 +108,13 @@ bool HasDescendantIn(const Manifest& m, const std::string& name) {
   return it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0;
 }
 
-// A data block of an entry read before deciding whether to write it.
+// A data block of an entry read before deciding whether to write it: where it lies in the
+// content already read, or (outside the declared size: a tar that lies) its own bytes.
 struct Block {
   la_int64_t offset;
-  std::string data;
+  size_t size;
+  bool in_content;
+  std::string outside;  // when not in_content
 };
 
 }  // namespace
@@ -337,6 +340,7 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     // A file that came back as it went in is not written (ExtractOptions::unchanged_from).
     // Its content is read whole first; `stash` keeps it for writing if it differs.
     std::optional<std::vector<Block>> stash;
+    std::string content;  // the stashed file's content, read whole
     uint64_t counted = 0;
     if (opts.unchanged_from) {
       // Left unwritten only where extraction would have written it: nothing there yet, no
@@ -362,15 +366,16 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
         counted = before->second.size;
         RETURN_IF_ERROR(count_bytes(counted));
         stash.emplace();
-        std::string content(counted, '\0');
+        content.assign(counted, '\0');
         bool fits = true;
         RETURN_IF_ERROR(read_blocks(counted, [&](const void* buf, size_t size, la_int64_t off) {
           if (off < 0 || static_cast<uint64_t>(off) + size > content.size()) {
             fits = false;
+            stash->push_back({off, size, false, std::string(static_cast<const char*>(buf), size)});
           } else {
             std::memcpy(content.data() + off, buf, size);
+            stash->push_back({off, size, true, ""});
           }
-          stash->push_back({off, std::string(static_cast<const char*>(buf), size)});
           return Status::Ok();
         }));
         std::string sha = fits ? Sha256Hex(content) : "";
@@ -410,8 +415,8 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     if (type == AE_IFREG && !hard) ++report->files;
     if (stash) {
       for (const Block& b : *stash) {
-        if (archive_write_data_block(disk.get(), b.data.data(), b.data.size(), b.offset) !=
-            ARCHIVE_OK) {
+        const char* data = b.in_content ? content.data() + b.offset : b.outside.data();
+        if (archive_write_data_block(disk.get(), data, b.size, b.offset) != ARCHIVE_OK) {
           return write_fail(name);
         }
       }

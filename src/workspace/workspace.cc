@@ -148,9 +148,10 @@ Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota,
   }
   ASSIGN_OR_RETURN(auto files, repo.ListFiles());
   ASSIGN_OR_RETURN(GitObjectHash object_hash, repo.ObjectHash());
-  // The quota needs only sizes: it is checked as soon as they are known, before anything
-  // runs alongside the hashing.
-  auto within_quota = [&](const Manifest& m) -> Status {
+  // The quota needs only sizes: it is checked once the files are listed, before anything
+  // runs alongside the hashing and while the hashing has barely begun (an over-quota tree
+  // stops it).
+  auto listed = [&](const Manifest& m) -> Status {
     uint64_t total = TotalBytes(m);
     if (quota_bytes && total > quota_bytes) {
       return ResourceExhausted("workspace " + plan.dir + " holds " + FormatBytes(total) +
@@ -164,23 +165,16 @@ Result<InjectPlan> PlanInject(const std::string& dir, const Quota& quota,
                                "workspace quota of " +
                                std::to_string(quota.entries) + " entries");
     }
-    return Status::Ok();
+    if (!alongside) return Status::Ok();
+    InjectPlan so_far;
+    so_far.dir = plan.dir;
+    so_far.base = plan.base;
+    so_far.excludes = plan.excludes;
+    so_far.manifest = m;
+    return alongside(so_far);
   };
-  std::function<Status(const Manifest&)> listed;
-  if (alongside) {
-    listed = [&](const Manifest& m) -> Status {
-      RETURN_IF_ERROR(within_quota(m));
-      InjectPlan so_far;
-      so_far.dir = plan.dir;
-      so_far.base = plan.base;
-      so_far.excludes = plan.excludes;
-      so_far.manifest = m;
-      return alongside(so_far);
-    };
-  }
   ASSIGN_OR_RETURN(plan.manifest, ManifestFromList(plan.dir, files, plan.excludes, &plan.skipped,
                                                    object_hash, listed));
-  RETURN_IF_ERROR(within_quota(plan.manifest));
   // Most files of a workspace are committed already: their blobs are looked up, not written.
   RETURN_IF_ERROR(ForgetAbsentBlobs(repo, object_hash, &plan.manifest));
   RETURN_IF_ERROR(WriteBlobs(repo, plan.dir, &plan.manifest));
