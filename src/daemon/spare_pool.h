@@ -127,10 +127,11 @@ class SparePool {
   }
 
   // A refill ended, with a spare or without one (it failed). The spare goes to a create
-  // waiting for it, else to the ready list; when the pool is stopping it is given back for
+  // waiting for it, else to the ready list (`to_ready` runs on it first, under the pool's
+  // lock, so no create takes it meanwhile); when the pool is stopping it is given back for
   // the caller to destroy.
-  std::optional<T> RefillDone(const std::string& shape, std::optional<T> spare, Time now)
-      EXCLUDES(mu_) {
+  std::optional<T> RefillDone(const std::string& shape, std::optional<T> spare, Time now,
+                              const std::function<void(T&)>& to_ready = nullptr) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     Shape& s = shapes_[shape];
     --s.refilling;
@@ -142,6 +143,7 @@ class SparePool {
     }
     if (!spare) return std::nullopt;
     if (stopping_) return spare;
+    if (to_ready) to_ready(*spare);
     s.ready.push_back({std::move(*spare), now});
     return std::nullopt;
   }

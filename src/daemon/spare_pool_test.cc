@@ -220,5 +220,27 @@ TEST(SparePoolTest, ConcurrentRefillsBeginNoMoreThanWanted) {
   EXPECT_FALSE(p.BeginRefill("s", kMib, t0 + seconds(4)));
 }
 
+// A spare that ends on the ready list passes through `to_ready` (the launcher lowers its
+// priority there); one handed to a waiting create does not.
+TEST(SparePoolTest, OnlyASpareThatGoesToTheReadyListPassesThroughToReady) {
+  Pool p(Options());
+  std::vector<int> readied;
+  auto note = [&](int& s) { readied.push_back(s); };
+  Create(p, t0);
+  ASSERT_TRUE(p.BeginRefill("s", kMib, t0));
+  std::thread waiter([&] {
+    std::vector<int> stale;
+    auto got = p.Take("s", kMib, t0, t0 + seconds(3600), Any, &stale);
+    EXPECT_EQ(got, std::optional<int>(7));
+  });
+  while (!p.Claimed("s")) std::this_thread::yield();
+  EXPECT_FALSE(p.RefillDone("s", 7, t0 + seconds(1), note).has_value());
+  waiter.join();
+  EXPECT_TRUE(readied.empty());
+  ASSERT_TRUE(p.BeginRefill("s", kMib, t0 + seconds(2)));
+  EXPECT_FALSE(p.RefillDone("s", 8, t0 + seconds(2), note).has_value());
+  EXPECT_EQ(readied, std::vector<int>{8});
+}
+
 }  // namespace
 }  // namespace trybox::daemon

@@ -227,8 +227,20 @@ void VmLauncher::Refill(const vmm::TemplateShape& shape) {
     auto spare = MakeSpare(shape, dir);
     if (!spare.ok())
       LogWarn("daemon", "could not prepare a spare clone: " + spare.status().message());
+    // A refill hurried for a waiting create (MakeSpare) may find that create served by
+    // another refill that ended first: a spare that goes to the ready list waits at the
+    // refill priority again, whichever refill it came from.
     auto leftover = pool_.RefillDone(
-        dir, spare.ok() ? std::optional<Spare>(std::move(*spare)) : std::nullopt, Clock::now());
+        dir, spare.ok() ? std::optional<Spare>(std::move(*spare)) : std::nullopt, Clock::now(),
+        [this](Spare& ready) {
+          if (ready.niced || refill_nice_ == 0) return;
+          Status st = ready.vm->SetNice(refill_nice_);
+          if (st.ok()) {
+            ready.niced = true;
+          } else {
+            LogWarn("daemon", "could not lower a ready spare's priority: " + st.message());
+          }
+        });
     PokeKeeper();
     if (leftover) leftover->vm->Destroy();
     if (!spare.ok() || background_.stopping()) return;
