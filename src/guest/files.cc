@@ -211,36 +211,6 @@ class TempFile {
   std::string path_;
 };
 
-// Reads `n` bytes of the transfer disk from its start into `sink`; 0 or errno.
-template <typename Sink>
-int ReadDisk(TransferDisk& disk, uint64_t n, Sink&& sink) {
-  if (!disk.Rewind().ok()) return EIO;
-  std::unique_ptr<char[]> buf(new char[kChunk]);
-  while (n > 0) {
-    ssize_t got = ::read(disk.fd_for_io(), buf.get(), std::min<uint64_t>(n, kChunk));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return errno;
-    if (got == 0) return EIO;  // shorter than announced
-    sink(std::string_view(buf.get(), static_cast<size_t>(got)));
-    n -= static_cast<uint64_t>(got);
-  }
-  return 0;
-}
-
-// The upload of a put: from the channel, or (with a disk) from the transfer disk once the
-// channel's EOF came. kGone if the host went away first.
-template <typename Sink>
-Upload ReadContent(Stream& s, TransferDisk* disk, const PutRequest& req, uint64_t* bytes,
-                   int* disk_err, Sink&& sink) {
-  if (!req.disk_bytes) return ReadUpload(s, bytes, sink);
-  uint64_t ignored = 0;
-  Upload u = ReadUpload(s, &ignored, [](std::string_view) {});
-  if (u == Upload::kGone) return u;
-  *disk_err = ReadDisk(*disk, *req.disk_bytes, sink);
-  if (*disk_err == 0) *bytes = *req.disk_bytes;
-  return u;
-}
-
 void PutFile(Stream& s, const PutRequest& req, TransferDisk* disk) {
   const size_t slash = req.path.rfind('/');
   const std::string dir = slash == 0 ? "/" : req.path.substr(0, slash);
@@ -252,13 +222,21 @@ void PutFile(Stream& s, const PutRequest& req, TransferDisk* disk) {
   if (int e = tmp.Create(dir, base)) return DrainThenEnd(s, FailErrno(dir, e));
 
   uint64_t bytes = 0;
-  int write_err = 0, disk_err = 0;
-  Upload u = ReadContent(s, disk, req, &bytes, &disk_err, [&](std::string_view data) {
-    if (write_err == 0) write_err = WriteAll(tmp.fd(), data);
-  });
-  if (u == Upload::kGone) return;
-  if (disk_err != 0) {
-    (void)s.End(Fail("io", "read the transfer disk: " + ErrnoText(disk_err)));
+  int write_err = 0;
+  if (req.disk_bytes) {
+    // The host sends only the channel's EOF; the content is on the disk.
+    uint64_t ignored = 0;
+    if (ReadUpload(s, &ignored, [](std::string_view) {}) == Upload::kGone) return;
+    CopyErrors copy = CopyDiskToFile(*disk, *req.disk_bytes, tmp.fd());
+    if (copy.disk != 0) {
+      (void)s.End(Fail("io", "read the transfer disk: " + ErrnoText(copy.disk)));
+      return;
+    }
+    write_err = copy.file;
+    bytes = *req.disk_bytes;
+  } else if (ReadUpload(s, &bytes, [&](std::string_view data) {
+               if (write_err == 0) write_err = WriteAll(tmp.fd(), data);
+             }) == Upload::kGone) {
     return;
   }
   if (write_err != 0) {
@@ -370,33 +348,6 @@ void PutTar(Reaper& reaper, Stream& s, const PutRequest& req) {
 
 // ---- get ----
 
-// Where a get's content goes: the channel (DATA on channel 1, then EOF), or the transfer
-// disk, which takes at most `max` bytes.
-class GetSink {
- public:
-  GetSink(Stream& s, TransferDisk* disk, std::optional<uint64_t> max)
-      : s_(s), disk_(max ? disk : nullptr), max_(max.value_or(0)) {}
-  bool to_disk() const { return disk_ != nullptr; }
-  // 0, or the errno of a failed disk write (ENOSPC past `max`); false from Send means the
-  // stream is gone.
-  bool Send(std::string_view data, int* disk_err) {
-    if (!disk_) return s_.Write(channel::kChanOut, data).ok();
-    if (written_ + data.size() > max_) {
-      *disk_err = ENOSPC;
-      return true;
-    }
-    *disk_err = WriteAll(disk_->fd_for_io(), data);
-    written_ += data.size();
-    return true;
-  }
-
- private:
-  Stream& s_;
-  TransferDisk* disk_;
-  uint64_t max_;
-  uint64_t written_ = 0;
-};
-
 // A get whose content is larger than the channel_max_bytes the host allowed (it then
 // takes the transfer disk); `size` when it is known.
 Json TooLarge(uint64_t max, std::optional<uint64_t> size = std::nullopt) {
@@ -428,25 +379,37 @@ void GetFile(Stream& s, const std::string& path, TransferDisk* disk, std::option
                {"mode", st.st_mode & 07777},
                {"mtime_ns", MtimeNs(st)},
                {"size", st.st_size}};
-  GetSink sink(s, disk, max);
-  if (!sink.to_disk() && channel_max && static_cast<uint64_t>(st.st_size) > *channel_max) {
+  const bool to_disk = disk != nullptr;
+  if (!to_disk && channel_max && static_cast<uint64_t>(st.st_size) > *channel_max) {
     (void)s.End(TooLarge(*channel_max, static_cast<uint64_t>(st.st_size)));
     return;
   }
-  if (sink.to_disk() && static_cast<uint64_t>(st.st_size) > *max) {
+  if (to_disk && static_cast<uint64_t>(st.st_size) > *max) {
     (void)s.End(DiskFull(*max));
     return;
   }
-  if (sink.to_disk()) {
-    if (Status r = disk->Rewind(); !r.ok()) {
-      (void)s.End(Fail("io", r.message()));
+  if (!s.SendEvent(meta).ok()) return;
+  uint64_t bytes = 0;
+  if (to_disk) {
+    CopyErrors copy = CopyFileToDisk(fd.get(), *disk, *max, &bytes);
+    if (copy.disk == ENOSPC) {
+      (void)s.End(DiskFull(*max));  // the file grew since the stat
       return;
     }
+    if (copy.file != 0) {
+      (void)s.End(Fail("io", path + ": " + ErrnoText(copy.file)));
+      return;
+    }
+    if (copy.disk != 0 || ::fsync(disk->fd_for_io()) != 0) {
+      const int e = copy.disk != 0 ? copy.disk : errno;
+      (void)s.End(Fail("io", "write the transfer disk: " + ErrnoText(e)));
+      return;
+    }
+    (void)s.End(Ok(bytes));
+    return;
   }
-  if (!s.SendEvent(meta).ok()) return;
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<char[]> buf(new char[kChunk]);
-  uint64_t bytes = 0;
   for (;;) {
     auto n = ReadSome(fd.get(), buf.get(), kChunk);
     if (!n.ok()) {
@@ -454,23 +417,10 @@ void GetFile(Stream& s, const std::string& path, TransferDisk* disk, std::option
       return;
     }
     if (*n == 0) break;
-    int disk_err = 0;
-    if (!sink.Send(std::string_view(buf.get(), *n), &disk_err)) return;
-    if (disk_err == ENOSPC) {
-      (void)s.End(DiskFull(*max));  // the file grew since the stat
-      return;
-    }
-    if (disk_err != 0) {
-      (void)s.End(Fail("io", "write the transfer disk: " + ErrnoText(disk_err)));
-      return;
-    }
+    if (!s.Write(channel::kChanOut, std::string_view(buf.get(), *n)).ok()) return;
     bytes += *n;
   }
-  if (sink.to_disk() && ::fsync(disk->fd_for_io()) != 0) {
-    (void)s.End(Fail("io", "flush the transfer disk: " + ErrnoText(errno)));
-    return;
-  }
-  if (!sink.to_disk() && !s.CloseWrite(channel::kChanOut).ok()) return;
+  if (!s.CloseWrite(channel::kChanOut).ok()) return;
   (void)s.End(Ok(bytes));
 }
 

@@ -62,6 +62,29 @@ class TransferDisk {
   UniqueFd fd_;
 };
 
+// A copy between the transfer disk and a file: 0 or the errno of each side's failure (the
+// disk's: a read or write of it failed or it held fewer bytes than it should, EIO; the file's:
+// its read or write failed, ENOSPC on a full root disk).
+struct CopyErrors {
+  int disk = 0;
+  int file = 0;
+  bool ok() const { return disk == 0 && file == 0; }
+};
+
+// A transfer's bytes move by direct I/O (O_DIRECT) on each side that allows it: the device
+// copies them between the disk and guest memory, on the host and at its speed, where a
+// buffered read or write is a copy by the guest's CPU (under TCG, emulated and about as slow
+// as the channel). A file system without direct I/O (tmpfs) is read or written buffered. The
+// descriptors' flags are as they were afterwards.
+
+// The first `n` bytes of the disk (rewound first) into `file`, an empty file open for
+// writing, from its start.
+CopyErrors CopyDiskToFile(TransferDisk& disk, uint64_t n, int file);
+
+// All of `file`, from its start to its end, onto the disk from its start, at most `max`
+// bytes (past them: disk = ENOSPC). *bytes counts what was copied. The caller flushes the disk.
+CopyErrors CopyFileToDisk(int file, TransferDisk& disk, uint64_t max, uint64_t* bytes);
+
 // A request's "disk": {"bytes": S} for a disk the host formatted: S, or 0 when missing or not
 // an unsigned integer.
 uint64_t DiskBytesField(const nlohmann::json& request);
