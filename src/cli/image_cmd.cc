@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "daemon/verbs.h"
+#include "daemon/image_listing.h"
 #include "util/paths.h"
 
 namespace trybox::cli {

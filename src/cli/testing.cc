@@ -231,18 +231,18 @@ Result<long> ForeignListener::BytesHeard() {
   return n;
 }
 
-Result<ProgramResult> RunTryboxBinary(const Home& home, const std::vector<std::string>& args) {
-  std::string bin;
+Result<std::string> TryboxBinary() {
   const char* dir = std::getenv("TRYBOX_BIN_DIR");
-  if (dir && *dir) {
-    bin = std::string(dir) + "/trybox";
-  } else {
-    char self[PATH_MAX];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return ErrnoError("readlink /proc/self/exe");
-    std::string path(self, static_cast<size_t>(n));
-    bin = path.substr(0, path.rfind('/')) + "/trybox";
-  }
+  if (dir && *dir) return std::string(dir) + "/trybox";
+  char self[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return ErrnoError("readlink /proc/self/exe");
+  std::string path(self, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/')) + "/trybox";
+}
+
+Result<ProgramResult> RunTryboxBinary(const Home& home, const std::vector<std::string>& args) {
+  ASSIGN_OR_RETURN(std::string bin, TryboxBinary());
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return ErrnoError("pipe2");
   UniqueFd out_r(out[0]), out_w(out[1]);

@@ -127,6 +127,8 @@ struct ProgramResult {
   ExitInfo exit;
   std::string out, err;
 };
+// The trybox binary beside this test binary (or in TRYBOX_BIN_DIR).
+Result<std::string> TryboxBinary();
 Result<ProgramResult> RunTryboxBinary(const Home& home, const std::vector<std::string>& args);
 
 }  // namespace trybox::cli::testing

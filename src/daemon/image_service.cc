@@ -198,36 +198,6 @@ std::vector<std::pair<std::string, vmm::TemplateShape>> ImageService::Templates(
   return out;
 }
 
-Result<std::vector<ImageView>> ListImageViews(const std::string& images_root,
-                                              std::map<std::string, int> in_use) {
-  ASSIGN_OR_RETURN(auto entries, image::ListImages(images_root));
-  std::vector<ImageView> out;
-  for (auto& e : entries) {
-    ImageView v;
-    v.in_use = in_use[e.name];
-    if (e.valid) {
-      const image::Manifest& m = e.manifest;
-      for (const auto& [part, info] : m.files) {
-        uint64_t b = image::DiskBytes(e.dir + "/" + part);
-        v.total_bytes += b;
-        bool own = m.layers.empty() || part == m.layers.back().part;
-        if (own) v.own_bytes += b;
-      }
-      v.own_bytes += image::DiskBytes(e.dir + "/manifest.json");
-      v.total_bytes += image::DiskBytes(e.dir + "/manifest.json");
-      for (const auto& other : entries) {
-        if (other.valid && other.manifest.format == image::kDerivedManifestFormat &&
-            other.manifest.parent.name == e.name && other.name != e.name) {
-          v.derived.push_back(other.name);
-        }
-      }
-    }
-    v.entry = std::move(e);
-    out.push_back(std::move(v));
-  }
-  return out;
-}
-
 Result<std::vector<ImageView>> ImageService::List() {
   return ListImageViews(images_root_, InUse());
 }

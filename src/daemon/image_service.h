@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/image_listing.h"
 #include "daemon/requests.h"
 #include "daemon/vm_launcher.h"
 #include "daemon/vm_registry.h"
@@ -38,14 +39,6 @@ struct CommittedImage {
   bool replaced = false;
 };
 
-struct ImageView {
-  image::ImageEntry entry;
-  uint64_t own_bytes = 0;
-  uint64_t total_bytes = 0;
-  int in_use = 0;                    // running VMs of it
-  std::vector<std::string> derived;  // images whose parent it is
-};
-
 struct RemovedImage {
   std::string name;
   uint64_t bytes = 0;  // freed: its own parts
@@ -57,11 +50,6 @@ struct Freed {
   std::string path;
   uint64_t bytes = 0;
 };
-
-// The images under `images_root` with their sizes and derived images; `in_use` gives the
-// running VMs per image (empty where no daemon runs).
-Result<std::vector<ImageView>> ListImageViews(const std::string& images_root,
-                                              std::map<std::string, int> in_use);
 
 class ImageService {
  public:

@@ -47,9 +47,6 @@ void AddHttpVerbs(VerbTable& table, Services& s);
 // doctor's `store` object.
 Json StoreHealthJson(const StoreHealth& h);
 
-// image_ls's `images` array: each image with its template's state as judged with the
-// accelerator kept in state_dir/accel.json ("unknown" before any choice).
-Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir);
 // commit, image_ls, image_rm, image_prune (verbs_image.cc).
 void AddImageVerbs(VerbTable& table, ImageService& images, Services& s);
 

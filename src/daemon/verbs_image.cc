@@ -13,55 +13,7 @@ Json Ref(const image::ImageRef& r) {
   return {{"name", r.name}, {"manifest_sha256", r.manifest_sha256}};
 }
 
-Json ImageJson(const ImageView& v, const Json& template_state) {
-  const image::ImageEntry& e = v.entry;
-  Json j = {{"name", e.name}, {"valid", e.valid}};
-  if (!e.valid) {
-    j["problem"] = e.problem;
-    return j;
-  }
-  const image::Manifest& m = e.manifest;
-  const bool derived = m.format == image::kDerivedManifestFormat;
-  Json chain = Json::array();
-  for (const auto& l : m.layers) chain.push_back(l.image);
-  j.update({{"format", m.format},
-            {"created", m.created},
-            {"base", derived ? m.base.name : e.name},
-            {"parent", derived ? Json(m.parent.name) : Json(nullptr)},
-            {"chain", chain},
-            {"layers", m.layers.size()},
-            {"own_bytes", v.own_bytes},
-            {"total_bytes", v.total_bytes},
-            {"env", m.env},
-            {"template", template_state},
-            {"in_use", v.in_use},
-            {"derived", v.derived}});
-  if (derived) j["vm"] = m.vm;
-  return j;
-}
-
 }  // namespace
-
-Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir) {
-  // The template state needs the accelerator: the one the daemon chose and kept
-  // (vmm/accel.h); before any choice it is unknown, and listing never probes.
-  auto kept = ReadFileToString(state_dir + "/accel.json");
-  Json a = kept.ok() ? Json::parse(*kept, nullptr, false) : Json();
-  const std::string accel = a.is_object() && a.contains("accel") && a["accel"].is_string()
-                                ? a["accel"].get<std::string>()
-                                : "";
-  Json out = Json::array();
-  for (const auto& v : list) {
-    Json tpl = v.entry.valid && !accel.empty()
-                   ? vmm::DescribeImageTemplate(state_dir + "/templates", v.entry.name, v.entry.dir,
-                                                accel, "qemu-system-x86_64", ::geteuid() == 0)
-                   : Json{{"state", "unknown"},
-                          {"reason", v.entry.valid ? "tryboxd has not chosen an accelerator yet"
-                                                   : "the image is not valid"}};
-    out.push_back(ImageJson(v, tpl));
-  }
-  return out;
-}
 
 void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
   t.AddStreaming("commit", [&images](channel::Stream& client, const Json& j, Connection&) {

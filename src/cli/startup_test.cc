@@ -1,0 +1,41 @@
+// What the trybox binary loads when it starts. Every command pays for each shared library
+// the CLI needs, before main: on the development host `trybox --version` took 27 ms with
+// libcurl and its 25 dependencies (pulled in through the daemon's services), 14 ms without
+// (docs/performance.md, "The CLI's own start"). The daemon's services stay out of the CLI.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "cli/testing.h"
+
+namespace trybox::cli {
+namespace {
+
+// The shared objects the dynamic loader maps for `bin`, as it lists them itself
+// (LD_TRACE_LOADED_OBJECTS: what ldd does, without running the program).
+std::string LoadedObjects(const std::string& bin) {
+  std::string cmd = "LD_TRACE_LOADED_OBJECTS=1 '" + bin + "'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+TEST(CliStartupTest, TheCliLoadsNoneOfTheDaemonsLibraries) {
+  auto bin = testing::TryboxBinary();
+  ASSERT_TRUE(bin.ok()) << bin.status().ToString();
+  const std::string loaded = LoadedObjects(*bin);
+  // The listing itself is real: the C library is always there.
+  ASSERT_NE(loaded.find("libc.so"), std::string::npos) << loaded;
+  for (const char* lib : {"libcurl", "libsqlite3", "libmicrohttpd", "libext2fs", "libnghttp2",
+                          "libssl.so", "libseccomp"}) {
+    EXPECT_EQ(loaded.find(lib), std::string::npos) << lib << " is loaded by the CLI:\n" << loaded;
+  }
+}
+
+}  // namespace
+}  // namespace trybox::cli
