@@ -105,6 +105,15 @@ Status ApplyIdentity(const Identity& id, IdentityTimings* timings) {
   return st;
 }
 
+Result<int64_t> SetClock(int64_t time_ns) {
+  struct timespec before;
+  if (::clock_gettime(CLOCK_REALTIME, &before) != 0) return ErrnoError("clock_gettime");
+  struct timespec ts = {static_cast<time_t>(time_ns / 1000000000),
+                        static_cast<long>(time_ns % 1000000000)};
+  if (::clock_settime(CLOCK_REALTIME, &ts) != 0) return ErrnoError("clock_settime");
+  return time_ns - (static_cast<int64_t>(before.tv_sec) * 1000000000 + before.tv_nsec);
+}
+
 Status RehearseIdentity() {
   RETURN_IF_ERROR(ReseedRandom(std::vector<uint8_t>(64, 0), /*credit=*/false));
   struct timespec now;

@@ -44,6 +44,11 @@ struct IdentityTimings {
 // Applies the whole identity: reseed, clock, names. Stops at the first failure.
 Status ApplyIdentity(const Identity& id, IdentityTimings* timings = nullptr);
 
+// Sets the wall clock to the host's `time_ns` and returns how far the guest's clock was from
+// it just before (host minus guest, ns): a spare that got its identity earlier is set again
+// when it is handed out.
+Result<int64_t> SetClock(int64_t time_ns);
+
 // Runs the identity's code path without changing who the guest is: the current hostname
 // and machine-id written again, zeros mixed into the pool without credit. For warm-up.
 Status RehearseIdentity();

@@ -256,6 +256,17 @@ Result<GetRequest> ParseGetRequest(const Json& request) {
   return out;
 }
 
+namespace {
+
+// "time_ns": the host's CLOCK_REALTIME in nanoseconds.
+Result<int64_t> TimeField(const Json& request) {
+  auto time = request.find("time_ns");
+  if (time == request.end()) return InvalidArgument("missing \"time_ns\"");
+  return IntegerField(*time, "time_ns", 1, INT64_MAX, "from 1 to 2^63 - 1");
+}
+
+}  // namespace
+
 Result<IdentityRequest> ParseIdentityRequest(const Json& request) {
   IdentityRequest out;
   ASSIGN_OR_RETURN(out.vm_id, StringField(request, "vm_id"));
@@ -278,9 +289,13 @@ Result<IdentityRequest> ParseIdentityRequest(const Json& request) {
     if (hi < 0 || lo < 0) return InvalidArgument("\"seed\" is not hex");
     out.seed.push_back(static_cast<uint8_t>(hi * 16 + lo));
   }
-  auto time = request.find("time_ns");
-  if (time == request.end()) return InvalidArgument("missing \"time_ns\"");
-  ASSIGN_OR_RETURN(out.time_ns, IntegerField(*time, "time_ns", 1, INT64_MAX, "from 1 to 2^63 - 1"));
+  ASSIGN_OR_RETURN(out.time_ns, TimeField(request));
+  return out;
+}
+
+Result<ClockRequest> ParseClockRequest(const Json& request) {
+  ClockRequest out;
+  ASSIGN_OR_RETURN(out.time_ns, TimeField(request));
   return out;
 }
 

@@ -90,6 +90,12 @@ struct IdentityRequest {
   int64_t time_ns = 0;        // > 0
 };
 
+// "clock": the host's CLOCK_REALTIME for a guest's wall clock, sent when a spare clone that
+// got its identity earlier is handed out.
+struct ClockRequest {
+  int64_t time_ns = 0;  // > 0
+};
+
 // The request's "op", or kInvalidArgument if missing or not a string.
 Result<std::string> RequestOp(const Json& request);
 
@@ -97,6 +103,7 @@ Result<ExecRequest> ParseExecRequest(const Json& request);
 Result<PutRequest> ParsePutRequest(const Json& request);
 Result<GetRequest> ParseGetRequest(const Json& request);
 Result<IdentityRequest> ParseIdentityRequest(const Json& request);
+Result<ClockRequest> ParseClockRequest(const Json& request);
 Result<PortRequest> ParsePortRequest(const Json& request);
 // A known event type with a missing, ill-typed or out-of-range field is an error naming it;
 // an unknown type is kUnknown.

@@ -256,6 +256,21 @@ TEST(IdentityRequestTest, EachBadFieldIsNamed) {
   }
 }
 
+TEST(ClockRequestTest, TheTimeIsReadAndABadOneIsNamed) {
+  auto r = ParseClockRequest({{"op", "clock"}, {"time_ns", 1796588024565000000}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->time_ns, 1796588024565000000);
+  for (const Json& bad :
+       {Json(0), Json(-5), Json("now"), Json(1.7e18), Json::parse("9223372036854775808")}) {
+    auto b = ParseClockRequest({{"op", "clock"}, {"time_ns", bad}});
+    ASSERT_FALSE(b.ok()) << bad.dump();
+    EXPECT_NE(b.status().message().find("time_ns"), std::string::npos) << b.status().message();
+  }
+  auto missing = ParseClockRequest({{"op", "clock"}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("time_ns"), std::string::npos);
+}
+
 TEST(ExecRequestTest, TtyIsASizeInCells) {
   auto r = ParseExecRequest({{"argv", {"bash"}}, {"tty", {{"rows", 40}, {"cols", 132}}}});
   ASSERT_TRUE(r.ok()) << r.status().ToString();

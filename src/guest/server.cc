@@ -214,6 +214,20 @@ void Server::Identify(Stream& stream, const Json& request) {
                       {"names", timings.names_us}}}});
 }
 
+void Server::SetClock(Stream& stream, const Json& request) {
+  auto req = ParseClockRequest(request);
+  if (!req.ok()) {
+    (void)stream.End(Fail("bad_request", req.status().message()));
+    return;
+  }
+  auto offset = guest::SetClock(req->time_ns);
+  if (!offset.ok()) {
+    (void)stream.End(Fail("clock_failed", offset.status().message()));
+    return;
+  }
+  (void)stream.End({{"ok", true}, {"offset_ns", *offset}});
+}
+
 void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) {
   std::string op;
   try {
@@ -233,6 +247,8 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
                        : Fail("not_identified", why));
     } else if (op == "identity") {
       Identify(*stream, request);
+    } else if (op == "clock") {
+      SetClock(*stream, request);
     } else if (op == "warmup") {
       // A clone's emulator starts with no translated code: the first exec pays for
       // translating fork, exec, the loader and libc (hundreds of ms under TCG). A spare

@@ -39,6 +39,7 @@ class Server {
   // connects instead of on the next tick of a poll loop.
   void WaitForHost(int port_fd);
   void Identify(channel::Stream& stream, const nlohmann::json& request);
+  void SetClock(channel::Stream& stream, const nlohmann::json& request);
   nlohmann::json BootIdField();
   void Handle(const std::shared_ptr<channel::Stream>& stream, const nlohmann::json& request);
   [[noreturn]] void Shutdown(channel::Stream& stream);

@@ -478,6 +478,22 @@ Status Vm::Identify(Clock::time_point deadline) {
   return Status::Ok();
 }
 
+Status Vm::SetClock(Clock::time_point deadline) {
+  auto start = Clock::now();
+  struct timespec now;
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  ASSIGN_OR_RETURN(Json reply,
+                   Call({{"op", "clock"},
+                         {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
+                        deadline));
+  if (!BoolOr(reply, "ok")) return Unavailable("the guest refused the clock: " + reply.dump());
+  phases_["clock_ms"] = MsSince(start);
+  if (reply.contains("offset_ns") && reply["offset_ns"].is_number_integer()) {
+    phases_["clock_offset_ms"] = reply["offset_ns"].get<int64_t>() / 1e6;
+  }
+  return Status::Ok();
+}
+
 Status Vm::Warm(Clock::time_point deadline) {
   auto start = Clock::now();
   ASSIGN_OR_RETURN(Json reply, Call({{"op", "warmup"}}, deadline));

@@ -123,7 +123,7 @@ class Vm {
   // restored guest agent's hello, and gives the clone its identity (fresh entropy, clock,
   // hostname, machine-id). Returns only once the clone may serve requests.
   // With `identify` false the clone is left without one (a spare): call Identify() before
-  // handing it out.
+  // it serves anything, and SetClock() when it is handed out after waiting.
   static Result<std::unique_ptr<Vm>> Restore(const VmConfig& config,
                                              std::chrono::milliseconds timeout,
                                              bool identify = true);
@@ -131,6 +131,10 @@ class Vm {
   // Gives a restored clone its own identity: fresh entropy (kernel CRNG reseeded), the
   // host's wall clock, hostname trybox-<id>, a new machine-id. Once per clone.
   Status Identify(std::chrono::steady_clock::time_point deadline);
+  // Sets the guest's wall clock to the host's again (an identified clone that waited as a
+  // spare). Records how far off it was (phases: clock_offset_ms) and the round trip
+  // (clock_ms).
+  Status SetClock(std::chrono::steady_clock::time_point deadline);
   // Runs the guest's fixed warm-up command, so that the emulator has translated the exec
   // path before a caller's first exec (see docs/templates.md).
   Status Warm(std::chrono::steady_clock::time_point deadline);

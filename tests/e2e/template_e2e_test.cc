@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -142,6 +144,36 @@ TEST_F(TemplateE2E, FirstCreateBuildsTheTemplateAndEveryCloneIsItsOwnMachine) {
   long guest = std::atol(date.out.c_str());
   long host = static_cast<long>(::time(nullptr));
   EXPECT_LT(std::labs(guest - host), 30) << date.out;
+}
+
+// A spare gets its identity when it is made; handing it out only sets its clock again, and
+// says how far off the clock was.
+TEST_F(TemplateE2E, ASpareIsHandedOutIdentifiedWithTheHostsClock) {
+  Start();
+  auto first = h_->Call({{"verb", "create"}});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(h_->WaitForSparePoolIdle().ok());
+  auto r = h_->Call({{"verb", "create"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const Json& vm = (*r)["vm"];
+  ASSERT_EQ(vm["start"].value("spare", false), true) << vm.dump();
+  const Json& phases = vm["phases_ms"];
+  // Identified before the create (when the spare was made), the clock set at the hand-out.
+  EXPECT_TRUE(phases.contains("identity_ms")) << phases.dump();
+  EXPECT_TRUE(phases.contains("clock_ms")) << phases.dump();
+  ASSERT_TRUE(phases.contains("clock_offset_ms")) << phases.dump();
+  EXPECT_LT(std::fabs(phases["clock_offset_ms"].get<double>()), 2000) << phases.dump();
+  EXPECT_EQ(vm.value("boot_id", "").size(), 36u) << vm.dump();
+  const std::string id = vm["id"];
+  EXPECT_EQ(h_->Cli({"exec", id, "--", "hostname"}).out, "trybox-" + id + "\n");
+  struct timespec before, after;
+  ::clock_gettime(CLOCK_REALTIME, &before);
+  CliResult date = h_->Cli({"exec", id, "--", "date", "+%s.%N"});
+  ::clock_gettime(CLOCK_REALTIME, &after);
+  ASSERT_EQ(date.code, 0) << date.err;
+  double guest = std::atof(date.out.c_str());
+  EXPECT_GT(guest, before.tv_sec + before.tv_nsec / 1e9 - 1) << date.out;
+  EXPECT_LT(guest, after.tv_sec + after.tv_nsec / 1e9 + 1) << date.out;
 }
 
 TEST_F(TemplateE2E, ColdFlagBootsTheKernel) {
