@@ -459,18 +459,26 @@ Result<Json> Vm::Call(const Json& request, Clock::time_point deadline) {
   return reply.body;
 }
 
-Status Vm::Identify(Clock::time_point deadline) {
-  auto start = Clock::now();
+namespace {
+
+// The host's CLOCK_REALTIME in ns, for a guest's wall clock.
+int64_t HostTimeNs() {
   struct timespec now;
   ::clock_gettime(CLOCK_REALTIME, &now);
-  ASSIGN_OR_RETURN(Json reply,
-                   Call({{"op", "identity"},
-                         {"vm_id", config_.id},
-                         {"hostname", "trybox-" + config_.id},
-                         {"machine_id", MachineId()},
-                         {"seed", RandomHex(64)},
-                         {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
-                        deadline));
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+}  // namespace
+
+Status Vm::Identify(Clock::time_point deadline) {
+  auto start = Clock::now();
+  ASSIGN_OR_RETURN(Json reply, Call({{"op", "identity"},
+                                     {"vm_id", config_.id},
+                                     {"hostname", "trybox-" + config_.id},
+                                     {"machine_id", MachineId()},
+                                     {"seed", RandomHex(64)},
+                                     {"time_ns", HostTimeNs()}},
+                                    deadline));
   if (!BoolOr(reply, "ok")) return Unavailable("the guest refused its identity: " + reply.dump());
   boot_id_ = StrOr(reply, "boot_id");
   phases_["identity_ms"] = MsSince(start);
@@ -480,12 +488,7 @@ Status Vm::Identify(Clock::time_point deadline) {
 
 Status Vm::SetClock(Clock::time_point deadline) {
   auto start = Clock::now();
-  struct timespec now;
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  ASSIGN_OR_RETURN(Json reply,
-                   Call({{"op", "clock"},
-                         {"time_ns", static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec}},
-                        deadline));
+  ASSIGN_OR_RETURN(Json reply, Call({{"op", "clock"}, {"time_ns", HostTimeNs()}}, deadline));
   if (!BoolOr(reply, "ok")) return Unavailable("the guest refused the clock: " + reply.dump());
   phases_["clock_ms"] = MsSince(start);
   if (reply.contains("offset_ns") && reply["offset_ns"].is_number_integer()) {
