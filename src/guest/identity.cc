@@ -114,19 +114,6 @@ Result<int64_t> SetClock(int64_t time_ns) {
   return time_ns - (static_cast<int64_t>(before.tv_sec) * 1000000000 + before.tv_nsec);
 }
 
-Status RehearseIdentity() {
-  RETURN_IF_ERROR(ReseedRandom(std::vector<uint8_t>(64, 0), /*credit=*/false));
-  struct timespec now;
-  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ::clock_settime(CLOCK_REALTIME, &now) != 0) {
-    return ErrnoError("clock_settime");
-  }
-  char name[65] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return ErrnoError("gethostname");
-  auto machine_id = ReadFileToString("/etc/machine-id");
-  std::string id = machine_id.ok() ? machine_id->substr(0, machine_id->find('\n')) : "";
-  return SetNames(name, id.size() == 32 ? id : "");
-}
-
 Result<std::string> ReadBootId() {
   ASSIGN_OR_RETURN(std::string s, ReadFileToString("/proc/sys/kernel/random/boot_id"));
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();

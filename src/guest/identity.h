@@ -49,10 +49,6 @@ Status ApplyIdentity(const Identity& id, IdentityTimings* timings = nullptr);
 // when it is handed out.
 Result<int64_t> SetClock(int64_t time_ns);
 
-// Runs the identity's code path without changing who the guest is: the current hostname
-// and machine-id written again, zeros mixed into the pool without credit. For warm-up.
-Status RehearseIdentity();
-
 // /proc/sys/kernel/random/boot_id, trimmed. The first read generates it.
 Result<std::string> ReadBootId();
 

@@ -249,17 +249,6 @@ void Server::Handle(const std::shared_ptr<Stream>& stream, const Json& request) 
       Identify(*stream, request);
     } else if (op == "clock") {
       SetClock(*stream, request);
-    } else if (op == "warmup") {
-      // A clone's emulator starts with no translated code: the first exec pays for
-      // translating fork, exec, the loader and libc (hundreds of ms under TCG). A spare
-      // clone runs this fixed command before it is handed out. Nothing the caller names
-      // runs, so it is allowed before the identity.
-      // It also rehearses the identity's code path on the template's own values (writing
-      // names the clone already has, mixing uncredited zeros into the pool), so that the
-      // real identity request runs translated code too.
-      Status rehearsal = RehearseIdentity();
-      if (!rehearsal.ok()) LogError("init", "identity rehearsal: " + rehearsal.message());
-      ServeExec(reaper_, *stream, {{"op", "exec"}, {"argv", {"/bin/true"}}});
     } else if (op == "exec") {
       ServeExec(reaper_, *stream, request);
     } else if (op == "put") {

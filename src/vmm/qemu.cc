@@ -497,9 +497,9 @@ Status Vm::SetClock(Clock::time_point deadline) {
   return Status::Ok();
 }
 
-Status Vm::Warm(Clock::time_point deadline) {
+Status Vm::Warm(const Json& exec_request, Clock::time_point deadline) {
   auto start = Clock::now();
-  ASSIGN_OR_RETURN(Json reply, Call({{"op", "warmup"}}, deadline));
+  ASSIGN_OR_RETURN(Json reply, Call(exec_request, deadline));
   if (StrOr(reply, "outcome") != "exited" || IntOr(reply, "exit_code", -1) != 0) {
     return Unavailable("the guest's warm-up failed: " + reply.dump());
   }

@@ -135,9 +135,10 @@ class Vm {
   // spare). Records how far off it was (phases: clock_offset_ms) and the round trip
   // (clock_ms).
   Status SetClock(std::chrono::steady_clock::time_point deadline);
-  // Runs the guest's fixed warm-up command, so that the emulator has translated the exec
-  // path before a caller's first exec (see docs/templates.md).
-  Status Warm(std::chrono::steady_clock::time_point deadline);
+  // Runs `exec_request` (an exec request as the daemon sends one for a caller) to its end,
+  // which must be exit code 0, so that the emulator has translated that exec's whole path,
+  // the guest kernel's included, before a caller's first exec (see docs/templates.md).
+  Status Warm(const Json& exec_request, std::chrono::steady_clock::time_point deadline);
 
   // For a kTemplate VM: disconnects, waits until the guest has parked, saves the device
   // state to template_dir/state (RAM stays in template_dir/memory), and stops QEMU.
