@@ -1,7 +1,8 @@
 // What the trybox binary loads when it starts. Every command pays for each shared library
 // the CLI needs, before main: on the development host `trybox --version` took 27 ms with
 // libcurl and its 25 dependencies (pulled in through the daemon's services), 14 ms without
-// (docs/performance.md, "The CLI's own start"). The daemon's services stay out of the CLI.
+// (docs/performance.md, "A spare handed out identified, and the CLI's own start"). The
+// daemon's services stay out of the CLI.
 #include <gtest/gtest.h>
 
 #include <cstdio>

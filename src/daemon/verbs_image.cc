@@ -1,10 +1,7 @@
 // The image verbs (docs/protocol/daemon.md): commit, image_ls, image_rm, image_prune. Their
 // parsers, the ImageService calls, and their result writers.
-#include <unistd.h>
-
 #include "daemon/image_service.h"
 #include "daemon/verbs.h"
-#include "util/fd.h"
 
 namespace trybox::daemon {
 namespace {
