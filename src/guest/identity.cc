@@ -72,37 +72,18 @@ Status SetNames(const std::string& hostname, const std::string& machine_id) {
   return Status::Ok();
 }
 
-Status ReseedRandom(const std::vector<uint8_t>& seed, bool credit) {
+Status ReseedRandom(const std::vector<uint8_t>& seed) {
   UniqueFd fd(::open("/dev/random", O_WRONLY | O_CLOEXEC));
   if (!fd.valid()) return ErrnoError("open /dev/random");
   size_t words = (seed.size() + 3) / 4;
   std::unique_ptr<uint32_t[]> storage(new uint32_t[2 + words]());
   auto* info = reinterpret_cast<struct rand_pool_info*>(storage.get());
-  info->entropy_count = credit ? static_cast<int>(seed.size() * 8) : 0;
+  info->entropy_count = static_cast<int>(seed.size() * 8);
   info->buf_size = static_cast<int>(seed.size());
   std::memcpy(info->buf, seed.data(), seed.size());
   if (::ioctl(fd.get(), RNDADDENTROPY, info) != 0) return ErrnoError("RNDADDENTROPY");
   if (::ioctl(fd.get(), RNDRESEEDCRNG) != 0) return ErrnoError("RNDRESEEDCRNG");
   return Status::Ok();
-}
-
-Status ApplyIdentity(const Identity& id, IdentityTimings* timings) {
-  IdentityTimings unused;
-  IdentityTimings& t = timings ? *timings : unused;
-  int64_t start = MonotonicUs();
-  if (!id.seed.empty()) RETURN_IF_ERROR(ReseedRandom(id.seed));
-  t.reseed_us = MonotonicUs() - start;
-  start = MonotonicUs();
-  if (id.time_ns > 0) {
-    struct timespec ts = {static_cast<time_t>(id.time_ns / 1000000000),
-                          static_cast<long>(id.time_ns % 1000000000)};
-    if (::clock_settime(CLOCK_REALTIME, &ts) != 0) return ErrnoError("clock_settime");
-  }
-  t.clock_us = MonotonicUs() - start;
-  start = MonotonicUs();
-  Status st = SetNames(id.hostname, id.machine_id);
-  t.names_us = MonotonicUs() - start;
-  return st;
 }
 
 Result<int64_t> SetClock(int64_t time_ns) {
@@ -112,6 +93,21 @@ Result<int64_t> SetClock(int64_t time_ns) {
                         static_cast<long>(time_ns % 1000000000)};
   if (::clock_settime(CLOCK_REALTIME, &ts) != 0) return ErrnoError("clock_settime");
   return time_ns - (static_cast<int64_t>(before.tv_sec) * 1000000000 + before.tv_nsec);
+}
+
+Status ApplyIdentity(const Identity& id, IdentityTimings* timings) {
+  IdentityTimings unused;
+  IdentityTimings& t = timings ? *timings : unused;
+  int64_t start = MonotonicUs();
+  if (!id.seed.empty()) RETURN_IF_ERROR(ReseedRandom(id.seed));
+  t.reseed_us = MonotonicUs() - start;
+  start = MonotonicUs();
+  if (id.time_ns > 0) RETURN_IF_ERROR(SetClock(id.time_ns).status());
+  t.clock_us = MonotonicUs() - start;
+  start = MonotonicUs();
+  Status st = SetNames(id.hostname, id.machine_id);
+  t.names_us = MonotonicUs() - start;
+  return st;
 }
 
 Result<std::string> ReadBootId() {

@@ -33,8 +33,7 @@ Status SetNames(const std::string& hostname, const std::string& machine_id);
 
 // Adds `seed` to the input pool (RNDADDENTROPY, credited) and forces a CRNG reseed
 // (RNDRESEEDCRNG), so every read from /dev/urandom afterwards depends on it.
-// `credit` false mixes the bytes in without counting them as entropy.
-Status ReseedRandom(const std::vector<uint8_t>& seed, bool credit = true);
+Status ReseedRandom(const std::vector<uint8_t>& seed);
 
 // Microseconds each step took (CLOCK_MONOTONIC), for the host's benchmarks.
 struct IdentityTimings {
