@@ -8,7 +8,7 @@ PACKAGES=(
   # (scripts/test.sh's ASan build of the unit tests and the fuzzers)
   cmake ninja-build g++ clang libclang-rt-dev pkg-config ccache
   # libraries
-  nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev libcurl4-openssl-dev
+  nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev nettle-dev libcurl4-openssl-dev
   libmicrohttpd-dev libext2fs-dev libnghttp2-dev
   libgtest-dev libgmock-dev libseccomp-dev
   # running VMs and building images

@@ -1,4 +1,4 @@
-// SHA-256 of files and strings (OpenSSL EVP), as lowercase hex.
+// SHA-256 of files and strings (Nettle), as lowercase hex.
 #pragma once
 
 #include <string>
