@@ -63,7 +63,7 @@ if [ "$asan" != "0" ]; then
 fi
 
 stage "build: the programs"
-programs=(trybox tryboxd trybox-agent trybox-ext4tar trybox-init)
+programs=(trybox trybox-tar trybox-image-build tryboxd trybox-agent trybox-ext4tar trybox-init)
 scripts/build.sh "${programs[@]}"
 # `daemon status` starts no daemon; the image build below does when none runs.
 if ! build/bin/trybox daemon status >/dev/null 2>&1; then started_daemon=1; fi

@@ -754,43 +754,17 @@ int CmdCp(Client& client, const std::string& src, const std::string& dst, std::o
   return 0;
 }
 
+// A base image is built by trybox-image-build (image/image_build_main.cc), which this process
+// becomes: its kernel and initramfs code would cost every other command its libraries.
 int CmdImageBuild(const Invocation& inv) {
   if (UsesRecipe(inv.image_name, inv.recipe_file)) return CmdImageBuildRecipe(inv);
-  Paths paths = Paths::FromEnvironment();
-  image::BuildOptions o;
-  o.name = inv.image_name;
-  o.images_root = paths.images;
-  o.cache_dir = paths.cache;
-  o.rebuild_rootfs = inv.rebuild_rootfs;
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
-  o.init_binary = dir.substr(0, dir.rfind('/')) + "/trybox-init";
-  if (ShowProgress(inv.quiet))
-    o.progress = [](const std::string& line) { std::cerr << line << "\n"; };
-  // Ctrl-C: kill the build's children (mmdebstrap runs in its own process group and would
-  // not see the terminal's signal), so the build fails and removes its partial output.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  static std::atomic<bool> interrupted{false};
-  o.cancelled = [] { return interrupted.load(); };
-  std::thread([set] {
-    int sig;
-    if (sigwait(&set, &sig) == 0) {
-      interrupted = true;
-      std::cerr << "trybox: interrupted; stopping the build\n";
-      SignalAllChildren(SIGKILL);
-    }
-  }).detach();
-  Status st = image::BuildImage(o);
-  if (interrupted) return 130;
-  if (!st.ok()) return Fail(std::cerr, st);
-  std::cout << "image " << inv.image_name << " built in " << paths.images << "/" << inv.image_name
-            << "\n";
-  return 0;
+  const std::string helper = BinaryBesideSelf("trybox-image-build");
+  std::vector<const char*> argv = {helper.c_str(), inv.image_name.c_str()};
+  if (inv.rebuild_rootfs) argv.push_back("--rebuild-rootfs");
+  if (ShowProgress(inv.quiet)) argv.push_back("--progress");
+  argv.push_back(nullptr);
+  ::execv(helper.c_str(), const_cast<char* const*>(argv.data()));
+  return Fail(std::cerr, ErrnoError("run " + helper));
 }
 
 Result<std::string> RenderDoctor(const ReplyView& r) {

@@ -1,7 +1,5 @@
 #include "cli/transfer.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -12,20 +10,15 @@
 #include <memory>
 
 #include "cli/reply.h"
+#include "cli/tree_tar.h"
 #include "util/fd.h"
 #include "util/names.h"
 #include "util/process.h"
-#include "workspace/tar.h"
 
 namespace trybox::cli {
 namespace {
 
 using Kind = channel::Stream::Message::Kind;
-
-struct ArchiveDeleter {
-  void operator()(archive* a) const { archive_free(a); }
-};
-using ArchivePtr = std::unique_ptr<archive, ArchiveDeleter>;
 
 // Reads the daemon's final reply for a stream after the data is done.
 Status FinishReply(channel::Stream& s, Json* end_body) {
@@ -51,77 +44,35 @@ Status SendFile(channel::Stream& s, const std::string& path) {
   return s.CloseWrite(channel::kChanIn);
 }
 
-// Streams `dir` as a tar (pax) whose entries are relative to it.
+// Streams `dir` as a tar (pax) whose entries are relative to it, made by trybox-tar.
 Status SendTree(channel::Stream& s, const std::string& dir) {
-  ArchivePtr disk(archive_read_disk_new());
-  ArchivePtr out(archive_write_new());
-  archive_read_disk_set_standard_lookup(disk.get());
-  archive_read_disk_set_behavior(disk.get(), ARCHIVE_READDISK_NO_XATTR);
-  archive_write_set_format_pax_restricted(out.get());
-  archive_write_set_bytes_per_block(out.get(), 0);  // no padding to 10 KiB blocks
-  struct Sink {
-    channel::Stream* s;
-    Status st;
-  } sink{&s, Status::Ok()};
-  auto write_cb = [](archive*, void* ud, const void* buf, size_t len) -> la_ssize_t {
-    auto* k = static_cast<Sink*>(ud);
-    k->st = k->s->Write(channel::kChanIn, std::string_view(static_cast<const char*>(buf), len));
-    return k->st.ok() ? static_cast<la_ssize_t>(len) : -1;
-  };
-  if (archive_write_open(out.get(), &sink, nullptr, write_cb, nullptr) != ARCHIVE_OK) {
-    return Internal(std::string("tar: ") + archive_error_string(out.get()));
-  }
-  if (::chdir(dir.c_str()) != 0) return ErrnoError("chdir " + dir);
-  if (archive_read_disk_open(disk.get(), ".") != ARCHIVE_OK) {
-    return Internal(std::string("read ") + dir + ": " + archive_error_string(disk.get()));
-  }
-  std::string buf(256 * 1024, '\0');
+  ASSIGN_OR_RETURN(TreeTar tar, StartTreeTar("pack", dir));
+  std::string buf(channel::kMaxDataChunk, '\0');
+  Status sent = Status::Ok();
   for (;;) {
-    archive_entry* e = archive_entry_new();
-    int r = archive_read_next_header2(disk.get(), e);
-    if (r == ARCHIVE_EOF) {
-      archive_entry_free(e);
-      break;
-    }
-    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
-      std::string msg = archive_error_string(disk.get());
-      archive_entry_free(e);
-      return Internal("read " + dir + ": " + msg);
-    }
-    archive_read_disk_descend(disk.get());
-    if (archive_write_header(out.get(), e) != ARCHIVE_OK) {
-      archive_entry_free(e);
-      if (!sink.st.ok()) return sink.st;
-      return Internal(std::string("tar: ") + archive_error_string(out.get()));
-    }
-    if (archive_entry_filetype(e) == AE_IFREG && archive_entry_size(e) > 0) {
-      UniqueFd fd(::open(archive_entry_sourcepath(e), O_RDONLY | O_CLOEXEC));
-      if (!fd.valid()) {
-        Status st = ErrnoError(std::string("open ") + archive_entry_sourcepath(e));
-        archive_entry_free(e);
-        return st;
-      }
-      for (;;) {
-        auto n = ReadSome(fd.get(), buf.data(), buf.size());
-        if (!n.ok()) {
-          archive_entry_free(e);
-          return n.status();
-        }
-        if (*n == 0) break;
-        if (archive_write_data(out.get(), buf.data(), *n) < 0) {
-          archive_entry_free(e);
-          return sink.st.ok() ? Internal(std::string("tar: ") + archive_error_string(out.get()))
-                              : sink.st;
-        }
-      }
-    }
-    archive_entry_free(e);
+    auto n = ReadSome(tar.io.get(), buf.data(), buf.size());
+    if (!n.ok()) sent = n.status();
+    if (!n.ok() || *n == 0) break;
+    sent = s.Write(channel::kChanIn, std::string_view(buf.data(), *n));
+    if (!sent.ok()) break;
   }
-  if (archive_write_close(out.get()) != ARCHIVE_OK) {
-    return sink.st.ok() ? Internal(std::string("tar: ") + archive_error_string(out.get()))
-                        : sink.st;
-  }
+  // A stream that failed names the cause (the helper then only saw its reader go away);
+  // otherwise the helper's verdict names a tree it could not read.
+  Status packed = FinishTreeTar(tar);
+  RETURN_IF_ERROR(sent);
+  RETURN_IF_ERROR(packed);
   return s.CloseWrite(channel::kChanIn);
+}
+
+// All of `data` into the helper's socket; a helper that went away is an error, no SIGPIPE.
+Status SendAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("write to trybox-tar");
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status::Ok();
 }
 
 // Pulls the next chunk of channel-1 data; "" at EOF. An END before EOF is an error.
@@ -145,22 +96,6 @@ Result<std::string> NextOutChunk(channel::Stream& s, bool* eof, Json* early_end)
 
 }  // namespace
 
-Status ExtractTarSafely(const std::function<Result<std::string>()>& next_chunk,
-                        const std::string& dest) {
-  workspace::ExtractReport report;
-  RETURN_IF_ERROR(workspace::ExtractTar(next_chunk, dest, {}, &report));
-  // Devices, fifos and sockets are not copied; an entry that tried to leave the tree is an
-  // error (it was not written).
-  for (const auto& sk : report.skipped) {
-    if (sk.reason.find("device") != std::string::npos || sk.reason == "a fifo" ||
-        sk.reason == "a socket") {
-      continue;
-    }
-    return PermissionDenied("refusing tar entry " + sk.path + ": " + sk.reason);
-  }
-  return Status::Ok();
-}
-
 Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::string& src,
                               const std::string& guest_path) {
   struct stat st;
@@ -181,10 +116,7 @@ Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::
       {"mode", st.st_mode & 07777},
       {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec}};
   ASSIGN_OR_RETURN(auto s, client.Open(req));
-  char cwd[4096];
-  bool have_cwd = ::getcwd(cwd, sizeof cwd) != nullptr;
   Status sent = stats.kind == "tar" ? SendTree(*s, src) : SendFile(*s, src);
-  if (have_cwd) (void)!::chdir(cwd);
   Json end;
   Status fin = FinishReply(*s, &end);
   // The daemon's verdict names the real cause (disk full, missing dir) when both failed.
@@ -441,15 +373,26 @@ Status ReceiveTree(channel::Stream& s, const Meta& meta, const Landing& l, uint6
     (void)guard->Keep();
     return st;
   }
+  auto tar = StartTreeTar("unpack", (l.dir == "/" ? "" : l.dir) + "/" + tmp);
+  if (!tar.ok()) {
+    (void)s.Reset("extract failed");
+    (void)guard->RemoveNow();
+    return tar.status();
+  }
   bool eof = false;
   Json early;
-  Status result = ExtractTarSafely(
-      [&]() -> Result<std::string> {
-        ASSIGN_OR_RETURN(std::string c, NextOutChunk(s, &eof, &early));
-        *bytes += c.size();
-        return c;
-      },
-      (l.dir == "/" ? "" : l.dir) + "/" + tmp);
+  Status fed = Status::Ok();
+  for (;;) {
+    auto c = NextOutChunk(s, &eof, &early);
+    if (!c.ok()) fed = c.status();
+    if (!c.ok() || c->empty()) break;
+    *bytes += c->size();
+    // A helper that refused an entry stops reading: its verdict says why.
+    if (!SendAll(tar->io.get(), *c).ok()) break;
+  }
+  // The end of the stream tells the helper the tar is complete, or cut short.
+  Status unpacked = FinishTreeTar(*tar);
+  Status result = !fed.ok() ? fed : unpacked;
   if (!result.ok()) {
     (void)s.Reset("extract failed");
   } else {

@@ -1,9 +1,9 @@
 // Moving files between the host and a VM through tryboxd's put/get verbs.
 //
 // Single files travel as raw bytes with their mode and mtime; directory trees travel as a
-// tar stream built and unpacked on the host by libarchive. Unpacking refuses absolute paths,
-// ".." components and writes through symlinks, so a guest can never write outside the
-// destination tree.
+// tar stream built and unpacked on the host by trybox-tar, a process beside the CLI
+// (cli/tree_tar.h). Unpacking refuses absolute paths, ".." components and writes through
+// symlinks, so a guest can never write outside the destination tree.
 //
 // What comes from a guest is never privileged on the host and never lands half-done
 // (docs/security.md, "The CLI and the host"): set-uid, set-gid and sticky bits are dropped;
@@ -35,10 +35,5 @@ Result<TransferStats> PutPath(Client& client, const std::string& vm, const std::
 // points to.
 Result<TransferStats> GetPath(Client& client, const std::string& vm, const std::string& guest_path,
                               const std::string& dst);
-
-// Unpacks a tar stream (from `next_chunk`, which returns "" at the end) into `dest`.
-// Exposed for tests of the path-safety rules.
-Status ExtractTarSafely(const std::function<Result<std::string>()>& next_chunk,
-                        const std::string& dest);
 
 }  // namespace trybox::cli

@@ -11,9 +11,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <map>
 #include <set>
 
 #include "cli/testing.h"
+#include "cli/tree_tar.h"
 #include "util/fd.h"
 
 namespace trybox::cli {
@@ -279,6 +282,94 @@ TEST_F(GetPathTest, ATreeKilledMidwayLeavesNothing) {
   ASSERT_EQ(::kill((*cli)->child(), SIGKILL), 0);
   ASSERT_TRUE((*cli)->WaitForAll().ok());  // the CLI and its helper are gone
   EXPECT_EQ(Entries(dir_), std::set<std::string>{}) << "a killed copy left something behind";
+}
+
+// `trybox cp DIR ID:/path`: the tree goes as a tar its entries relative to it, made by
+// trybox-tar; symbolic links travel as links, never followed.
+TEST(PutPathTest, ATreeTravelsAsATarOfItsEntries) {
+  Home home;
+  auto t = TempDir::Make("/tmp", "cp-in-");
+  ASSERT_TRUE(t.ok());
+  const std::string tree = t->path() + "/tree";
+  ASSERT_EQ(::mkdir(tree.c_str(), 0750), 0);
+  ASSERT_EQ(::mkdir((tree + "/sub").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFileAtomic(tree + "/a", "alpha", 0644).ok());
+  ASSERT_TRUE(WriteFileAtomic(tree + "/sub/b", std::string(300000, 'b'), 0755).ok());
+  ASSERT_EQ(::symlink("/etc/passwd", (tree + "/link").c_str()), 0);
+
+  auto received = std::make_shared<std::string>();
+  auto d = testing::ScriptedDaemon::Start(
+      home.paths, [received](std::shared_ptr<channel::Stream> s, const Json&) {
+        std::string data;
+        for (;;) {
+          auto m = s->Next();
+          if (!m.ok()) return;
+          if (m->kind == channel::Stream::Message::Kind::kData) data += m->data;
+          if (m->kind == channel::Stream::Message::Kind::kEof) break;
+        }
+        *received = data;
+        (void)s->End({{"ok", true}, {"bytes", data.size()}});
+      });
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto c = Client::Connect(home.paths, false);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  char before[4096], after[4096];
+  ASSERT_NE(::getcwd(before, sizeof before), nullptr);
+
+  auto r = PutPath(**c, "vm1", tree, "/root/tree");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_NE(::getcwd(after, sizeof after), nullptr);
+  EXPECT_STREQ(before, after) << "the CLI's working directory changed";
+  EXPECT_EQ(r->kind, "tar");
+  EXPECT_EQ(r->bytes, received->size());
+  auto requests = (*d)->requests();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].value("kind", ""), "tar");
+  EXPECT_EQ(requests[0].value("mode", 0), 0750);
+
+  // What the guest would unpack, read back with libarchive.
+  std::map<std::string, std::string> entries;  // path -> "TYPE PERM CONTENT-OR-TARGET"
+  archive* a = archive_read_new();
+  archive_read_support_format_tar(a);
+  ASSERT_EQ(archive_read_open_memory(a, received->data(), received->size()), ARCHIVE_OK);
+  archive_entry* e;
+  while (archive_read_next_header(a, &e) == ARCHIVE_OK) {
+    std::string content(static_cast<size_t>(archive_entry_size(e)), '\0');
+    if (!content.empty()) archive_read_data(a, content.data(), content.size());
+    const char* target = archive_entry_symlink(e);
+    char perm[8];
+    std::snprintf(perm, sizeof perm, "%o", archive_entry_perm(e));
+    entries[archive_entry_pathname(e)] = std::to_string(archive_entry_filetype(e) >> 12) + " " +
+                                         perm + " " + (target ? target : content.substr(0, 10));
+  }
+  archive_read_free(a);
+  const std::string reg = std::to_string(AE_IFREG >> 12), dir = std::to_string(AE_IFDIR >> 12),
+                    lnk = std::to_string(AE_IFLNK >> 12);
+  const std::map<std::string, std::string> want = {{"./", dir + " 750 "},
+                                                   {"./a", reg + " 644 alpha"},
+                                                   {"./sub/", dir + " 755 "},
+                                                   {"./sub/b", reg + " 755 bbbbbbbbbb"},
+                                                   {"./link", lnk + " 777 /etc/passwd"}};
+  EXPECT_EQ(entries, want);
+}
+
+// The helper's verdict keeps its code across the process boundary: a tree that went away
+// between the CLI's stat and the helper's start is kNotFound, named.
+TEST(TreeTarTest, AVerdictKeepsItsCode) {
+  auto t = TempDir::Make("/tmp", "cp-in-");
+  ASSERT_TRUE(t.ok());
+  auto tar = StartTreeTar("pack", t->path() + "/gone");
+  ASSERT_TRUE(tar.ok()) << tar.status().ToString();
+  Status st = FinishTreeTar(*tar);
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+  EXPECT_NE(st.message().find(t->path() + "/gone"), std::string::npos) << st.message();
+  // A status that is not the helper's (a usage error) is named with its exit.
+  tar = StartTreeTar("neither", t->path());
+  ASSERT_TRUE(tar.ok());
+  st = FinishTreeTar(*tar);
+  EXPECT_EQ(st.code(), Code::kInternal) << st.ToString();
+  EXPECT_NE(st.message().find("exit code 2"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("usage"), std::string::npos) << st.message();
 }
 
 }  // namespace

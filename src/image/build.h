@@ -1,4 +1,5 @@
-// Pieces of BuildImage (image.h) that touch the host, exposed for tests.
+// Pieces of BuildImage (image.h) that touch the host, exposed for tests and shared with
+// image derivation. Defined in build.cc; BuildImage itself is in base_image.cc.
 #pragma once
 
 #include <string>
@@ -20,6 +21,12 @@ struct AptSources {
 // Types "deb" whose Suites include `suite`) and *.list (one-line: "deb ... URI SUITE ..."),
 // then APT_DIR/sources.list. kNotFound if none mentions the suite.
 Result<AptSources> FindAptSources(const std::string& apt_dir, const std::string& suite);
+
+// The words of `s`, split at spaces, tabs and newlines.
+std::vector<std::string> Words(const std::string& s);
+
+// fsync(2) of the directory `dir`, or with `whole_fs` syncfs(2) of the file system it is on.
+Status SyncDir(const std::string& dir, bool whole_fs);
 
 // Removes a directory tree when it goes out of scope, unless released.
 class RemoveOnExit {
