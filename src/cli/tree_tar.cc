@@ -4,20 +4,13 @@
 #include <archive_entry.h>
 #include <fcntl.h>
 
-#include <memory>
-
+#include "workspace/archive_ptr.h"
 #include "workspace/tar.h"
 
 namespace trybox::cli {
-namespace {
 
-struct ArchiveDeleter {
-  void operator()(archive* a) const { archive_free(a); }
-};
-using ArchivePtr = std::unique_ptr<archive, ArchiveDeleter>;
-using EntryPtr = std::unique_ptr<archive_entry, decltype(&archive_entry_free)>;
-
-}  // namespace
+using workspace::ArchivePtr;
+using workspace::EntryPtr;
 
 Status PackWorkingDirectory(const std::function<Status(std::string_view)>& write) {
   ArchivePtr disk(archive_read_disk_new());
@@ -26,29 +19,18 @@ Status PackWorkingDirectory(const std::function<Status(std::string_view)>& write
   archive_read_disk_set_behavior(disk.get(), ARCHIVE_READDISK_NO_XATTR);
   archive_write_set_format_pax_restricted(out.get());
   archive_write_set_bytes_per_block(out.get(), 0);  // no padding to 10 KiB blocks
-  struct Sink {
-    const std::function<Status(std::string_view)>* write;
-    Status st;
-  } sink{&write, Status::Ok()};
-  auto write_cb = [](archive*, void* ud, const void* buf, size_t len) -> la_ssize_t {
-    auto* k = static_cast<Sink*>(ud);
-    k->st = (*k->write)(std::string_view(static_cast<const char*>(buf), len));
-    return k->st.ok() ? static_cast<la_ssize_t>(len) : -1;
-  };
-  // The sink's failure (the reader went away) names the cause better than libarchive's.
+  workspace::TarSink sink(write);
   auto tar_error = [&]() -> Status {
     if (!sink.st.ok()) return sink.st;
     return Internal(std::string("tar: ") + archive_error_string(out.get()));
   };
-  if (archive_write_open(out.get(), &sink, nullptr, write_cb, nullptr) != ARCHIVE_OK) {
-    return tar_error();
-  }
+  if (sink.Open(out.get()) != ARCHIVE_OK) return tar_error();
   if (archive_read_disk_open(disk.get(), ".") != ARCHIVE_OK) {
     return Internal(std::string("read the tree: ") + archive_error_string(disk.get()));
   }
   std::string buf(256 * 1024, '\0');
   for (;;) {
-    EntryPtr e(archive_entry_new(), archive_entry_free);
+    EntryPtr e(archive_entry_new());
     int r = archive_read_next_header2(disk.get(), e.get());
     if (r == ARCHIVE_EOF) break;
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {

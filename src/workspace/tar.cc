@@ -119,6 +119,15 @@ struct Block {
 
 }  // namespace
 
+int TarSink::Open(archive* a) {
+  auto write_cb = [](archive*, void* ud, const void* buf, size_t len) -> la_ssize_t {
+    auto* k = static_cast<TarSink*>(ud);
+    k->st = (*k->fn)(std::string_view(static_cast<const char*>(buf), len));
+    return k->st.ok() ? static_cast<la_ssize_t>(len) : -1;
+  };
+  return archive_write_open(a, this, nullptr, write_cb, nullptr);
+}
+
 Status WriteTar(const std::string& root, const Manifest& m,
                 const std::function<Status(std::string_view)>& sink) {
   ArchivePtr out(archive_write_new());
@@ -130,21 +139,11 @@ Status WriteTar(const std::string& root, const Manifest& m,
     return Internal("tar: " + ErrorText(out.get()));
   }
   archive_write_set_bytes_per_block(out.get(), 0);
-  struct Sink {
-    const std::function<Status(std::string_view)>* fn;
-    Status st;
-  } s{&sink, Status::Ok()};
-  auto write_cb = [](archive*, void* ud, const void* buf, size_t len) -> la_ssize_t {
-    auto* k = static_cast<Sink*>(ud);
-    k->st = (*k->fn)(std::string_view(static_cast<const char*>(buf), len));
-    return k->st.ok() ? static_cast<la_ssize_t>(len) : -1;
-  };
+  TarSink s(sink);
   auto fail = [&](const std::string& what) {
     return s.st.ok() ? Internal(JsonSafe(what) + ": " + JsonSafe(ErrorText(out.get()))) : s.st;
   };
-  if (archive_write_open(out.get(), &s, nullptr, write_cb, nullptr) != ARCHIVE_OK) {
-    return fail("tar");
-  }
+  if (s.Open(out.get()) != ARCHIVE_OK) return fail("tar");
   std::string buf(256 * 1024, '\0');
   for (const auto& [path, e] : m) {
     std::string full = root + "/" + path;

@@ -19,7 +19,20 @@
 #include "workspace/exclude.h"
 #include "workspace/manifest.h"
 
+struct archive;  // libarchive's writer (archive.h)
+
 namespace trybox::workspace {
+
+// Where a libarchive writer's blocks go: Open(a) opens the writer `a` to hand each block to
+// `fn`; the first failure of `fn` is kept in `st` (it names the cause, say a reader that went
+// away, better than libarchive's own message). Must outlive the writer.
+struct TarSink {
+  explicit TarSink(const std::function<Status(std::string_view)>& f) : fn(&f) {}
+  const std::function<Status(std::string_view)>* fn;
+  Status st = Status::Ok();
+  // archive_write_open's result (ARCHIVE_OK when open).
+  int Open(::archive* a);
+};
 
 // Writes the entries of `m` (relative to `root`) as a pax tar to `sink`. A file whose size
 // no longer matches the manifest is an error naming it (it changed while being copied).
