@@ -14,6 +14,7 @@
 #include "util/fd.h"
 #include "util/names.h"
 #include "util/process.h"
+#include "util/socket.h"
 
 namespace trybox::cli {
 namespace {
@@ -62,17 +63,6 @@ Status SendTree(channel::Stream& s, const std::string& dir) {
   RETURN_IF_ERROR(sent);
   RETURN_IF_ERROR(packed);
   return s.CloseWrite(channel::kChanIn);
-}
-
-// All of `data` into the helper's socket; a helper that went away is an error, no SIGPIPE.
-Status SendAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("write to trybox-tar");
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return Status::Ok();
 }
 
 // Pulls the next chunk of channel-1 data; "" at EOF. An END before EOF is an error.
@@ -388,7 +378,7 @@ Status ReceiveTree(channel::Stream& s, const Meta& meta, const Landing& l, uint6
     if (!c.ok() || c->empty()) break;
     *bytes += c->size();
     // A helper that refused an entry stops reading: its verdict says why.
-    if (!SendAll(tar->io.get(), *c).ok()) break;
+    if (!SendFull(tar->io.get(), *c).ok()) break;
   }
   // The end of the stream tells the helper the tar is complete, or cut short.
   Status unpacked = FinishTreeTar(*tar);

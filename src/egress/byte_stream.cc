@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "util/fd.h"
+#include "util/socket.h"
 
 namespace trybox::egress {
 
@@ -34,14 +35,9 @@ Result<std::string> FdStream::Read(size_t max,
 }
 
 Status FdStream::Write(std::string_view data) {
-  // send(MSG_NOSIGNAL): a peer that went away is an error here, never a SIGPIPE.
-  while (!data.empty()) {
-    ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Unavailable(ErrnoError("send").message());
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return Status::Ok();
+  // A peer that went away is an error here, never a SIGPIPE.
+  Status st = SendFull(fd_, data);
+  return st.ok() ? st : Unavailable(st.message());
 }
 
 Status FdStream::CloseWrite() {

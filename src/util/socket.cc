@@ -76,4 +76,14 @@ Result<PeerCred> GetPeerCred(int fd) {
   return PeerCred{cred.pid, cred.uid, cred.gid};
 }
 
+Status SendFull(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("send");
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
 }  // namespace trybox

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <string_view>
 
 #include "util/fd.h"
 #include "util/status.h"
@@ -41,5 +42,9 @@ struct PeerCred {
   gid_t gid;
 };
 Result<PeerCred> GetPeerCred(int fd);
+
+// All of `data` into the socket `fd` by send(MSG_NOSIGNAL): a peer that went away is an
+// error ("send: ..."), never a SIGPIPE.
+Status SendFull(int fd, std::string_view data);
 
 }  // namespace trybox

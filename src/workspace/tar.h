@@ -28,6 +28,8 @@ namespace trybox::workspace {
 // away, better than libarchive's own message). Must outlive the writer.
 struct TarSink {
   explicit TarSink(const std::function<Status(std::string_view)>& f) : fn(&f) {}
+  // Kept by address: a temporary (a lambda converted on the spot) would be gone.
+  explicit TarSink(std::function<Status(std::string_view)>&&) = delete;
   const std::function<Status(std::string_view)>* fn;
   Status st = Status::Ok();
   // archive_write_open's result (ARCHIVE_OK when open).
