@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
@@ -29,7 +28,6 @@
 #include "cli/terminal.h"
 #include "cli/transfer.h"
 #include "egress/allowlist.h"
-#include "image/image.h"
 #include "util/fd.h"
 #include "util/names.h"
 #include "util/numbers.h"
