@@ -78,6 +78,24 @@ TEST_F(LifecycleE2E, StdoutAndStderrStaySeparate) {
   EXPECT_EQ(r.err, "to-err\n");
 }
 
+// The guest relays a command's output from a SCHED_BATCH thread (guest/exec.cc): the command
+// must not inherit that policy, and output written in many small pieces on both channels
+// arrives whole and in order.
+TEST_F(LifecycleE2E, SmallWritesArriveWholeAndTheCommandKeepsTheNormalPolicy) {
+  CliResult r =
+      h_->Cli({"run", "--", "sh", "-c",
+               "chrt -p $$ | sed -n '1s/.*: //p'; seq 1 100000; seq 1 3000 >&2; echo end"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string out = "SCHED_OTHER\n", err;
+  for (int i = 1; i <= 100000; ++i) out += std::to_string(i) + "\n";
+  out += "end\n";
+  for (int i = 1; i <= 3000; ++i) err += std::to_string(i) + "\n";
+  EXPECT_EQ(r.out.substr(0, 12), "SCHED_OTHER\n") << r.out.substr(0, 200);
+  EXPECT_EQ(r.out.size(), out.size());
+  EXPECT_TRUE(r.out == out) << "stdout differs from seq's output";
+  EXPECT_TRUE(r.err == err) << "stderr differs: " << r.err.substr(0, 200);
+}
+
 TEST_F(LifecycleE2E, EnvWorkdirAndStdinReachTheCommand) {
   std::string id = Create();
   CliResult r = h_->Cli({"exec", id, "--env", "GREETING=hello world", "--workdir", "/tmp", "--",
