@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -60,10 +61,157 @@ ExitInfo ExitInfoFromWaitStatus(int status) {
   return info;
 }
 
+namespace {
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TRYBOX_SPAWN_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TRYBOX_SPAWN_SANITIZED 1
+#endif
+
+constexpr size_t kMaxKeep = 16;
+constexpr int kHighFd = 100;  // temporary copies live above every target fd
+constexpr size_t kChildStack = 256 * 1024;
+
+// Everything the child needs, prepared before it exists: after the clone it makes system calls
+// only, since it either shares the parent's memory (the vfork way) or is a copy of a process
+// whose other threads may hold any lock.
+struct ChildPlan {
+  const SpawnOptions* opts;
+  char* const* argv;
+  char* const* envp;
+  const char* cwd;
+  int err_pipe;
+  int devnull;
+  bool userns;
+  const char* uid_map;
+  size_t uid_map_len;
+  const char* gid_map;
+  size_t gid_map_len;
+  pid_t parent;
+};
+
+[[noreturn]] void ChildFail(int ep, int stage) {
+  int e[2] = {stage, errno};
+  (void)!::write(ep, e, sizeof e);
+  ::_exit(127);
+}
+
+bool ChildWriteFile(const char* path, const char* text, size_t len) {
+  int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, text, len) == static_cast<ssize_t>(len);
+  ::close(fd);
+  return ok;
+}
+
+// The child's side of Spawn; never returns. Ids are set by raw system calls: glibc's setresuid
+// and friends would signal every thread of the parent's (shared) memory to change ids too.
+int RunChild(void* arg) {
+  const ChildPlan& p = *static_cast<const ChildPlan*>(arg);
+  const SpawnOptions& opts = *p.opts;
+  int ep = p.err_pipe;
+  // Handlers first, then the mask: the parent blocked every signal before the clone, so none
+  // can reach a handler of the parent's while this process runs on its memory.
+  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (opts.die_with_parent) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) ChildFail(ep, 9);
+    if (::getppid() != p.parent) ::_exit(127);  // the parent died before the line above
+  }
+  const size_t nkeep = opts.keep_fds.size();
+  int keep_tmp[kMaxKeep];
+  if (nkeep > 0) {
+    ep = ::fcntl(p.err_pipe, F_DUPFD_CLOEXEC, kHighFd);
+    if (ep < 0) ::_exit(127);
+    for (size_t i = 0; i < nkeep; ++i) {
+      keep_tmp[i] = ::fcntl(opts.keep_fds[i], F_DUPFD_CLOEXEC, kHighFd);
+      if (keep_tmp[i] < 0) ChildFail(ep, 2);
+    }
+  }
+  if (opts.new_netns) {
+    if (::unshare(p.userns ? CLONE_NEWUSER | CLONE_NEWNET : CLONE_NEWNET) != 0) ChildFail(ep, 5);
+    if (p.userns && (!ChildWriteFile("/proc/self/setgroups", "deny", 4) ||
+                     !ChildWriteFile("/proc/self/uid_map", p.uid_map, p.uid_map_len) ||
+                     !ChildWriteFile("/proc/self/gid_map", p.gid_map, p.gid_map_len))) {
+      ChildFail(ep, 7);
+    }
+  }
+  if (opts.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) ChildFail(ep, 1);
+  int in = opts.stdin_fd >= 0 ? opts.stdin_fd : p.devnull;
+  int out = opts.stdout_fd >= 0 ? opts.stdout_fd : p.devnull;
+  int errfd = opts.stderr_fd >= 0 ? opts.stderr_fd : p.devnull;
+  // dup everything above 2 first so a target fd of 0..2 is never clobbered mid-way.
+  int fin = ::fcntl(in, F_DUPFD_CLOEXEC, 3), fout = ::fcntl(out, F_DUPFD_CLOEXEC, 3),
+      ferr = ::fcntl(errfd, F_DUPFD_CLOEXEC, 3);
+  if (fin < 0 || fout < 0 || ferr < 0) ChildFail(ep, 2);
+  if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) ChildFail(ep, 2);
+  for (size_t i = 0; i < nkeep; ++i) {
+    if (::dup2(keep_tmp[i], static_cast<int>(3 + i)) < 0) ChildFail(ep, 2);
+  }
+  // Close every other inherited fd except the error pipe (which is CLOEXEC).
+  ::syscall(SYS_close_range, 3 + nkeep, ep - 1, 0);
+  ::syscall(SYS_close_range, ep + 1, ~0U, 0);
+  if (opts.gid || opts.uid) {
+    if (::syscall(SYS_setgroups, opts.groups.size(), opts.groups.data()) != 0) ChildFail(ep, 6);
+    if (opts.gid && ::syscall(SYS_setresgid, *opts.gid, *opts.gid, *opts.gid) != 0) {
+      ChildFail(ep, 6);
+    }
+    if (opts.uid && ::syscall(SYS_setresuid, *opts.uid, *opts.uid, *opts.uid) != 0) {
+      ChildFail(ep, 6);
+    }
+  }
+  if (opts.nice != 0 && ::setpriority(PRIO_PROCESS, 0, opts.nice) != 0) ChildFail(ep, 8);
+  if (p.cwd && ::chdir(p.cwd) != 0) ChildFail(ep, 3);
+  // A bare name is looked up in PATH only, never in the working directory: a file of that
+  // name there is not the program, and a directory the child may not search (the daemon
+  // started from /root, QEMU run as a VM's uid) must not turn the lookup into EACCES.
+  if (std::strchr(p.argv[0], '/') == nullptr) {
+    ::execvpe(p.argv[0], p.argv, p.envp);
+  } else {
+    ::execve(p.argv[0], p.argv, p.envp);
+  }
+  ChildFail(ep, 4);
+}
+
+// Starts RunChild(plan) in a new process. Where it can, the vfork way: the child borrows this
+// process's memory until its exec, so nothing is copied, and this thread waits meanwhile.
+// fork() copied the daemon's page tables and left every page it then wrote to fault once more
+// (copy on write), 20-28 ms from fork to the child's exec in this nested VM. Fork remains for
+// a new user namespace (the kernel refuses one to a process that shares its memory) and under
+// AddressSanitizer (whose bookkeeping would follow the child onto a stack it does not know).
+pid_t CloneChild(ChildPlan* plan) {
+#ifndef TRYBOX_SPAWN_SANITIZED
+  if (!plan->userns) {
+    void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) return -1;
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = ::clone(RunChild, static_cast<char*>(stack) + kChildStack,
+                        CLONE_VM | CLONE_VFORK | SIGCHLD, plan);
+    int saved = errno;
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    ::munmap(stack, kChildStack);
+    errno = saved;
+    return pid;
+  }
+#endif
+  pid_t pid = ::fork();
+  if (pid == 0) RunChild(plan);
+  return pid;
+}
+
+}  // namespace
+
 Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   if (opts.argv.empty()) return InvalidArgument("spawn: empty argv");
-  // Everything the child needs is prepared before fork: after it only async-signal-safe
-  // calls are allowed, since the parent may be multithreaded.
   std::vector<char*> argv;
   for (const auto& a : opts.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -72,6 +220,7 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
     for (const auto& e : *opts.env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
   }
+  if (opts.keep_fds.size() > kMaxKeep) return InvalidArgument("spawn: more than 16 fds to keep");
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoError("pipe2");
   int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -80,103 +229,31 @@ Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
     ::close(err_pipe[1]);
     return ErrnoError("open /dev/null");
   }
-  const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
-  char* const* env_arr = opts.env ? envp.data() : environ;
-  constexpr size_t kMaxKeep = 16;
-  constexpr int kHighFd = 100;  // temporary copies live above every target fd
-  const size_t nkeep = opts.keep_fds.size();
-  if (nkeep > kMaxKeep) {
-    ::close(err_pipe[0]);
-    ::close(err_pipe[1]);
-    ::close(devnull);
-    return InvalidArgument("spawn: more than 16 fds to keep");
-  }
   // A user namespace (non-root netns) maps only our own ids; written by the child itself.
   const bool userns = opts.new_netns && ::geteuid() != 0;
   const std::string uid_map =
       std::to_string(::geteuid()) + " " + std::to_string(::geteuid()) + " 1\n";
   const std::string gid_map =
       std::to_string(::getegid()) + " " + std::to_string(::getegid()) + " 1\n";
-
-  const pid_t parent = ::getpid();
-  pid_t pid = ::fork();
+  ChildPlan plan{&opts,
+                 argv.data(),
+                 opts.env ? envp.data() : environ,
+                 opts.cwd.empty() ? nullptr : opts.cwd.c_str(),
+                 err_pipe[1],
+                 devnull,
+                 userns,
+                 uid_map.c_str(),
+                 uid_map.size(),
+                 gid_map.c_str(),
+                 gid_map.size(),
+                 ::getpid()};
+  pid_t pid = CloneChild(&plan);
   if (pid < 0) {
     Status st = ErrnoError("fork");
     ::close(err_pipe[0]);
     ::close(err_pipe[1]);
     ::close(devnull);
     return st;
-  }
-  if (pid == 0) {
-    int ep = err_pipe[1];
-    auto fail = [&](int stage) {
-      int e[2] = {stage, errno};
-      (void)!::write(ep, e, sizeof e);
-      ::_exit(127);
-    };
-    auto write_file = [](const char* path, const std::string& text) {
-      int fd = ::open(path, O_WRONLY | O_CLOEXEC);
-      if (fd < 0) return false;
-      bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-      ::close(fd);
-      return ok;
-    };
-    if (opts.die_with_parent) {
-      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(9);
-      if (::getppid() != parent) ::_exit(127);  // the parent died before the line above
-    }
-    int keep_tmp[kMaxKeep];
-    if (nkeep > 0) {
-      ep = ::fcntl(err_pipe[1], F_DUPFD_CLOEXEC, kHighFd);
-      if (ep < 0) ::_exit(127);
-      for (size_t i = 0; i < nkeep; ++i) {
-        keep_tmp[i] = ::fcntl(opts.keep_fds[i], F_DUPFD_CLOEXEC, kHighFd);
-        if (keep_tmp[i] < 0) fail(2);
-      }
-    }
-    if (opts.new_netns) {
-      if (::unshare(userns ? CLONE_NEWUSER | CLONE_NEWNET : CLONE_NEWNET) != 0) fail(5);
-      if (userns && (!write_file("/proc/self/setgroups", "deny") ||
-                     !write_file("/proc/self/uid_map", uid_map) ||
-                     !write_file("/proc/self/gid_map", gid_map))) {
-        fail(7);
-      }
-    }
-    if (opts.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(1);
-    sigset_t all;
-    sigemptyset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
-    int in = opts.stdin_fd >= 0 ? opts.stdin_fd : devnull;
-    int out = opts.stdout_fd >= 0 ? opts.stdout_fd : devnull;
-    int errfd = opts.stderr_fd >= 0 ? opts.stderr_fd : devnull;
-    // dup everything above 2 first so a target fd of 0..2 is never clobbered mid-way.
-    int fin = ::fcntl(in, F_DUPFD_CLOEXEC, 3), fout = ::fcntl(out, F_DUPFD_CLOEXEC, 3),
-        ferr = ::fcntl(errfd, F_DUPFD_CLOEXEC, 3);
-    if (fin < 0 || fout < 0 || ferr < 0) fail(2);
-    if (::dup2(fin, 0) < 0 || ::dup2(fout, 1) < 0 || ::dup2(ferr, 2) < 0) fail(2);
-    for (size_t i = 0; i < nkeep; ++i) {
-      if (::dup2(keep_tmp[i], static_cast<int>(3 + i)) < 0) fail(2);
-    }
-    // Close every other inherited fd except the error pipe (which is CLOEXEC).
-    ::syscall(SYS_close_range, 3 + nkeep, ep - 1, 0);
-    ::syscall(SYS_close_range, ep + 1, ~0U, 0);
-    if (opts.gid || opts.uid) {
-      if (::setgroups(opts.groups.size(), opts.groups.data()) != 0) fail(6);
-      if (opts.gid && ::setresgid(*opts.gid, *opts.gid, *opts.gid) != 0) fail(6);
-      if (opts.uid && ::setresuid(*opts.uid, *opts.uid, *opts.uid) != 0) fail(6);
-    }
-    if (opts.nice != 0 && ::setpriority(PRIO_PROCESS, 0, opts.nice) != 0) fail(8);
-    if (cwd && ::chdir(cwd) != 0) fail(3);
-    // A bare name is looked up in PATH only, never in the working directory: a file of that
-    // name there is not the program, and a directory the child may not search (the daemon
-    // started from /root, QEMU run as a VM's uid) must not turn the lookup into EACCES.
-    if (std::strchr(argv[0], '/') == nullptr) {
-      ::execvpe(argv[0], argv.data(), env_arr);
-    } else {
-      ::execve(argv[0], argv.data(), env_arr);
-    }
-    fail(4);
   }
   ::close(err_pipe[1]);
   ::close(devnull);

@@ -48,6 +48,73 @@ TEST(SpawnTest, KeptFdBecomes3AndNothingElseLeaks) {
   EXPECT_EQ(text->find(" 100 "), std::string::npos) << *text;
 }
 
+// The child starts with every signal unblocked and at its default action, whatever the
+// spawning thread blocked or ignored, and the spawning thread keeps its own (the child is
+// made the vfork way, on this process's memory, with every signal blocked meanwhile). Ids
+// and the nice value reach the child (as root: set by raw system calls in the child).
+TEST(SpawnTest, TheChildStartsCleanAndTheParentKeepsItsSignals) {
+  auto made = TempDir::Make("/tmp", "spawn");
+  ASSERT_TRUE(made.ok());
+  sigset_t usr1, before;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  ASSERT_EQ(::pthread_sigmask(SIG_BLOCK, &usr1, &before), 0);
+  struct sigaction ignore = {}, old_pipe = {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGPIPE, &ignore, &old_pipe), 0);
+  UniqueFd out(::open((made->path() + "/out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+  SpawnOptions opts;
+  opts.argv = {"sh", "-c",
+               "grep -E '^(SigBlk|SigIgn|Uid|Gid)' /proc/self/status; cut -d' ' -f19 "
+               "/proc/self/stat"};
+  opts.stdout_fd = out.get();
+  opts.nice = 5;
+  const bool root = ::geteuid() == 0;
+  if (root) {
+    opts.uid = 65534;
+    opts.gid = 65534;
+  }
+  auto child = ChildProcess::Spawn(opts);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  auto exit = child->Wait();
+  sigset_t after;
+  ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, &before, &after), 0);
+  struct sigaction pipe_now = {};
+  ASSERT_EQ(::sigaction(SIGPIPE, &old_pipe, &pipe_now), 0);
+  EXPECT_EQ(sigismember(&after, SIGUSR1), 1) << "the spawning thread lost its blocked signal";
+  EXPECT_EQ(sigismember(&after, SIGTERM), 0) << "the spawning thread kept the spawn's mask";
+  EXPECT_EQ(pipe_now.sa_handler, SIG_IGN) << "the child's reset reached the parent";
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->exited && exit->code == 0) << exit->Describe();
+  auto text = ReadFileToString(made->path() + "/out");
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("SigBlk:\t0000000000000000\n"), std::string::npos) << *text;
+  EXPECT_NE(text->find("SigIgn:\t0000000000000000\n"), std::string::npos) << *text;
+  EXPECT_NE(text->find("\n5\n"), std::string::npos) << *text;
+  if (root) {
+    EXPECT_NE(text->find("Uid:\t65534\t65534\t65534\t65534\n"), std::string::npos) << *text;
+    EXPECT_NE(text->find("Gid:\t65534\t65534\t65534\t65534\n"), std::string::npos) << *text;
+  }
+}
+
+// A failure in the child after the clone is named by its stage, and the spawning thread
+// goes on (the child is reaped).
+TEST(SpawnTest, AChildThatCannotStartIsNamedByItsStage) {
+  SpawnOptions opts;
+  opts.argv = {"/bin/true"};
+  opts.cwd = "/nonexistent-trybox-dir";
+  auto child = ChildProcess::Spawn(opts);
+  ASSERT_FALSE(child.ok());
+  EXPECT_NE(child.status().message().find("chdir /bin/true"), std::string::npos)
+      << child.status().message();
+  opts.cwd.clear();
+  opts.argv = {"/nonexistent-trybox-program"};
+  child = ChildProcess::Spawn(opts);
+  ASSERT_FALSE(child.ok());
+  EXPECT_NE(child.status().message().find("execve /nonexistent-trybox-program"), std::string::npos)
+      << child.status().message();
+}
+
 // The nice value of every thread of `pid` (field 19 of /proc/PID/task/TID/stat).
 std::vector<int> ThreadNices(pid_t pid) {
   std::vector<int> out;
