@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "guest/batch.h"
 #include "guest/cgroup.h"
 #include "guest/pty.h"
 #include "guest/requests.h"
@@ -239,16 +239,8 @@ void ExecRun::Run() {
 }
 
 bool ExecRun::Pump() {
-  // This thread relays in large pieces: as SCHED_BATCH it does not preempt the command each
-  // time the command writes. As SCHED_OTHER it did: `head` writing 8 KiB at a time woke it
-  // (and switched the vCPU's address space) once per write, which halved the stream's rate
-  // under TCG. It still runs at once when the command blocks or exits (the vCPU is free then),
-  // and at the latest when the command's time slice ends. Set after the command was spawned,
-  // so that the command keeps the normal policy.
-  const struct sched_param batch = {};
-  if (::sched_setscheduler(0, SCHED_BATCH, &batch) != 0) {
-    LogWarn("exec", ErrnoError("sched_setscheduler(SCHED_BATCH)").message());
-  }
+  // After the spawn: the command keeps the normal policy (guest/batch.h).
+  RelayAsBatch("a command's output");
   std::unique_ptr<char[]> buf(req_.tty ? new char[kReadChunk] : nullptr);
   bool exited = false;
   Clock::time_point drain_until;
