@@ -51,6 +51,11 @@ Result<UnixListener> UnixListener::Listen(const std::string& path) {
   return UnixListener(std::move(fd), path);
 }
 
+UniqueFd UnixListener::TakeFd() && {
+  path_.clear();
+  return std::move(fd_);
+}
+
 UnixListener::~UnixListener() {
   if (!path_.empty()) ::unlink(path_.c_str());
 }

@@ -29,6 +29,9 @@ class UnixListener {
   // Wakes a blocked Accept (from another thread).
   void Shutdown();
   const std::string& path() const { return path_; }
+  // The listening socket, to hand to another process (QEMU inherits its control and monitor
+  // sockets this way); the path is left in place and no longer unlinked by this object.
+  UniqueFd TakeFd() &&;
 
  private:
   UnixListener(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}

@@ -71,6 +71,12 @@ inline constexpr int kVmDirFd = 4;
 inline constexpr int kTemplateDirFd = 5;
 inline constexpr int kRestoreStateFd = 6;
 inline constexpr int kRestoreMemoryFd = 7;
+// The guest channel's and the monitor's listening sockets (ctl.sock, qmp.sock in the VM's
+// directory), made by the daemon before QEMU starts, so that connecting to them never waits
+// for QEMU to create them. Every QEMU inherits them as these fds (unused lower slots hold
+// /dev/null).
+inline constexpr int kCtlSocketFd = 8;
+inline constexpr int kQmpSocketFd = 9;
 
 // Files of a template directory.
 inline constexpr const char* kTemplateMemory = "/memory";

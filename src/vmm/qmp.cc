@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <thread>
 
 #include "util/json.h"
 #include "util/socket.h"
@@ -15,24 +14,21 @@ namespace trybox::vmm {
 using Json = nlohmann::json;
 
 Result<Qmp> Qmp::Connect(const std::string& path, std::chrono::steady_clock::time_point deadline) {
-  for (;;) {
-    auto fd = ConnectUnix(path);
-    if (fd.ok()) {
-      Qmp q(std::move(*fd));
-      q.deadline_ = deadline;
-      ASSIGN_OR_RETURN(Json greeting, q.ReadMessage());
-      if (!greeting.contains("QMP")) {
-        return Internal("QEMU's monitor greeted with " + greeting.dump());
-      }
-      RETURN_IF_ERROR(q.Execute("qmp_capabilities").status());
-      return q;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return DeadlineExceeded("QEMU's monitor socket " + path +
-                              " never accepted: " + fd.status().message());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The socket listens from before QEMU starts (vmm/qemu.h, kQmpSocketFd): the connect is
+  // queued at once, and the greeting comes when QEMU is ready (or the connection is reset
+  // if QEMU dies first).
+  auto fd = ConnectUnix(path);
+  if (!fd.ok()) {
+    return Unavailable("QEMU's monitor socket " + path + " refused: " + fd.status().message());
   }
+  Qmp q(std::move(*fd));
+  q.deadline_ = deadline;
+  ASSIGN_OR_RETURN(Json greeting, q.ReadMessage());
+  if (!greeting.contains("QMP")) {
+    return Internal("QEMU's monitor greeted with " + greeting.dump());
+  }
+  RETURN_IF_ERROR(q.Execute("qmp_capabilities").status());
+  return q;
 }
 
 Result<Json> Qmp::ReadMessage() {
