@@ -33,6 +33,23 @@ Result<UniqueFd> ConnectUnix(const std::string& path) {
   return fd;
 }
 
+Result<UniqueFd> ListenUnixInPrivateDir(const std::string& path) {
+  ASSIGN_OR_RETURN(sockaddr_un addr, Addr(path));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoError("socket");
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return ErrnoError("bind " + path);
+  }
+  if (::chmod(path.c_str(), 0600) != 0 || ::listen(fd.get(), 128) != 0) {
+    Status s = ErrnoError("listen on " + path);
+    ::unlink(path.c_str());
+    return s;
+  }
+  return fd;
+}
+
 Result<UnixListener> UnixListener::Listen(const std::string& path) {
   ASSIGN_OR_RETURN(sockaddr_un addr, Addr(path));
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -49,11 +66,6 @@ Result<UnixListener> UnixListener::Listen(const std::string& path) {
     return s;
   }
   return UnixListener(std::move(fd), path);
-}
-
-UniqueFd UnixListener::TakeFd() && {
-  path_.clear();
-  return std::move(fd_);
 }
 
 UnixListener::~UnixListener() {

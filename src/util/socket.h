@@ -13,10 +13,18 @@ namespace trybox {
 
 Result<UniqueFd> ConnectUnix(const std::string& path);
 
+// A listening socket bound at `path` (a stale socket file there is replaced), mode 0600 set
+// by chmod after the bind; the path stays when the fd is closed. For a directory only its
+// owner can enter (a VM's directory), so the moment between bind and chmod exposes nothing.
+// Unlike UnixListener::Listen it leaves the umask alone: the umask is the whole process's,
+// and changing it races every other thread that creates a file or directory meanwhile.
+Result<UniqueFd> ListenUnixInPrivateDir(const std::string& path);
+
 // Owns a listening socket and its path; the destructor closes it and unlinks the path.
 class UnixListener {
  public:
-  // Binds `path` (replacing a stale socket file), mode 0600.
+  // Binds `path` (replacing a stale socket file), mode 0600 (by the umask, for the moment of
+  // the bind: call it before the process has other threads).
   static Result<UnixListener> Listen(const std::string& path);
   UnixListener(UnixListener&& o) noexcept : fd_(std::move(o.fd_)), path_(std::move(o.path_)) {
     o.path_.clear();
@@ -29,9 +37,6 @@ class UnixListener {
   // Wakes a blocked Accept (from another thread).
   void Shutdown();
   const std::string& path() const { return path_; }
-  // The listening socket, to hand to another process (QEMU inherits its control and monitor
-  // sockets this way); the path is left in place and no longer unlinked by this object.
-  UniqueFd TakeFd() &&;
 
  private:
   UnixListener(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}

@@ -3,12 +3,43 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <string>
 #include <thread>
 
 namespace trybox {
 namespace {
+
+// QEMU's control and monitor sockets are made this way while other threads create VM
+// directories: the umask (the whole process's) must not change, even for a moment, or a
+// directory made meanwhile lost its owner's search bit and QEMU could not use it.
+TEST(ListenUnixInPrivateDirTest, ListensAt0600LeavesTheUmaskAndKeepsThePath) {
+  auto dir = TempDir::Make("/tmp", "listen");
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir->path() + "/ctl.sock";
+  ASSERT_TRUE(WriteFileAtomic(path, "stale", 0600).ok());  // not a socket: refused, kept
+  EXPECT_FALSE(ListenUnixInPrivateDir(path).ok());
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  const mode_t before = ::umask(0022);
+  {
+    auto first = ListenUnixInPrivateDir(path);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+  }
+  // The path outlives the fd; a stale socket file is replaced.
+  auto l = ListenUnixInPrivateDir(path);
+  const mode_t during = ::umask(before);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(during, 0022u);
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto c = ConnectUnix(path);  // queued until accepted: no one needs to accept first
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  UniqueFd accepted(::accept4(l->get(), nullptr, nullptr, SOCK_CLOEXEC));
+  EXPECT_TRUE(accepted.valid());
+}
 
 TEST(SendFullTest, SendsAllOfItAndAGonePeerIsAnErrorNotASignal) {
   int sv[2];

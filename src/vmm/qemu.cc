@@ -161,10 +161,8 @@ Result<QemuSandbox> SandboxQemuFiles(const VmConfig& c, int state_fd) {
 // holds no copy of the listening socket once QEMU has it).
 Result<QemuSandbox> SandboxQemu(const VmConfig& c, int state_fd) {
   ASSIGN_OR_RETURN(QemuSandbox q, SandboxQemuFiles(c, state_fd));
-  ASSIGN_OR_RETURN(UnixListener ctl, UnixListener::Listen(c.vm_dir + "/ctl.sock"));
-  ASSIGN_OR_RETURN(UnixListener qmp, UnixListener::Listen(c.vm_dir + "/qmp.sock"));
-  q.ctl_socket = std::move(ctl).TakeFd();
-  q.qmp_socket = std::move(qmp).TakeFd();
+  ASSIGN_OR_RETURN(q.ctl_socket, ListenUnixInPrivateDir(c.vm_dir + "/ctl.sock"));
+  ASSIGN_OR_RETURN(q.qmp_socket, ListenUnixInPrivateDir(c.vm_dir + "/qmp.sock"));
   ASSIGN_OR_RETURN(q.placeholder, OpenFile("/dev/null", O_RDONLY | O_CLOEXEC));
   while (q.spawn.keep_fds.size() < static_cast<size_t>(kCtlSocketFd - 3)) {
     q.spawn.keep_fds.push_back(q.placeholder.get());
