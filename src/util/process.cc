@@ -74,7 +74,6 @@ namespace {
 
 constexpr size_t kMaxKeep = 16;
 constexpr int kHighFd = 100;  // temporary copies live above every target fd
-constexpr size_t kChildStack = 256 * 1024;
 
 // Everything the child needs, prepared before it exists: after the clone it makes system calls
 // only, since it either shares the parent's memory (the vfork way) or is a copy of a process
@@ -188,6 +187,7 @@ int RunChild(void* arg) {
 pid_t CloneChild(ChildPlan* plan) {
 #ifndef TRYBOX_SPAWN_SANITIZED
   if (!plan->userns) {
+    constexpr size_t kChildStack = 256 * 1024;
     void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED) return -1;
