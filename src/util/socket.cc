@@ -51,20 +51,7 @@ Result<UniqueFd> ListenUnixInPrivateDir(const std::string& path) {
 }
 
 Result<UnixListener> UnixListener::Listen(const std::string& path) {
-  ASSIGN_OR_RETURN(sockaddr_un addr, Addr(path));
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return ErrnoError("socket");
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
-  mode_t old = ::umask(0177);
-  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::umask(old);
-  if (rc != 0) return ErrnoError("bind " + path);
-  if (::listen(fd.get(), 128) != 0) {
-    Status s = ErrnoError("listen " + path);
-    ::unlink(path.c_str());
-    return s;
-  }
+  ASSIGN_OR_RETURN(UniqueFd fd, ListenUnixInPrivateDir(path));
   return UnixListener(std::move(fd), path);
 }
 

@@ -16,15 +16,15 @@ Result<UniqueFd> ConnectUnix(const std::string& path);
 // A listening socket bound at `path` (a stale socket file there is replaced), mode 0600 set
 // by chmod after the bind; the path stays when the fd is closed. For a directory only its
 // owner can enter (a VM's directory), so the moment between bind and chmod exposes nothing.
-// Unlike UnixListener::Listen it leaves the umask alone: the umask is the whole process's,
-// and changing it races every other thread that creates a file or directory meanwhile.
+// It leaves the umask alone: the umask is the whole process's, and changing it (as this
+// once did) races every other thread that creates a file or directory meanwhile.
 Result<UniqueFd> ListenUnixInPrivateDir(const std::string& path);
 
 // Owns a listening socket and its path; the destructor closes it and unlinks the path.
 class UnixListener {
  public:
-  // Binds `path` (replacing a stale socket file), mode 0600 (by the umask, for the moment of
-  // the bind: call it before the process has other threads).
+  // ListenUnixInPrivateDir(path), owned: `path`'s directory must be private (the daemon's
+  // runtime directory is checked to be).
   static Result<UnixListener> Listen(const std::string& path);
   UnixListener(UnixListener&& o) noexcept : fd_(std::move(o.fd_)), path_(std::move(o.path_)) {
     o.path_.clear();
