@@ -9,9 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <optional>
 
 #include "util/fd.h"
@@ -351,36 +349,38 @@ Result<Json> Vm::AwaitHello(Clock::time_point deadline) {
   });
   // Woken by the hello or by the channel's end (QEMU or the guest died): no timer.
   struct HelloWait {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<Json> hello;
-    bool ended = false;
+    Mutex mu;
+    CondVar cv;
+    std::optional<Json> hello GUARDED_BY(mu);
+    bool ended GUARDED_BY(mu) = false;
   };
   auto wait = std::make_shared<HelloWait>();
   mux_->OnControl([wait](const Json& e) {
     if (StrOr(e, "type") != "hello") return;
-    std::lock_guard<std::mutex> lock(wait->mu);
+    MutexLock lock(wait->mu);
     if (!wait->hello) wait->hello = e;
-    wait->cv.notify_all();
+    wait->cv.SignalAll();
   });
   mux_->OnDeath([wait](const std::string&) {
-    std::lock_guard<std::mutex> lock(wait->mu);
+    MutexLock lock(wait->mu);
     wait->ended = true;
-    wait->cv.notify_all();
+    wait->cv.SignalAll();
   });
   mux_->Start();
-  Json got;
+  std::optional<Json> hello;
+  bool ended = false;
   {
-    std::unique_lock<std::mutex> lock(wait->mu);
-    if (!wait->cv.wait_until(lock, deadline, [&] { return wait->hello || wait->ended; })) {
-      return DeadlineExceeded("the guest agent did not answer in time");
+    MutexLock lock(wait->mu);
+    while (!wait->hello && !wait->ended && wait->cv.WaitUntil(wait->mu, deadline)) {
     }
-    if (!wait->hello) {
-      lock.unlock();
-      return Unavailable("the guest never answered: " + death_reason());
-    }
-    got = *wait->hello;
+    hello = wait->hello;
+    ended = wait->ended;
   }
+  if (!hello) {
+    if (!ended) return DeadlineExceeded("the guest agent did not answer in time");
+    return Unavailable("the guest never answered: " + death_reason());
+  }
+  const Json& got = *hello;
   transfer_disk_ = BoolOr(got, "transfer_disk");
   workspace_disk_ = BoolOr(got, "workspace_disk");
   return got;
