@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/testing.h"
+#include "util/sanitizer.h"
 
 namespace trybox::cli {
 namespace {
@@ -42,19 +43,10 @@ TEST(CliStartupTest, TheCliLoadsNoneOfTheDaemonsLibraries) {
   }
 }
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TRYBOX_CLI_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define TRYBOX_CLI_SANITIZED 1
-#endif
-
 // Without the sanitizers the C++ runtime is linked into the CLI (CMakeLists.txt): resolving
 // libstdc++'s symbols took 1.4 ms of every command's start.
 TEST(CliStartupTest, TheCliCarriesItsCxxRuntime) {
-#ifdef TRYBOX_CLI_SANITIZED
+#ifdef TRYBOX_ASAN
   GTEST_SKIP() << "a sanitized build loads libstdc++ for the sanitizer's interceptors";
 #else
   auto bin = testing::TryboxBinary();

@@ -21,6 +21,8 @@
 #include <set>
 #include <thread>
 
+#include "util/sanitizer.h"
+
 namespace trybox {
 namespace {
 
@@ -62,15 +64,6 @@ ExitInfo ExitInfoFromWaitStatus(int status) {
 }
 
 namespace {
-
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TRYBOX_SPAWN_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define TRYBOX_SPAWN_SANITIZED 1
-#endif
 
 constexpr size_t kMaxKeep = 16;
 constexpr int kHighFd = 100;  // temporary copies live above every target fd
@@ -185,7 +178,7 @@ int RunChild(void* arg) {
 // a new user namespace (the kernel refuses one to a process that shares its memory) and under
 // AddressSanitizer (whose bookkeeping would follow the child onto a stack it does not know).
 pid_t CloneChild(ChildPlan* plan) {
-#ifndef TRYBOX_SPAWN_SANITIZED
+#ifndef TRYBOX_ASAN
   if (!plan->userns) {
     constexpr size_t kChildStack = 256 * 1024;
     void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
