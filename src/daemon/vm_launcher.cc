@@ -276,6 +276,7 @@ Result<VmLauncher::Spare> VmLauncher::MakeSpare(const vmm::TemplateShape& shape,
   // 24-28 ms against 8-12 for later ones); one such run after the identity, 112-124 KiB
   // (12-20 ms); two, 28-36 KiB (12-13 ms) (docs/performance.md).
   Status st = spare.vm->Identify(Clock::now() + opts_.boot_timeout);
+  spare.vm->NoteCpu("cpu_at_identified_ms");
   const Json warm = GuestExecRequest(ExecSpec{.argv = {"true"}});
   for (int i = 0; i < kWarmExecs && st.ok(); ++i) {
     st = spare.vm->Warm(warm, Clock::now() + opts_.boot_timeout);
@@ -284,6 +285,7 @@ Result<VmLauncher::Spare> VmLauncher::MakeSpare(const vmm::TemplateShape& shape,
     spare.vm->Destroy();
     return st;
   }
+  spare.vm->NoteCpu("cpu_at_ready_ms");
   return spare;
 }
 

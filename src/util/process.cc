@@ -16,9 +16,11 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "util/sanitizer.h"
@@ -401,6 +403,23 @@ std::string ProcessCmdline(pid_t pid) {
   for (char& c : out)
     if (c == '\0') c = ' ';
   return out;
+}
+
+Result<double> ProcessCpuMs(pid_t pid) {
+  ASSIGN_OR_RETURN(std::string stat, ReadFileToString("/proc/" + std::to_string(pid) + "/stat"));
+  // The command name may hold spaces and parentheses; the fields after its last ')' do not.
+  // After it: state is field 3, utime 14, stime 15 (proc(5)).
+  size_t at = stat.rfind(')');
+  if (at == std::string::npos) return Internal("no command name in /proc/PID/stat: " + stat);
+  std::istringstream in(stat.substr(at + 1));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int k = 3; k <= 15 && in >> field; ++k) {
+    if (k == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+    if (k == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  if (!in) return Internal("short /proc/PID/stat: " + stat);
+  return static_cast<double>(utime + stime) * 1000.0 / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 std::vector<pid_t> FindProcesses(const std::string& needle) {

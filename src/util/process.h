@@ -110,6 +110,9 @@ std::string BinaryBesideSelf(const std::string& name);
 bool ProcessExists(pid_t pid);
 // /proc/PID/cmdline with NULs turned into spaces; empty if gone.
 std::string ProcessCmdline(pid_t pid);
+// CPU time (user + system, all threads) process `pid` has used, in ms; an error if it is gone
+// or its /proc/PID/stat does not parse.
+Result<double> ProcessCpuMs(pid_t pid);
 // Pids of processes whose command line (as ProcessCmdline) contains `needle`.
 std::vector<pid_t> FindProcesses(const std::string& needle);
 

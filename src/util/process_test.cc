@@ -151,6 +151,34 @@ TEST(SpawnTest, NiceIsSetBeforeExecAndCanBeTakenBackForEveryThread) {
   EXPECT_EQ(SetProcessNice(child->pid(), 0).code(), Code::kNotFound);
 }
 
+// The CPU a process used is read from the kernel's account: a child that spins for a
+// while shows it (user time, as of its exit it is still a zombie whose stat is readable),
+// one that sleeps does not, and a pid that is gone is an error, never 0.
+TEST(ProcessCpuTest, CountsTheCpuAChildUsedAndNamesOneThatIsGone) {
+  SpawnOptions spin;
+  spin.argv = {"/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"};
+  auto busy = ChildProcess::Spawn(spin);
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  SpawnOptions rest;
+  rest.argv = {"/bin/sleep", "0.5"};
+  auto idle = ChildProcess::Spawn(rest);
+  ASSERT_TRUE(idle.ok()) << idle.status().ToString();
+  // waitid with WNOWAIT: both have ended but are not reaped, so /proc still has them.
+  siginfo_t info;
+  ASSERT_EQ(::waitid(P_PID, busy->pid(), &info, WEXITED | WNOWAIT), 0);
+  ASSERT_EQ(::waitid(P_PID, idle->pid(), &info, WEXITED | WNOWAIT), 0);
+  auto spun = ProcessCpuMs(busy->pid());
+  auto slept = ProcessCpuMs(idle->pid());
+  ASSERT_TRUE(spun.ok()) << spun.status().ToString();
+  ASSERT_TRUE(slept.ok()) << slept.status().ToString();
+  EXPECT_GE(*spun, 50.0);
+  EXPECT_LT(*slept, *spun);
+  const pid_t gone = busy->pid();
+  (void)busy->Wait();
+  (void)idle->Wait();
+  EXPECT_FALSE(ProcessCpuMs(gone).ok());
+}
+
 TEST(FindProcessesTest, FindsByCommandLineAndOnlyThose) {
   const std::string marker = "trybox-find-test-" + std::to_string(::getpid());
   SpawnOptions opts;

@@ -467,6 +467,7 @@ Result<std::unique_ptr<Vm>> Vm::Restore(const VmConfig& config, std::chrono::mil
         FailedPrecondition("the restored guest is not a template clone: " + hello->dump()));
   }
   vm->phases_["hello"] = MsSince(start);
+  vm->NoteCpu("cpu_at_hello_ms");
   if (identify) {
     st = vm->Identify(deadline);
     if (!st.ok()) return vm->Fail(st.Annotate("give the clone its identity"));
@@ -516,6 +517,10 @@ Status Vm::Identify(Clock::time_point deadline) {
   phases_["identity_ms"] = MsSince(start);
   if (reply.contains("timings_us")) phases_["identity_guest_us"] = reply["timings_us"];
   return Status::Ok();
+}
+
+void Vm::NoteCpu(const std::string& key) {
+  if (auto ms = ProcessCpuMs(pid_); ms.ok()) phases_[key] = *ms;
 }
 
 Status Vm::SetClock(Clock::time_point deadline) {

@@ -170,6 +170,10 @@ class Vm {
   // A spare clone gets its handler when it is handed out.
   void SetGuestOpen(channel::Mux::OpenHandler handler);
 
+  // Records in phases()[key] the CPU time QEMU has used so far, in ms (for benchmarks: what a
+  // restore and a spare's warm-up cost in CPU, which wall time on a busy host hides).
+  void NoteCpu(const std::string& key);
+
   // Sets the nice value of every QEMU thread.
   Status SetNice(int nice);
 

@@ -161,6 +161,14 @@ TEST_F(TemplateE2E, ASpareIsHandedOutIdentifiedWithTheHostsClock) {
   // Identified before the create (when the spare was made), the clock set at the hand-out.
   EXPECT_TRUE(phases.contains("identity_ms")) << phases.dump();
   EXPECT_TRUE(phases.contains("clock_ms")) << phases.dump();
+  // What making it cost its QEMU in CPU, growing from phase to phase (template_bench).
+  ASSERT_TRUE(phases.contains("cpu_at_hello_ms")) << phases.dump();
+  ASSERT_TRUE(phases.contains("cpu_at_identified_ms")) << phases.dump();
+  ASSERT_TRUE(phases.contains("cpu_at_ready_ms")) << phases.dump();
+  EXPECT_GT(phases["cpu_at_hello_ms"].get<double>(), 0) << phases.dump();
+  EXPECT_LE(phases["cpu_at_hello_ms"].get<double>(), phases["cpu_at_identified_ms"].get<double>());
+  EXPECT_LE(phases["cpu_at_identified_ms"].get<double>(), phases["cpu_at_ready_ms"].get<double>())
+      << phases.dump();
   ASSERT_TRUE(phases.contains("clock_offset_ms")) << phases.dump();
   EXPECT_LT(std::fabs(phases["clock_offset_ms"].get<double>()), 2000) << phases.dump();
   EXPECT_EQ(vm.value("boot_id", "").size(), 36u) << vm.dump();
