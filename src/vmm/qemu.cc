@@ -99,12 +99,9 @@ Result<QemuSandbox> SandboxQemuFiles(const VmConfig& c, int state_fd) {
   q.seen = c;
   q.spawn.new_netns = c.netns;
   q.spawn.nice = c.nice;
-  // QEMU's environment names the VM directory, so a test can find a sandboxed QEMU whose
-  // command line only says /proc/self/fd/4.
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  env.push_back("TRYBOX_VM_DIR=" + c.vm_dir);
-  q.spawn.env = std::move(env);
+  std::vector<std::string> parent;
+  for (char** e = environ; *e; ++e) parent.emplace_back(*e);
+  q.spawn.env = QemuEnvironment(parent, c.vm_dir);
   const bool restore = c.mode == StartMode::kRestore;
   if (!c.qemu_uid && !restore) return q;
 
@@ -177,6 +174,29 @@ int ImageLayers(const std::string& image_dir) {
   struct stat st;
   while (::stat((image_dir + "/layer-" + std::to_string(k + 1) + ".ext4").c_str(), &st) == 0) ++k;
   return k;
+}
+
+std::vector<std::string> QemuEnvironment(const std::vector<std::string>& parent,
+                                         const std::string& vm_dir) {
+  constexpr std::string_view kTunables = "GLIBC_TUNABLES=";
+  constexpr std::string_view kHugePages = "glibc.malloc.hugetlb=";
+  std::string tunables;
+  std::vector<std::string> env;
+  for (const std::string& e : parent) {
+    if (e.starts_with(kTunables)) {
+      tunables = e.substr(kTunables.size());
+    } else if (!e.starts_with("TRYBOX_VM_DIR=")) {
+      env.push_back(e);
+    }
+  }
+  // Tunables are NAME=VALUE items separated by colons; the operator's own choice stands.
+  const bool chosen = (":" + tunables).find(":" + std::string(kHugePages)) != std::string::npos;
+  if (!chosen) tunables += (tunables.empty() ? "" : ":") + std::string(kHugePages) + "1";
+  env.push_back(std::string(kTunables) + tunables);
+  // It names the VM directory, so a test can find a sandboxed QEMU whose command line only
+  // says /proc/self/fd/4.
+  env.push_back("TRYBOX_VM_DIR=" + vm_dir);
+  return env;
 }
 
 std::string LayerDiskSerial(int k) { return "trybox-layer-" + std::to_string(k); }

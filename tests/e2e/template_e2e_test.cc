@@ -173,6 +173,31 @@ TEST_F(TemplateE2E, ASpareIsHandedOutIdentifiedWithTheHostsClock) {
   EXPECT_LT(std::fabs(phases["clock_offset_ms"].get<double>()), 2000) << phases.dump();
   EXPECT_EQ(vm.value("boot_id", "").size(), 36u) << vm.dump();
   const std::string id = vm["id"];
+  // Its QEMU's malloc asked for huge pages (QemuEnvironment): the tunable is in its
+  // environment, and where the host's THP mode is madvise, glibc advised its heap (VmFlags
+  // "hg"). Under "always" or "never" glibc advises nothing, so only the first is checked.
+  auto pid = ReadFileToString(h_->vms_dir() + "/" + id + "/qemu.pid");
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  const std::string proc = "/proc/" + std::string(pid->c_str()) + "/";
+  auto environ_text = ReadFileToString(proc + "environ");
+  ASSERT_TRUE(environ_text.ok()) << environ_text.status().ToString();
+  EXPECT_NE(environ_text->find(std::string("GLIBC_TUNABLES=glibc.malloc.hugetlb=1\0", 38)),
+            std::string::npos);
+  auto thp = ReadFileToString("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (thp.ok() && thp->find("[madvise]") != std::string::npos) {
+    auto smaps = ReadFileToString(proc + "smaps");
+    ASSERT_TRUE(smaps.ok()) << smaps.status().ToString();
+    // The heap may be split where later growth was advised apart; any part will do.
+    bool advised = false;
+    for (size_t heap = smaps->find("[heap]"); heap != std::string::npos && !advised;
+         heap = smaps->find("[heap]", heap + 1)) {
+      size_t flags = smaps->find("VmFlags:", heap);
+      if (flags == std::string::npos) break;
+      advised =
+          smaps->substr(flags, smaps->find('\n', flags) - flags).find(" hg") != std::string::npos;
+    }
+    EXPECT_TRUE(advised) << "QEMU's heap was not advised for huge pages";
+  }
   EXPECT_EQ(h_->Cli({"exec", id, "--", "hostname"}).out, "trybox-" + id + "\n");
   struct timespec before, after;
   ::clock_gettime(CLOCK_REALTIME, &before);
