@@ -30,8 +30,12 @@ namespace {
 
 std::mutex g_children_mu;
 std::set<pid_t>& LiveChildren() {
-  static std::set<pid_t> live;
-  return live;
+  // Never destroyed: a child may be waited for by an exit handler (the e2e harness stops
+  // its daemon from one), which runs after the static destructors of anything constructed
+  // after the handler was registered, this set included; a destroyed set there was freed
+  // twice ("double free or corruption" when a bench died through exit()).
+  static auto* live = new std::set<pid_t>;
+  return *live;
 }
 void Track(pid_t pid) {
   std::lock_guard<std::mutex> lock(g_children_mu);
