@@ -19,6 +19,11 @@ constexpr auto kHousekeepingEvery = std::chrono::seconds(60);
 
 }  // namespace
 
+int DefaultRefillWorkers() {
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  return static_cast<int>(std::min(cores + 1, 5L));
+}
+
 Status Daemon::Init() {
   const Paths& p = opts_.paths;
   // The runtime directory holds the socket: a directory someone else made or can write
@@ -41,12 +46,14 @@ Status Daemon::Init() {
   const egress::Config& eg = egress_at_start->config;
   uids_ = std::make_unique<UidPool>(::geteuid() == 0 && eg.qemu_drop_uid, eg.qemu_uid_base);
   templates_ = std::make_unique<vmm::TemplateStore>(p.templates(), p.vms(), opts_.boot_timeout);
-  // Spare refills and template rebuilds: by default one worker per core (at most four). A
-  // refill keeps a core busy while its clone restores and warms (under TCG); on two cores a
-  // second worker took ten back-to-back `run`s from p50 305-327 ms to 172-202 ms, and the
-  // creates beside it were no slower (docs/performance.md, "Back to back").
-  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  const int workers = opts_.refill_workers > 0 ? opts_.refill_workers : std::min(cores, 4);
+  // Spare refills and template rebuilds: by default one worker per core and one more (at
+  // most five). A refill keeps a core busy while its clone restores and warms (under TCG),
+  // but not all the time: it waits on QEMU's monitor and on the guest's replies between its
+  // steps, and a core left idle then is a later spare in a burst. On two cores a second
+  // worker took ten back-to-back `run`s from p50 305-327 ms to 172-202 ms, a third from
+  // 200-276 ms to 115-227 ms in alternated pairs, and the creates beside them were no
+  // slower (docs/performance.md, "Back to back").
+  const int workers = opts_.refill_workers > 0 ? opts_.refill_workers : DefaultRefillWorkers();
   background_ = std::make_unique<BackgroundQueue>(workers);
   LauncherOptions lo;
   lo.vms_dir = p.vms();

@@ -50,9 +50,10 @@ int main(int argc, char** argv) {
   if (const char* n = std::getenv("TRYBOX_REFILL_WORKERS"); n && *n) {
     opts.refill_workers = std::atoi(n);
   }
-  app.add_option("--refill-workers", opts.refill_workers,
-                 "Spare refills that run at once; 0 picks one per core, at most four (env "
-                 "TRYBOX_REFILL_WORKERS)")
+  app.add_option(
+         "--refill-workers", opts.refill_workers,
+         "Spare refills that run at once; 0 picks one per core and one more, at most five (env "
+         "TRYBOX_REFILL_WORKERS)")
       ->check(CLI::Range(0, 16));
   int64_t demand_window_s = opts.spare_demand_window.count();
   if (const char* n = std::getenv("TRYBOX_SPARE_DEMAND_WINDOW_S"); n && *n) {
