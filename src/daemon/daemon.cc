@@ -17,12 +17,12 @@ namespace {
 
 constexpr auto kHousekeepingEvery = std::chrono::seconds(60);
 
-}  // namespace
-
 int DefaultRefillWorkers() {
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   return static_cast<int>(std::min(cores + 1, 5L));
 }
+
+}  // namespace
 
 Status Daemon::Init() {
   const Paths& p = opts_.paths;

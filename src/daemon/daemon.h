@@ -60,8 +60,8 @@ struct Options {
   // turns spares off.
   int spares = 1;
   int64_t spare_memory_mib = 2048;
-  // Spare refills (and template rebuilds) that run at once; 0: DefaultRefillWorkers()
-  // (docs/templates.md, "Spare clones").
+  // Spare refills (and template rebuilds) that run at once; 0: one per core and one more,
+  // at most five (docs/templates.md, "Spare clones").
   int refill_workers = 0;
   // The creates of the last `spare_demand_window` set a shape's target; a spare idle for as
   // long beyond the target is released (docs/templates.md, "Spare clones").
@@ -91,10 +91,6 @@ struct Options {
   // docs/protocol/http.md).
   std::string http_listen;
 };
-
-// Refills that run at once unless told otherwise: one per online core and one more, at
-// most five.
-int DefaultRefillWorkers();
 
 class Daemon {
  public:
