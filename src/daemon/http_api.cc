@@ -179,6 +179,13 @@ std::variant<SandboxInfo, api::HttpResponse> HttpApi::SandboxCaller(const api::H
   if (!s || !SameSecret(req.Header("x-access-token"), s->access_token)) {
     return Unauthenticated("unknown sandbox or wrong access token");
   }
+  // The token is worth what the key that made the sandbox is: removing the key revokes it.
+  if (!keys_.ById(s->owner)) {
+    return Unauthenticated("the API key that created sandbox " + id +
+                           " was removed, and its access token with it (the sandbox runs on "
+                           "until its timeout; trybox rm " +
+                           id + " ends it)");
+  }
   return *s;
 }
 

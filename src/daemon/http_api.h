@@ -104,7 +104,7 @@ class HttpApi {
   api::HttpResponse StreamVerb(const Json& request, bool log = false);
   Result<std::shared_ptr<channel::Stream>> OpenVerb(const Json& request) EXCLUDES(mu_);
   // The sandbox an in-sandbox request (it names one in E2b-Sandbox-Id) may act in: its
-  // access token right. Else the 401 to send.
+  // access token right, and the key that created it not removed. Else the 401 to send.
   std::variant<SandboxInfo, api::HttpResponse> SandboxCaller(const api::HttpRequest& req);
   // An in-sandbox request: its caller checked, then routed to envd's services.
   api::HttpResponse HandleInSandbox(api::HttpRequest& req, std::string* who);
