@@ -1,6 +1,6 @@
 // ConnectionGuard: HttpServer's rules for connections whose caller has not shown who it is,
 // so that such clients (a slowloris, a flood of half-sent heads) cannot take the connections
-// that a caller with a key needs (docs/protocol/http.md, "Slow and unauthenticated clients").
+// that a caller with a key needs (docs/protocol/http.md, "Callers without credentials").
 //
 // A connection is *unproven* from its accept until a request on it shows a key, a sandbox's
 // access token or a dashboard session (Proven), and again from that request's end

@@ -1,5 +1,5 @@
-// Telling the HTTP server's clients apart (docs/protocol/http.md, "Slow and unauthenticated
-// clients"). The server listens on loopback only, so every client connects from 127.0.0.1
+// Telling the HTTP server's clients apart (docs/protocol/http.md, "Callers without
+// credentials"). The server listens on loopback only, so every client connects from 127.0.0.1
 // or ::1 and its address says nothing; what does is the user whose process made the
 // client's socket, which the kernel tells through sock_diag (the query `ss -e` makes).
 #pragma once
