@@ -13,6 +13,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "api/connection_guard.h"
+#include "api/peer.h"
 #include "util/ascii.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -146,12 +148,57 @@ void LogFromLibrary(void*, const char* fmt, va_list ap) {
   LogDebug("http", text);
 }
 
+// The guard's id of a connection, kept in libmicrohttpd's socket context.
+ConnectionGuard::Id GuardId(MHD_Connection* c) {
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return info == nullptr ? 0 : reinterpret_cast<uintptr_t>(info->socket_context);
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
   HttpServer::Handler handler;
+  HttpServer::Gate gate;
   HttpLimits limits;
+  std::unique_ptr<ConnectionGuard> guard;
   MHD_Daemon* daemon = nullptr;
+
+  // The head of a request: what the gate says of it, and its body's limit.
+  static MHD_Result Head(Impl* self, MHD_Connection* c, Exchange* ex) {
+    Admission a{std::nullopt, true, self->limits.max_body_bytes};
+    if (self->gate) {
+      try {
+        a = self->gate(ex->req);
+      } catch (const std::exception& e) {
+        LogError("http", std::string("gate threw: ") + e.what());
+        a = Admission{JsonError(500, "internal error"), false, 0};
+      }
+    }
+    if (a.proven) self->guard->Proven(GuardId(c));
+    if (a.refusal) {
+      // Queued before the body: libmicrohttpd reads none of it and closes after the answer.
+      ex->answered = true;
+      return Queue(c, *a.refusal);
+    }
+    ex->limit = a.body_limit;
+    const std::string length = ex->req.Header("content-length");
+    if (!length.empty()) {
+      auto n = ParseBoundedInt(length, 0, INT64_MAX, "Content-Length");
+      if (n.ok() && static_cast<uint64_t>(*n) > ex->limit) {
+        ex->answered = true;
+        return Queue(c, JsonError(413, "the request body is " + length + " bytes; the limit is " +
+                                           std::to_string(ex->limit)));
+      }
+    }
+    if (ex->req.Header("content-type").rfind("multipart/form-data", 0) == 0) {
+      ex->form = MHD_create_post_processor(c, 64 * 1024, &FormPiece, ex);
+      if (ex->form == nullptr) {
+        ex->answered = true;
+        return Queue(c, JsonError(400, "a multipart/form-data body without a usable boundary"));
+      }
+    }
+    return MHD_YES;
+  }
 
   static MHD_Result Access(void* cls, MHD_Connection* c, const char* url, const char* method,
                            const char* /*version*/, const char* upload_data, size_t* upload_size,
@@ -166,25 +213,7 @@ struct HttpServer::Impl {
       ex->req.peer = PeerOf(c);
       MHD_get_connection_values(c, MHD_HEADER_KIND, CollectHeader, &ex->req.headers);
       MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectInto, &ex->req.query);
-      ex->limit =
-          self->limits.body_limit ? self->limits.body_limit(ex->req) : self->limits.max_body_bytes;
-      const std::string length = ex->req.Header("content-length");
-      if (!length.empty()) {
-        auto n = ParseBoundedInt(length, 0, INT64_MAX, "Content-Length");
-        if (n.ok() && static_cast<uint64_t>(*n) > ex->limit) {
-          ex->answered = true;
-          return Queue(c, JsonError(413, "the request body is " + length + " bytes; the limit is " +
-                                             std::to_string(ex->limit)));
-        }
-      }
-      if (ex->req.Header("content-type").rfind("multipart/form-data", 0) == 0) {
-        ex->form = MHD_create_post_processor(c, 64 * 1024, &FormPiece, ex);
-        if (ex->form == nullptr) {
-          ex->answered = true;
-          return Queue(c, JsonError(400, "a multipart/form-data body without a usable boundary"));
-        }
-      }
-      return MHD_YES;
+      return Head(self, c, ex);
     }
     if (*upload_size > 0) {
       if (ex->answered) {
@@ -226,9 +255,26 @@ struct HttpServer::Impl {
     return Queue(c, r);
   }
 
-  static void Completed(void*, MHD_Connection*, void** con_cls, MHD_RequestTerminationCode) {
+  static void Completed(void* cls, MHD_Connection* c, void** con_cls, MHD_RequestTerminationCode) {
     delete static_cast<Exchange*>(*con_cls);
     *con_cls = nullptr;
+    // Waiting for its next head now, if it stays open.
+    static_cast<Impl*>(cls)->guard->Unproven(GuardId(c));
+  }
+
+  static void Connection(void* cls, MHD_Connection* c, void** socket_context,
+                         MHD_ConnectionNotificationCode code) {
+    auto* self = static_cast<Impl*>(cls);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+      const MHD_ConnectionInfo* info =
+          MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+      if (info == nullptr) return;
+      const int fd = info->connect_fd;
+      *socket_context = reinterpret_cast<void*>(uintptr_t{self->guard->Opened(fd, PeerKey(fd))});
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+      // Before libmicrohttpd closes the socket: the guard never touches it after this.
+      self->guard->Closed(reinterpret_cast<uintptr_t>(*socket_context));
+    }
   }
 };
 
@@ -271,7 +317,13 @@ Result<ListenAddress> ParseListenAddress(const std::string& text) {
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ListenAddress& where,
-                                                      const HttpLimits& limits, Handler handler) {
+                                                      const HttpLimits& limits, Handler handler,
+                                                      Gate gate) {
+  if (limits.reserved_connections >= limits.max_connections) {
+    return InvalidArgument(
+        "the HTTP server's reserved connections (" + std::to_string(limits.reserved_connections) +
+        ") must be fewer than its cap (" + std::to_string(limits.max_connections) + ")");
+  }
   const bool v6 = where.host.find(':') != std::string::npos;
   UniqueFd fd(::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoError("socket");
@@ -309,7 +361,17 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ListenAddress& where
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->impl_ = std::make_unique<Impl>();
   server->impl_->handler = std::move(handler);
+  server->impl_->gate = std::move(gate);
   server->impl_->limits = limits;
+  // The guard keeps the cap; libmicrohttpd's, twice as high, leaves room for connections
+  // the guard cut that the library has not closed yet.
+  ConnectionGuard::Limits guard;
+  guard.max_total = limits.max_connections;
+  guard.max_unproven = limits.max_connections - limits.reserved_connections;
+  guard.max_unproven_per_peer = limits.max_unproven_per_peer;
+  guard.head_timeout = std::chrono::seconds(limits.head_timeout_s);
+  server->impl_->guard = std::make_unique<ConnectionGuard>(
+      guard, [](int conn_fd) { (void)::shutdown(conn_fd, SHUT_RDWR); });
   server->host_ = where.host;
   server->port_ = port;
   server->limits_ = limits;
@@ -319,9 +381,10 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ListenAddress& where
   const int listen_fd = fd.get();
   server->impl_->daemon = MHD_start_daemon(
       flags, 0, nullptr, nullptr, &Impl::Access, server->impl_.get(), MHD_OPTION_LISTEN_SOCKET,
-      listen_fd, MHD_OPTION_CONNECTION_LIMIT, limits.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-      limits.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, &Impl::Completed, nullptr,
-      MHD_OPTION_EXTERNAL_LOGGER, &LogFromLibrary, nullptr, MHD_OPTION_END);
+      listen_fd, MHD_OPTION_CONNECTION_LIMIT, 2 * limits.max_connections,
+      MHD_OPTION_CONNECTION_TIMEOUT, limits.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+      &Impl::Completed, server->impl_.get(), MHD_OPTION_NOTIFY_CONNECTION, &Impl::Connection,
+      server->impl_.get(), MHD_OPTION_EXTERNAL_LOGGER, &LogFromLibrary, nullptr, MHD_OPTION_END);
   if (server->impl_->daemon == nullptr) return Internal("libmicrohttpd did not start on " + shown);
   (void)fd.Release();  // the daemon closes it when it stops
   return server;

@@ -2,16 +2,23 @@
 //
 // Plain HTTP on a loopback address only: API keys travel in headers, so the listener never
 // binds an address another machine can reach (put a TLS proxy in front for that). One thread
-// per connection, so a handler may block (a create takes seconds). Every request is whole
-// before its handler runs: a body past `max_body_bytes` is refused with 413 when its
-// Content-Length says so, and the connection is closed when a chunked body grows past it.
-// Thread-safe: the handler is called from many threads at once.
+// per connection, so a handler may block (a create takes seconds).
+//
+// Each request meets the gate when its head has arrived, before a byte of its body is read:
+// the gate refuses it (its answer sent at once, the body never read, the connection closed),
+// or admits it with a body limit, saying whether its caller was proven (a key, a token, a
+// session). A body past the limit is refused with 413 when its Content-Length says so, and
+// the connection is closed when a chunked body grows past it. An admitted request is whole
+// before its handler runs. Connections that have not proven their caller are kept from
+// crowding out those that have (connection_guard.h).
+// Thread-safe: the gate and the handler are called from many threads at once.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,12 +67,26 @@ struct HttpResponse {
 };
 
 struct HttpLimits {
-  size_t max_body_bytes = size_t{1} << 20;
-  // A larger limit for some requests (uploads), chosen from the method, path and headers;
-  // unset: max_body_bytes for all.
-  std::function<size_t(const HttpRequest&)> body_limit;
+  size_t max_body_bytes = size_t{1} << 20;  // for a server without a gate
   unsigned max_connections = 64;
+  // Of those, kept for connections serving a proven caller's request: at most
+  // max_connections - reserved_connections wait for a head or serve an unproven request.
+  unsigned reserved_connections = 16;
+  unsigned max_unproven_per_peer = 32;  // a peer is a local user (peer.h)
+  // An unproven connection (a new one, or one kept alive after its request) is closed when
+  // no request with credentials arrives on it this long.
+  unsigned head_timeout_s = 10;
   unsigned idle_timeout_s = 60;  // a connection that sends nothing this long is closed
+};
+
+// The gate's word on a request whose head has arrived.
+struct Admission {
+  // The answer to send instead (a 401): the body is never read.
+  std::optional<HttpResponse> refusal;
+  // The caller showed a key, a sandbox's token or a session: while this request is served,
+  // its connection is not one of the unproven (connection_guard.h).
+  bool proven = false;
+  size_t body_limit = 0;  // bytes
 };
 
 // "HOST:PORT" with HOST a loopback address ("127.0.0.1", "localhost", "[::1]"); PORT 0 picks
@@ -79,10 +100,14 @@ Result<ListenAddress> ParseListenAddress(const std::string& text);
 class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
+  // Called with the head of each request (`body` empty). Without one, every request is
+  // admitted as proven, with `max_body_bytes`.
+  using Gate = std::function<Admission(const HttpRequest&)>;
 
   // Binds and starts serving; UNAVAILABLE (with errno's words) when the address is taken.
   static Result<std::unique_ptr<HttpServer>> Start(const ListenAddress& where,
-                                                   const HttpLimits& limits, Handler handler);
+                                                   const HttpLimits& limits, Handler handler,
+                                                   Gate gate = nullptr);
   // Stops accepting and waits for the requests in flight.
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;

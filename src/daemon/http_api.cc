@@ -72,14 +72,10 @@ Result<std::string> HttpApi::Serve(const api::ListenAddress& where) {
     return FailedPrecondition("already serving on " + server_->url() +
                               "; stop it first (trybox serve --stop)");
   }
-  api::HttpLimits limits = settings_.limits;
-  // Uploads to a sandbox may be larger than any other request.
-  limits.body_limit = [max = limits.max_body_bytes](const api::HttpRequest& r) {
-    return r.method == "POST" && r.path == "/files" ? kMaxFileWriteBytes : max;
-  };
-  ASSIGN_OR_RETURN(server_,
-                   api::HttpServer::Start(where, limits,
-                                          [this](const api::HttpRequest& r) { return Handle(r); }));
+  ASSIGN_OR_RETURN(
+      server_, api::HttpServer::Start(
+                   where, settings_.limits, [this](const api::HttpRequest& r) { return Handle(r); },
+                   [this](const api::HttpRequest& r) { return Admit(r); }));
   LogInfo("http", "serving on " + server_->url());
   return server_->url();
 }
@@ -162,21 +158,79 @@ void HttpApi::ReapLoop() {
   }
 }
 
-api::HttpResponse HttpApi::HandleInSandbox(api::HttpRequest& req, std::string* who) {
+namespace {
+
+api::HttpResponse Unauthenticated(const std::string& message) {
+  api::HttpResponse r = api::JsonError(401, "");
+  r.body = Json{{"code", "unauthenticated"}, {"message", message}}.dump();
+  return r;
+}
+
+bool IsInSandbox(const api::HttpRequest& req) { return !req.Header("e2b-sandbox-id").empty(); }
+
+bool IsHealth(const api::HttpRequest& req) { return req.method == "GET" && req.path == "/health"; }
+
+}  // namespace
+
+std::variant<SandboxInfo, api::HttpResponse> HttpApi::SandboxCaller(const api::HttpRequest& req) {
   const std::string id = req.Header("e2b-sandbox-id");
   const std::optional<SandboxInfo> s = book_.Find(id);
-  if (req.method == "GET" && req.path == "/health") {
+  // An unknown sandbox and a wrong token get the same answer: ids cannot be probed.
+  if (!s || !SameSecret(req.Header("x-access-token"), s->access_token)) {
+    return Unauthenticated("unknown sandbox or wrong access token");
+  }
+  // The token is worth what the key that made the sandbox is: removing the key revokes it.
+  if (!keys_.ById(s->owner)) {
+    return Unauthenticated("the API key that created sandbox " + id +
+                           " was removed, and its access token with it (the sandbox runs on "
+                           "until its timeout; trybox rm " +
+                           id + " ends it)");
+  }
+  return *s;
+}
+
+api::Admission HttpApi::Admit(const api::HttpRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // What needs no credentials has no body worth reading, but for the sign-in form.
+  api::Admission open{std::nullopt, false, 0};
+  if (IsInSandbox(req)) {
+    if (IsHealth(req)) return open;
+    auto caller = SandboxCaller(req);
+    if (auto* refused = std::get_if<api::HttpResponse>(&caller)) {
+      return {Finish(req, std::move(*refused), "-", t0), false, 0};
+    }
+    // Uploads to a sandbox may be larger than any other request.
+    const bool upload = req.method == "POST" && req.path == "/files";
+    return {std::nullopt, true, upload ? kMaxFileWriteBytes : settings_.limits.max_body_bytes};
+  }
+  if (IsHealth(req)) return open;
+  if (IsDashboardPath(req.path)) {
+    // The dashboard's pages decide for themselves (HandleDashboard); a live session is proven.
+    if (req.path == "/ui/login") return {std::nullopt, false, kMaxLoginBytes};
+    const std::string token = api::CookieValue(req.Header("cookie"), api::kSessionCookie);
+    if (token.empty() || !std::holds_alternative<api::KeyIdentity>(SessionCaller(req, token))) {
+      return open;
+    }
+    return {std::nullopt, true, settings_.limits.max_body_bytes};
+  }
+  auto caller = Caller(req);
+  if (auto* refused = std::get_if<api::HttpResponse>(&caller)) {
+    return {Finish(req, std::move(*refused), "-", t0), false, 0};
+  }
+  return {std::nullopt, true, settings_.limits.max_body_bytes};
+}
+
+api::HttpResponse HttpApi::HandleInSandbox(api::HttpRequest& req, std::string* who) {
+  const std::string id = req.Header("e2b-sandbox-id");
+  if (IsHealth(req)) {
     // envd's health needs no token; it says whether the sandbox is there.
-    return s && vms_.Get(id).ok()
+    return book_.Find(id) && vms_.Get(id).ok()
                ? api::HttpResponse{204, "", {}, ""}
                : api::connect::UnaryError(NotFound("sandbox " + id + " not found"));
   }
-  // An unknown sandbox and a wrong token get the same answer: ids cannot be probed.
-  if (!s || !SameSecret(req.Header("x-access-token"), s->access_token)) {
-    api::HttpResponse r = api::JsonError(401, "");
-    r.body = R"({"code":"unauthenticated","message":"unknown sandbox or wrong access token"})";
-    return r;
-  }
+  auto caller = SandboxCaller(req);
+  if (auto* refused = std::get_if<api::HttpResponse>(&caller)) return std::move(*refused);
+  const SandboxInfo* s = &std::get<SandboxInfo>(caller);
   *who = s->owner;
   int retry_after = 0;
   if (!rate_.Allow(s->owner, &retry_after)) {
@@ -210,9 +264,9 @@ api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
   api::HttpRequest req = in;
   api::HttpResponse resp;
   std::string who = "-";
-  if (!req.Header("e2b-sandbox-id").empty()) {
+  if (IsInSandbox(req)) {
     resp = HandleInSandbox(req, &who);
-  } else if (req.method == "GET" && req.path == "/health") {
+  } else if (IsHealth(req)) {
     resp = {200, "application/json", {}, "{\"status\":\"ok\"}"};
   } else if (IsDashboardPath(req.path)) {
     resp = HandleDashboard(req, &who);
@@ -240,6 +294,12 @@ api::HttpResponse HttpApi::Handle(const api::HttpRequest& in) {
       resp = router_.Dispatch(req);
     }
   }
+  return Finish(req, std::move(resp), who, t0);
+}
+
+api::HttpResponse HttpApi::Finish(const api::HttpRequest& req, api::HttpResponse resp,
+                                  const std::string& who,
+                                  std::chrono::steady_clock::time_point t0) {
   api::AddSecurityHeaders(&resp);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

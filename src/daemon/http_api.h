@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,10 @@ struct HttpApiSettings {
   int64_t max_sandbox_timeout_s = 24 * 3600;
   ImageBuildSettings image_builds;  // recipe builds started over HTTP (image_builds.h)
 };
+
+// The sign-in form's body (docs/dashboard.md): a key, form-encoded. The one body the server
+// reads from a caller it does not know yet.
+inline constexpr size_t kMaxLoginBytes = 4096;
 
 // The envd version the in-sandbox API answers as (docs/protocol/e2b.md, "Versions").
 inline constexpr const char* kEnvdVersion = "0.5.2";
@@ -67,7 +72,12 @@ class HttpApi {
   // inside the daemon (ControlServer::Attach). Set once, before serving.
   void SetVerbConnection(UniqueFd fd) EXCLUDES(mu_);
 
-  // What HttpServer calls: authentication, the rate limit, routing and the log line.
+  // What HttpServer calls with a request's head, before its body is read: the refusal of a
+  // caller without the credentials its route needs (logged), or the body's limit and
+  // whether the caller was proven (api::Admission).
+  api::Admission Admit(const api::HttpRequest& req);
+  // What HttpServer calls with a whole request: authentication (again: a key may have been
+  // removed since its head), the rate limit, routing and the log line.
   api::HttpResponse Handle(const api::HttpRequest& req);
 
  private:
@@ -93,9 +103,14 @@ class HttpApi {
   // the verb is `logs`, its bytes relayed as `output` events.
   api::HttpResponse StreamVerb(const Json& request, bool log = false);
   Result<std::shared_ptr<channel::Stream>> OpenVerb(const Json& request) EXCLUDES(mu_);
-  // An in-sandbox request (it names a sandbox in E2b-Sandbox-Id): its access token checked,
-  // then routed to envd's services.
+  // The sandbox an in-sandbox request (it names one in E2b-Sandbox-Id) may act in: its
+  // access token right, and the key that created it not removed. Else the 401 to send.
+  std::variant<SandboxInfo, api::HttpResponse> SandboxCaller(const api::HttpRequest& req);
+  // An in-sandbox request: its caller checked, then routed to envd's services.
   api::HttpResponse HandleInSandbox(api::HttpRequest& req, std::string* who);
+  // `resp` with the security headers, and its line in the log.
+  static api::HttpResponse Finish(const api::HttpRequest& req, api::HttpResponse resp,
+                                  const std::string& who, std::chrono::steady_clock::time_point t0);
   Result<store::ExecRecord> SandboxExec(const std::string& sandbox, int64_t pid);
   // The same, and still running; NOT_FOUND if it ended.
   Result<store::ExecRecord> RunningSandboxExec(const std::string& sandbox, int64_t pid);

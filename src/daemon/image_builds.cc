@@ -62,11 +62,14 @@ Result<std::string> ImageBuilds::Start(const std::string& name, const Json& reci
   if (::pipe2(out, O_CLOEXEC) != 0) return ErrnoError("pipe for an image build");
   UniqueFd read_end(out[0]), write_end(out[1]);
   SpawnOptions opts;
-  opts.argv = {settings_.trybox_binary, "image", "build", name};
+  // The name after "--": checked above, and still never an option of the CLI.
+  opts.argv = {settings_.trybox_binary, "image", "build"};
   if (!recipe_path.empty()) {
     opts.argv.push_back("-f");
     opts.argv.push_back(recipe_path);
   }
+  opts.argv.push_back("--");
+  opts.argv.push_back(name);
   // The daemon's own environment, with the CLI's per-step progress on although its output
   // is no terminal: the progress is what a follower watches.
   std::vector<std::string> env;

@@ -16,9 +16,9 @@ constexpr const char* kScript = R"SH(#!/bin/sh
 echo "args: $*"
 echo "progress: $TRYBOX_PROGRESS"
 for i in 0 1 2 3 4; do echo "line-$i"; done
-if [ "$4" = "-f" ]; then
+if [ "$3" = "-f" ]; then
   trap 'echo interrupted; exit 130' INT
-  echo "recipe: $(cat "$5")"
+  echo "recipe: $(cat "$4")"
   sleep 30 & wait
   exit 0
 fi
@@ -61,7 +61,7 @@ TEST_F(ImageBuildsTest, ABuiltInRecipeBuildRunsTheCliAndKeepsEveryLineAndTheExit
   ASSERT_TRUE(id.ok()) << id.status().message();
   const std::vector<std::string> lines = AllLines(builds, *id);
   ASSERT_EQ(lines.size(), 8u);
-  EXPECT_EQ(lines[0], "args: image build debian-12-dev");
+  EXPECT_EQ(lines[0], "args: image build -- debian-12-dev");
   EXPECT_EQ(lines[1], "progress: always");
   EXPECT_EQ(lines[6], "line-4");
   EXPECT_EQ(lines[7], "no newline at the end");
@@ -101,6 +101,23 @@ TEST_F(ImageBuildsTest, RefusalsNameWhatIsWrongAndStartNothing) {
   EXPECT_EQ(builds.Cancel("nope").code(), Code::kNotFound);
 }
 
+// A name reaches the CLI's command line: `--rebuild-rootfs` as a name once started a build
+// of debian-12 with its root filesystem rebuilt (issue 41.8).
+TEST_F(ImageBuildsTest, ANameThatReadsAsAnOptionIsRefusedAndStartsNothing) {
+  ImageBuilds builds(settings_);
+  const Json recipe = {{"from", "debian-12"}, {"check", Json::array({"true"})}};
+  for (const char* name : {"--rebuild-rootfs", "-f", "-"}) {
+    for (const Json& r : {recipe, Json()}) {
+      auto id = builds.Start(name, r);
+      ASSERT_FALSE(id.ok()) << name;
+      EXPECT_EQ(id.status().code(), Code::kInvalidArgument) << name;
+      EXPECT_NE(id.status().message().find("does not start with '-'"), std::string::npos)
+          << id.status().message();
+    }
+  }
+  EXPECT_TRUE(builds.List()["builds"].empty());
+}
+
 TEST_F(ImageBuildsTest, APostedRecipeIsAFileForTheCliAndCancelInterruptsIt) {
   ImageBuilds builds(settings_);
   const Json recipe = {{"from", "debian-12"}, {"check", Json::array({"true"})}};
@@ -118,8 +135,8 @@ TEST_F(ImageBuildsTest, APostedRecipeIsAFileForTheCliAndCancelInterruptsIt) {
   ASSERT_TRUE(builds.Cancel(*id).ok());
   const std::vector<std::string> lines = AllLines(builds, *id);
   EXPECT_EQ(lines.back(), "interrupted");
-  EXPECT_NE(lines[0].find("image build slow -f " + settings_.work_dir + "/"), std::string::npos)
-      << lines[0];
+  EXPECT_EQ(lines[0].rfind("args: image build -f " + settings_.work_dir + "/", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].substr(lines[0].size() - 8), " -- slow") << lines[0];
   const Json b = (*builds.Show(*id))["build"];
   EXPECT_EQ(b["state"], "cancelled");
   EXPECT_EQ(b["exit_code"], 130);

@@ -31,12 +31,19 @@ Status ValidateName(std::string_view what, std::string_view name) {
                            " is longer than 64 characters");
   }
   for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-';
     if (!ok) {
       return InvalidArgument(std::string(what) + " " + QuoteForMessage(name) +
                              " may contain only A-Z, a-z, 0-9, '_' and '-'");
     }
+  }
+  // Names reach child processes' command lines (`trybox image build NAME`): one that starts
+  // with '-' would be read there as an option.
+  if (name[0] == '-') {
+    return InvalidArgument(std::string(what) + " " + QuoteForMessage(name) +
+                           " starts with '-': a name is A-Z, a-z, 0-9, '_' and '-', and does "
+                           "not start with '-'");
   }
   return Status::Ok();
 }

@@ -9,7 +9,8 @@
 
 namespace trybox {
 
-// OK if `name` is 1..64 characters of [A-Za-z0-9_-]. `what` ("image name", "VM id") leads
+// OK if `name` is 1..64 characters of [A-Za-z0-9_-] and does not start with '-' (so that no
+// name can be taken for an option on a child's command line). `what` ("image name", "VM id") leads
 // the error text, which quotes the offending name with non-printable bytes escaped.
 Status ValidateName(std::string_view what, std::string_view name);
 

@@ -384,6 +384,37 @@ TEST_F(E2bE2E, SecretsGivenAtCreateReachTheGuestOnlyAsPlaceholders) {
       << "the secret's value is in the daemon's log";
 }
 
+// 41.11: a removed key's sandboxes went on answering their access tokens, for up to 24 h.
+// Now the token goes with the key, at once; the sandbox runs on for an operator to see.
+TEST_F(E2bE2E, RemovingAKeyRevokesItsSandboxesTokensAndTheSandboxesRunOn) {
+  const std::string key = NewKey("revoked");
+  HttpReply made =
+      Request(port_, "POST", "/sandboxes", key, R"({"templateID":"debian-12","timeout":300})");
+  ASSERT_EQ(made.status, 201) << made.body.dump();
+  const std::string id = made.body["sandboxID"], token = made.body["envdAccessToken"];
+  const std::string envd = "E2b-Sandbox-Id: " + id + "\r\nX-Access-Token: " + token + "\r\n";
+  HttpReply listed = Request(port_, "POST", "/process.Process/List", "", "{}", envd);
+  EXPECT_EQ(listed.status, 200) << listed.body.dump();
+
+  ASSERT_EQ(h_->Cli({"api-key", "rm", "revoked"}).code, 0);
+  HttpReply refused = Request(port_, "POST", "/process.Process/List", "", "{}", envd);
+  EXPECT_EQ(refused.status, 401) << refused.body.dump();
+  EXPECT_EQ(refused.body.value("code", ""), "unauthenticated") << refused.body.dump();
+  EXPECT_NE(refused.body.value("message", "").find("was removed"), std::string::npos)
+      << refused.body.dump();
+  // A key made again under the same name is another key: the token stays revoked.
+  (void)NewKey("revoked");
+  EXPECT_EQ(Request(port_, "POST", "/process.Process/List", "", "{}", envd).status, 401);
+
+  bool listed_by_the_daemon = false;
+  auto vms = h_->Call({{"verb", "list"}});
+  ASSERT_TRUE(vms.ok()) << vms.status().message();
+  for (const Json& v : (*vms)["vms"]) listed_by_the_daemon |= v.value("id", "") == id;
+  EXPECT_TRUE(listed_by_the_daemon) << vms->dump();
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+  EXPECT_EQ(h_->Cli({"api-key", "rm", "revoked"}).code, 0);
+}
+
 // A command's stream is open (a raw Connect call, as the SDK makes it) when the server is
 // told to stop: the stop returns without waiting for the quiet command (it used to wait
 // for the next keepalive, here an hour away), the stream ends with no exit code, the
