@@ -88,11 +88,21 @@ std::string RenderReportText(const Json& r) {
     << Num(u, "turns") << " turns, " << Num(u, "input_tokens") << " input / "
     << Num(u, "output_tokens") << " output tokens\n";
   const Json& vm = r.value("vm", Json::object());
-  o << "VM: " << Word(vm, "id") << " (" << Word(vm, "state") << ")\n";
+  // A report from before VMs carried "trust" says nothing either way.
+  const bool guest_word = Str(vm, "trust") == "guest_word";
+  o << "VM: " << Word(vm, "id") << " (" << Word(vm, "state");
+  if (guest_word) {
+    o << (vm.value("privileged", Json()) == true ? ", created --privileged"
+                                                 : ", not recorded as unprivileged");
+  }
+  o << ")\n";
 
   const Json& cmds = r.value("commands", Json::array());
   o << "Commands run: " << cmds.size();
-  if (!cmds.empty()) {
+  if (!cmds.empty() && guest_word) {
+    o << " (in a VM whose commands could reach the guest's control channel: every result "
+         "below is the guest's word, any command could have written it)";
+  } else if (!cmds.empty()) {
     // The guest's word: commands run as root there, and trybox-init reports how they ended.
     o << " (as root in the VM; their exit codes are what the guest reported)";
   }

@@ -156,6 +156,22 @@ TEST(ReportText, NoOutputCanForgeATrustedLine) {
   }
 }
 
+// Issue 41.5: a run whose VM was privileged (or not known not to be) says its commands'
+// results are the guest's word, entirely.
+TEST(ReportText, APrivilegedVmsCommandsAreTheGuestsWord) {
+  Json r = ReportWith("x");
+  r["vm"]["privileged"] = false;
+  r["vm"]["trust"] = "init";
+  std::string text = RenderReportText(r);
+  EXPECT_NE(text.find("VM: vm1 (destroyed)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("their exit codes are what the guest reported"), std::string::npos);
+  r["vm"]["privileged"] = true;
+  r["vm"]["trust"] = "guest_word";
+  text = RenderReportText(r);
+  EXPECT_NE(text.find("VM: vm1 (destroyed, created --privileged)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("every result below is the guest's word"), std::string::npos) << text;
+}
+
 TEST(ReportText, ContradictedClaimIsLabelled) {
   std::string text = RenderReportText(ReportWith("it works"));
   EXPECT_NE(text.find("CONTRADICTED"), std::string::npos);
