@@ -20,6 +20,14 @@ std::string FirstLine(const std::string& s, size_t max = 72) {
   return agent::CapHead(s.substr(0, s.find('\n')), max);
 }
 
+// How a step's command ended, into the step.
+void Describe(const ExecResult& r, VerifyStep& step) {
+  step.outcome = ExecOutcomeName(r.outcome);
+  step.exit_code = r.exit_code;
+  step.signal = r.signal;
+  step.duration_ms = r.duration_ms;
+}
+
 }  // namespace
 
 void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, RunState& state,
@@ -224,13 +232,6 @@ bool Supervisor::Prepare(VmEntry& vm, const std::string& tree, const ws::Manifes
   }
   v.before.push_back(std::move(setup));
   return true;
-}
-
-void Supervisor::Describe(const ExecResult& r, VerifyStep& step) {
-  step.outcome = ExecOutcomeName(r.outcome);
-  step.exit_code = r.exit_code;
-  step.signal = r.signal;
-  step.duration_ms = r.duration_ms;
 }
 
 }  // namespace trybox::daemon

@@ -54,7 +54,6 @@ class Supervisor {
   // kVerifyUser. False (v.outcome "not_run", v.error naming the step) when one fails.
   bool Prepare(VmEntry& vm, const std::string& tree, const workspace::Manifest& manifest,
                const std::optional<CallerHook>& hook, Verification& v);
-  static void Describe(const ExecResult& r, VerifyStep& step);
 
   VmService& vms_;
   WorkspaceService& workspaces_;
