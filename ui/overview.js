@@ -20,7 +20,9 @@ function updateVmRow(tr, vm) {
   const c = cellsOf(tr);
   setText(c[1], vm.image);
   setText(c[2], humanDuration(nowSeconds() - vm.created_at));
-  setText(c[3], vm.state + (vm.note ? ` (${vm.note})` : ''));
+  // A privileged VM's results are the guest's word (docs/security.md): said beside its state.
+  const trust = vm.trust === 'guest_word' ? (vm.privileged ? ', privileged' : ', privilege not recorded') : '';
+  setText(c[3], vm.state + trust + (vm.note ? ` (${vm.note})` : ''));
   setText(c[4], vm.memory_mib ? `${vm.memory_mib} MiB` : '—');
   setText(c[5], `${vm.execs ?? 0} / ${vm.running_execs ?? 0} running`);
   setText(c[6], vm.egress?.mode ?? '—');

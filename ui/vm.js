@@ -260,6 +260,9 @@ export async function renderVm(main, scope, id) {
             ['State', vm.state + (vm.note ? ` (${vm.note})` : '')],
             ['Memory', `${vm.memory_mib} MiB`],
             ['CPUs', vm.cpus],
+            ['Privileged', vm.trust === 'guest_word'
+              ? `${vm.privileged ? 'yes' : 'not recorded'}: every result is the guest\u2019s word`
+              : 'no'],
             ['Created', timeText(vm.created_at)],
             ['Egress', vm.egress ? `${vm.egress.mode}${vm.egress.allow?.length ? `: ${vm.egress.allow.join(', ')}` : ''}` : '—'],
           ]

@@ -70,6 +70,12 @@ void WipeAndFree(curl_slist* list) {
   curl_slist_free_all(list);
 }
 
+// curl calls this about once a second even while nothing moves (a server that never
+// answers): non-zero stops the transfer and closes its connection.
+int OnProgress(void* cancel, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const std::atomic<bool>*>(cancel)->load() ? 1 : 0;
+}
+
 bool AllDigits(const std::string& s) {
   return !s.empty() &&
          std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
@@ -128,6 +134,11 @@ Result<HttpResponse> HttpClient::Post(const HttpPost& post) {
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &sink);
+  if (post.cancel != nullptr) {
+    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, const_cast<std::atomic<bool>*>(post.cancel));
+    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  }
 
   CURLcode rc = curl_easy_perform(curl);
   long status = 0;
@@ -143,6 +154,7 @@ Result<HttpResponse> HttpClient::Post(const HttpPost& post) {
   if (rc != CURLE_OK) {
     std::string text = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
     if (rc == CURLE_OPERATION_TIMEDOUT) return DeadlineExceeded(text);
+    if (rc == CURLE_ABORTED_BY_CALLBACK) return Cancelled("the model request was stopped");
     return Unavailable(text);
   }
   resp.status = static_cast<int>(status);

@@ -7,6 +7,7 @@
 // Thread-compatible: one Post at a time per client.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -35,6 +36,9 @@ struct HttpPost {
   std::string body;
   std::chrono::milliseconds timeout{0};  // the whole exchange, connect included
   std::string ca_file;                   // empty: the system's CA bundle
+  // Set (by any thread) to stop the exchange: HttpClient then drops the connection within
+  // about a second and returns kCancelled. Null: only the timeout ends it.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // What a model client sends through: libcurl in tryboxd (HttpClient), or the connection
@@ -43,7 +47,7 @@ class HttpTransport {
  public:
   virtual ~HttpTransport() = default;
   // Any HTTP status is a response. A transport failure is kUnavailable naming it; running
-  // past `timeout` is kDeadlineExceeded.
+  // past `timeout` is kDeadlineExceeded; stopped through `cancel`, kCancelled.
   virtual Result<HttpResponse> Post(const HttpPost& post) = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <thread>
 #include <type_traits>
 
 #include "agent/http.h"
@@ -437,6 +438,31 @@ TEST(ModelClient, ASlowReplyIsCutAtTheDeadline) {
   EXPECT_LT(steady_clock::now() - start, seconds(5));
   EXPECT_EQ(out.failure, Failure::kTimeout) << out.message;
   EXPECT_NE(out.message.find("deadline"), std::string::npos) << out.message;
+}
+
+// Issue 41.7: a request the server never answers is dropped when its cancel flag is set
+// (tryboxd sets it when the agent process that asked is gone): Post returns kCancelled and
+// the server sees its connection closed, long before the request's own timeout.
+TEST(HttpClient, CancelDropsARequestTheServerNeverAnswers) {
+  auto server = StartServer();
+  server->Push({{"hang", true}});
+  auto post = ModelEndpoint(Settings(*server, "openai"));
+  ASSERT_TRUE(post.ok()) << post.status().ToString();
+  post->body = R"({"model": "fake-model", "messages": []})";
+  post->timeout = seconds(600);
+  std::atomic<bool> cancel{false};
+  post->cancel = &cancel;
+  auto client = HttpClient::Make();
+  ASSERT_TRUE(client.ok());
+  std::thread canceller([&] {
+    EXPECT_TRUE(server->WaitForRequests(1, seconds(60)));
+    cancel = true;
+  });
+  auto r = (*client)->Post(*post);
+  canceller.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCancelled) << r.status().ToString();
+  EXPECT_TRUE(server->WaitForHangsEnded(1, seconds(60)));
 }
 
 TEST(ModelClient, PassedDeadlineSendsNothing) {

@@ -56,6 +56,48 @@ std::string Ending(const Json& c) {
   return Word(c, "outcome");
 }
 
+// What ran in the verification VM before the check, in order (docs/agent.md, "Finishing").
+void RenderBeforeTheCheck(const Json& v, std::ostringstream& o) {
+  const Json& steps = v.value("before", Json::array());
+  if (!steps.is_array() || steps.empty()) return;
+  o << "  Before the check, in this order:\n";
+  size_t n = 0;
+  for (const auto& st : steps) {
+    o << "    " << ++n << ". ";
+    const std::string step = Str(st, "step");
+    if (step == "copy") {
+      o << "tryboxd wrote the collected tree to /workspace (owned by root, no set-uid or set-gid "
+           "bits): "
+        << Word(st, "outcome");
+    } else if (step == "setup" && Str(st, "outcome") == "none") {
+      o << "no setup hook (the caller's workspace had none)";
+    } else {
+      o << "[" << Ending(st) << "] ";
+      if (step == "setup") {
+        o << "the caller's .trybox/setup.sh as it went into the run (git blob " << Word(st, "blob")
+          << ")";
+      } else {
+        o << Argv(st.value("argv", Json::array()));
+      }
+      o << ", as " << Word(st, "user");
+    }
+    o << "\n";
+    if (st.contains("error") && st["error"].is_string()) {
+      o << "       error: " << InlineQuote(st["error"].get<std::string>(), 600) << "\n";
+      if (st.contains("output_tail") && st["output_tail"].is_string()) {
+        o << "       its output (the last bytes, as printed):\n"
+          << QuoteBlock(Str(st, "output_tail"), kQuotePrefix);
+      }
+    }
+    const std::string tree_hook = Str(st, "tree_hook");
+    if (tree_hook == "changed" || tree_hook == "unchanged") {
+      o << "       the collected tree's own .trybox/setup.sh ("
+        << (tree_hook == "changed" ? "changed by the run" : "as the caller's")
+        << ") was not run: it never is\n";
+    }
+  }
+}
+
 std::string Heading(const std::string& title) {
   return title + "\n" + std::string(title.size() > 78 ? 78 : title.size(), '-') + "\n";
 }
@@ -88,11 +130,21 @@ std::string RenderReportText(const Json& r) {
     << Num(u, "turns") << " turns, " << Num(u, "input_tokens") << " input / "
     << Num(u, "output_tokens") << " output tokens\n";
   const Json& vm = r.value("vm", Json::object());
-  o << "VM: " << Word(vm, "id") << " (" << Word(vm, "state") << ")\n";
+  // A report from before VMs carried "trust" says nothing either way.
+  const bool guest_word = Str(vm, "trust") == "guest_word";
+  o << "VM: " << Word(vm, "id") << " (" << Word(vm, "state");
+  if (guest_word) {
+    o << (vm.value("privileged", Json()) == true ? ", created --privileged"
+                                                 : ", not recorded as unprivileged");
+  }
+  o << ")\n";
 
   const Json& cmds = r.value("commands", Json::array());
   o << "Commands run: " << cmds.size();
-  if (!cmds.empty()) {
+  if (!cmds.empty() && guest_word) {
+    o << " (in a VM whose commands could reach the guest's control channel: every result "
+         "below is the guest's word, any command could have written it)";
+  } else if (!cmds.empty()) {
     // The guest's word: commands run as root there, and trybox-init reports how they ended.
     o << " (as root in the VM; their exit codes are what the guest reported)";
   }
@@ -210,6 +262,7 @@ std::string RenderReportText(const Json& r) {
            "control channel)";
     }
     o << "\n";
+    RenderBeforeTheCheck(v, o);
     o << "  Result: " << Ending(v) << " after " << Num(v, "duration_ms") << " ms\n";
     if (v.contains("error") && v["error"].is_string() && !v["error"].get<std::string>().empty()) {
       o << "  Error: " << InlineQuote(v["error"].get<std::string>(), 600) << "\n";

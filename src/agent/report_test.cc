@@ -78,7 +78,23 @@ Json ReportWith(const std::string& hostile) {
             {"error", hostile},
             {"output_tail", hostile},
             {"output_tail_bytes", 10},
-            {"output_bytes", 10}}},
+            {"output_bytes", 10},
+            {"before",
+             {{{"step", "copy"}, {"what", hostile}, {"outcome", "done"}},
+              {{"step", "chown"},
+               {"argv", {"chown", "-R", "-h", "user:", "/workspace"}},
+               {"user", "root"},
+               {"outcome", "exited"},
+               {"exit_code", 0}},
+              {{"step", "setup"},
+               {"argv", {"/bin/sh", "/run/trybox/setup.sh"}},
+               {"user", "user"},
+               {"outcome", "exited"},
+               {"exit_code", 1},
+               {"blob", "0123abcd"},
+               {"tree_hook", "changed"},
+               {"error", hostile},
+               {"output_tail", hostile}}}}}},
           {"question", {{"text", hostile}}},
           {"claim", {{"summary", hostile}, {"status", "contradicted"}}}};
 }
@@ -154,6 +170,51 @@ TEST(ReportText, NoOutputCanForgeATrustedLine) {
     EXPECT_EQ(outcomes, 1);
     EXPECT_NE(text.find("Verdict: FAILED_VERIFICATION\n"), std::string::npos);
   }
+}
+
+// Issue 41.1: the verification block names everything that ran in its VM before the
+// check, in order, and the collected tree's own hook is said never to have run.
+TEST(ReportText, TheVerificationNamesEachStepBeforeTheCheck) {
+  Json r = ReportWith("it failed");
+  r["verification"]["before"][2]["exit_code"] = 0;
+  r["verification"]["before"][2].erase("error");
+  std::string text = RenderReportText(r);
+  const std::string want =
+      "  Before the check, in this order:\n"
+      "    1. tryboxd wrote the collected tree to /workspace (owned by root, no set-uid or "
+      "set-gid bits): done\n"
+      "    2. [exit 0] \"chown\" \"-R\" \"-h\" \"user:\" \"/workspace\", as root\n"
+      "    3. [exit 0] the caller's .trybox/setup.sh as it went into the run (git blob 0123abcd), "
+      "as user\n"
+      "       the collected tree's own .trybox/setup.sh (changed by the run) was not run: it "
+      "never is\n";
+  EXPECT_NE(text.find(want), std::string::npos) << text;
+  r["verification"]["before"][2] = {{"step", "setup"}, {"outcome", "none"}, {"tree_hook", "none"}};
+  text = RenderReportText(r);
+  EXPECT_NE(text.find("    3. no setup hook (the caller's workspace had none)\n"),
+            std::string::npos)
+      << text;
+  // A failed hook says why and quotes what it printed.
+  r = ReportWith("npm: not found");
+  text = RenderReportText(r);
+  EXPECT_NE(text.find("       error: \"npm: not found\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(std::string(kQuotePrefix) + "npm: not found"), std::string::npos) << text;
+}
+
+// Issue 41.5: a run whose VM was privileged (or not known not to be) says its commands'
+// results are the guest's word, entirely.
+TEST(ReportText, APrivilegedVmsCommandsAreTheGuestsWord) {
+  Json r = ReportWith("x");
+  r["vm"]["privileged"] = false;
+  r["vm"]["trust"] = "init";
+  std::string text = RenderReportText(r);
+  EXPECT_NE(text.find("VM: vm1 (destroyed)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("their exit codes are what the guest reported"), std::string::npos);
+  r["vm"]["privileged"] = true;
+  r["vm"]["trust"] = "guest_word";
+  text = RenderReportText(r);
+  EXPECT_NE(text.find("VM: vm1 (destroyed, created --privileged)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("every result below is the guest's word"), std::string::npos) << text;
 }
 
 TEST(ReportText, ContradictedClaimIsLabelled) {

@@ -572,10 +572,17 @@ std::string FormatAge(double created) {
   return std::to_string(static_cast<int64_t>(age / 3600)) + "h";
 }
 
+// "yes", "no", or "?" for a VM recorded before the store kept whether it was privileged.
+Result<std::string> PrivilegedWord(const ReplyView& v) {
+  if (!v.Has("privileged")) return std::string("?");
+  ASSIGN_OR_RETURN(bool privileged, v.Bool("privileged"));
+  return std::string(privileged ? "yes" : "no");
+}
+
 Result<std::string> RenderLs(const ReplyView& r) {
   ASSIGN_OR_RETURN(auto vms, r.Objects("vms"));
-  std::string out = Format("%-14s %-12s %-8s %-5s %-7s %-5s %-11s %s\n", "ID", "IMAGE", "STATE",
-                           "ACCEL", "MEMORY", "AGE", "EXECS", "NOTE");
+  std::string out = Format("%-14s %-12s %-8s %-10s %-5s %-7s %-5s %-11s %s\n", "ID", "IMAGE",
+                           "STATE", "PRIVILEGED", "ACCEL", "MEMORY", "AGE", "EXECS", "NOTE");
   for (const auto& v : vms) {
     ASSIGN_OR_RETURN(std::string id, v.String("id"));
     ASSIGN_OR_RETURN(std::string image, v.String("image"));
@@ -586,11 +593,13 @@ Result<std::string> RenderLs(const ReplyView& r) {
     ASSIGN_OR_RETURN(std::string note, v.StringOr("note", ""));
     ASSIGN_OR_RETURN(int64_t total, v.IntOr("execs", 0, 0));
     ASSIGN_OR_RETURN(int64_t running, v.IntOr("running_execs", 0, 0));
+    ASSIGN_OR_RETURN(std::string privileged, PrivilegedWord(v));
     std::string execs = std::to_string(total);
     if (running > 0) execs += " (" + std::to_string(running) + " run)";
-    out += Format("%-14s %-12s %-8s %-5s %-7s %-5s %-11s %s\n", id.c_str(), image.c_str(),
-                  state.c_str(), accel.c_str(), (std::to_string(memory) + "M").c_str(),
-                  FormatAge(created).c_str(), execs.c_str(), note.c_str());
+    out += Format("%-14s %-12s %-8s %-10s %-5s %-7s %-5s %-11s %s\n", id.c_str(), image.c_str(),
+                  state.c_str(), privileged.c_str(), accel.c_str(),
+                  (std::to_string(memory) + "M").c_str(), FormatAge(created).c_str(), execs.c_str(),
+                  note.c_str());
   }
   return out;
 }

@@ -122,6 +122,13 @@ int CmdPs(Client& client, const std::string& vm, bool json) {
     std::cout << execs.dump(2) << "\n";
     return 0;
   }
+  if (TextOr(*r, "trust") != "init") {
+    // A privileged VM's commands could reach the channel: no result below is the daemon's
+    // fact (docs/security.md).
+    std::printf("VM %s %s: every result below is the guest's word\n", vm.c_str(),
+                (*r)["privileged"] == true ? "was created --privileged"
+                                           : "is not recorded as unprivileged");
+  }
   std::printf("%-7s %-12s %-6s %-9s %s\n", "EXEC", "STATE", "EXIT", "DURATION", "COMMAND");
   for (const auto& e : execs) {
     std::string state = TextOr(e, "outcome", "?");

@@ -128,6 +128,7 @@ TEST(MalformedReplyTest, EveryCommandExits125NamingTheField) {
        "vm.start.note"},
       {{"ls"}, {{"ok", true}, {"vms", {With(vm, {{"image", 3}})}}}, "vms[0].image"},
       {{"ls"}, {{"ok", true}, {"vms", {With(vm, {{"created_at", "now"}})}}}, "vms[0].created_at"},
+      {{"ls"}, {{"ok", true}, {"vms", {With(vm, {{"privileged", "yes"}})}}}, "vms[0].privileged"},
       {{"ls", "--json"}, {{"ok", true}, {"vms", "none"}}, "vms"},
       {{"rm", "vm1"}, {{"ok", true}, {"report", {{"process_gone", "yes"}}}}, "report.process_gone"},
       {{"doctor"}, {{"ok", true}, {"accel", {{"accel", 1}, {"reason", "r"}}}}, "accel.accel"},
@@ -199,6 +200,12 @@ TEST(MalformedReplyTest, WellFormedRepliesStillPrint) {
   EXPECT_EQ(o.code, 0) << o.err;
   EXPECT_NE(o.out.find("vm1"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("512M"), std::string::npos) << o.out;
+  // Issue 41.5: the PRIVILEGED column: yes, no, or ? for a record from before it was kept.
+  EXPECT_NE(o.out.find(" running  ?          tcg"), std::string::npos) << o.out;
+  Json priv = vm;
+  priv["privileged"] = true;
+  o = RunAgainst({"ls"}, EndWith({{"ok", true}, {"vms", {priv}}}));
+  EXPECT_NE(o.out.find(" running  yes        tcg"), std::string::npos) << o.out;
   o = RunAgainst({"exec", "vm1", "--", "true"},
                  EndWith({{"ok", true}, {"result", {{"outcome", "exited"}, {"exit_code", 3}}}}));
   EXPECT_EQ(o.code, 3) << o.err;

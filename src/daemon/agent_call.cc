@@ -41,6 +41,43 @@ std::vector<Json> RunFeed::Next(size_t from, bool* closed) {
   return std::vector<Json>(events_.begin() + static_cast<std::ptrdiff_t>(from), events_.end());
 }
 
+CallerWatch::CallerWatch(channel::Stream& client) : client_(client) {
+  reader_ = std::thread([this] { Read(); });
+}
+
+CallerWatch::~CallerWatch() {
+  client_.Interrupt();
+  reader_.join();
+}
+
+void CallerWatch::Read() {
+  for (;;) {
+    auto m = client_.Next();
+    // kCancelled: our own Interrupt, the verb is done with its caller.
+    if (!m.ok() && m.status().code() == Code::kCancelled) return;
+    if (!m.ok() || m->kind == Kind::kReset || m->kind == Kind::kEnd) break;
+  }
+  MutexLock lock(mu_);
+  gone_ = true;
+  if (call_) call_->Cancel();
+}
+
+void CallerWatch::Attach(AgentCall* call) {
+  MutexLock lock(mu_);
+  call_ = call;
+  if (gone_) call_->Cancel();
+}
+
+void CallerWatch::Detach() {
+  MutexLock lock(mu_);
+  call_ = nullptr;
+}
+
+bool CallerWatch::gone() const {
+  MutexLock lock(mu_);
+  return gone_;
+}
+
 AgentCall::AgentCall(CallEnv env, const agent::ModelSettings& settings, LiveRun* run,
                      channel::Stream* client, agent::LoopLimits limits,
                      std::function<void(LiveRun&)> save)
@@ -126,6 +163,11 @@ void AgentCall::AddVerbs(bool loop) {
     }
     post->body = std::move(*body);
     post->timeout = std::chrono::milliseconds(*timeout);
+    // A process killed mid-request (its caller left) leaves nobody to read the reply: the
+    // request is dropped then, not held until the provider answers or times out, so a
+    // server that never answers costs no more than the caller's patience, and a server
+    // that answers one request at a time is free for the next run at once.
+    post->cancel = &stop_work_;
     if (!http_) {
       auto client = agent::HttpClient::Make();
       if (!client.ok()) {
@@ -209,7 +251,7 @@ void AgentCall::AddVerbs(bool loop) {
     std::string out;
     ExecIo io;
     io.capture = &out;
-    io.cancelled = &stop_execs_;
+    io.cancelled = &stop_work_;
     // The exec is announced once it is recorded and open, with its id: a follower then
     // reads its output live from the kept log (AgentRunner::Show).
     int64_t exec_id = 0;
@@ -218,7 +260,7 @@ void AgentCall::AddVerbs(bool loop) {
       {
         MutexLock lock(mu_);
         exec_in_flight_ = g;
-        if (stop_execs_) (void)g->Reset("the run was stopped");
+        if (stop_work_) (void)g->Reset("the run was stopped");
       }
       run_->feed->Push({{"exec", {{"tool", *tool}, {"argv", spec.argv}, {"exec_id", exec_id}}}});
       announced = true;
@@ -368,32 +410,12 @@ ExitInfo AgentCall::RunProcess() {
     process_ = std::move(*p);
     if (cancelled_) process_->Kill();
   }
-  std::thread watch;
-  if (client_) {
-    watch = std::thread([this] {
-      for (;;) {
-        auto m = client_->Next();
-        if (!m.ok()) {
-          if (m.status().code() != Code::kCancelled) Cancel();  // the caller is gone
-          return;
-        }
-        if (m->kind == Kind::kReset || m->kind == Kind::kEnd) {
-          Cancel();
-          return;
-        }
-      }
-    });
-  }
   ExitInfo exit = process->Wait([this] {
     // Work the process asked for and can no longer receive (a command) stops with it.
-    stop_execs_ = true;
+    stop_work_ = true;
     MutexLock lock(mu_);
     if (exec_in_flight_) (void)exec_in_flight_->Reset("the agent process is gone");
   });
-  if (client_) {
-    client_->Interrupt();
-    watch.join();
-  }
   return exit;
 }
 
@@ -421,7 +443,7 @@ Result<agent::LoopResult> AgentCall::Loop() {
 
 void AgentCall::Cancel() {
   cancelled_ = true;
-  stop_execs_ = true;
+  stop_work_ = true;
   MutexLock lock(mu_);
   if (process_) process_->Kill();
   if (exec_in_flight_) (void)exec_in_flight_->Reset("the run was cancelled");

@@ -6,14 +6,17 @@
 // key: its model requests are sent on by the daemon, which adds the credential.
 //
 // LiveRun: what the daemon holds for a run between its calls. RunFeed: the run's events for
-// `agent show --follow`. Thread-safety: a LiveRun's fields belong to the one call that holds
-// it busy (the runner's rule); RunFeed and AgentCall::Cancel are safe from any thread.
+// `agent show --follow`. CallerWatch: a verb's caller watched for as long as the verb works,
+// so that its leaving stops the probe or the call working for it. Thread-safety: a LiveRun's
+// fields belong to the one call that holds it busy (the runner's rule); RunFeed, CallerWatch
+// and AgentCall::Cancel are safe from any thread.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/http.h"
@@ -64,10 +67,42 @@ struct CallEnv {
   std::string agent_binary;
 };
 
+class AgentCall;
+
+// Reads a verb's client stream (its only reader) from construction to destruction: the
+// client's RESET, END or loss (the CLI killed, Ctrl-C, the socket closed) cancels the
+// AgentCall attached then, and any attached later. A verb that probes the model and then
+// works on a run attaches each call in turn to one watch: a stream's Interrupt() is final,
+// so one reader serves the whole verb.
+class CallerWatch {
+ public:
+  explicit CallerWatch(channel::Stream& client);
+  // Stops reading (Interrupt) and joins the reader; the stream can still be ended.
+  ~CallerWatch();
+  CallerWatch(const CallerWatch&) = delete;
+  CallerWatch& operator=(const CallerWatch&) = delete;
+
+  // Until Detach, the caller's leaving cancels `call` (at once if it has already left).
+  void Attach(AgentCall* call) EXCLUDES(mu_);
+  void Detach() EXCLUDES(mu_);
+  // The caller has left.
+  bool gone() const EXCLUDES(mu_);
+
+ private:
+  void Read();
+
+  channel::Stream& client_;
+  mutable Mutex mu_;
+  AgentCall* call_ GUARDED_BY(mu_) = nullptr;
+  bool gone_ GUARDED_BY(mu_) = false;
+  std::thread reader_;
+};
+
 class AgentCall {
  public:
   // `run` is null for a probe (only hello, model and done are served then). `client` (may be
-  // null) gets progress events; its reset or loss cancels the call.
+  // null) gets progress events; the call does not read it (a CallerWatch does, and cancels
+  // the call when the caller leaves).
   AgentCall(CallEnv env, const agent::ModelSettings& settings, LiveRun* run,
             channel::Stream* client, agent::LoopLimits limits, std::function<void(LiveRun&)> save);
 
@@ -76,7 +111,8 @@ class AgentCall {
   // Loop mode: works on the run until the loop ends; the error names how the process
   // failed when it reported no end (killed, crashed, a protocol fault).
   Result<agent::LoopResult> Loop();
-  // Stops the call from any thread: the process is killed, a command in flight too.
+  // Stops the call from any thread: the process is killed, a command or a model request in
+  // flight too.
   void Cancel();
   bool cancelled() const { return cancelled_; }
 
@@ -85,7 +121,7 @@ class AgentCall {
   Result<std::string> ReadUpload(channel::Stream& s, size_t max);
   Status OwnVm(const Json& req) const;
   Result<std::shared_ptr<VmEntry>> Vm();
-  // Runs the process to its end, watching the client.
+  // Runs the process to its end (and reaps it).
   ExitInfo RunProcess();
   void Progress(const std::string& message, int turn, int max_turns);
 
@@ -98,8 +134,9 @@ class AgentCall {
   VerbTable verbs_;
   std::unique_ptr<agent::HttpTransport> http_;
   std::atomic<bool> cancelled_{false};
-  // Set when the run was cancelled or its process ended: a command opened after is stopped.
-  std::atomic<bool> stop_execs_{false};
+  // Set when the call was cancelled or its process ended: a command opened after is stopped,
+  // and a model request in flight is dropped (nobody is left to read its reply).
+  std::atomic<bool> stop_work_{false};
   Mutex mu_;
   std::unique_ptr<AgentProcess> process_ GUARDED_BY(mu_);
   std::shared_ptr<channel::Stream> exec_in_flight_ GUARDED_BY(mu_);

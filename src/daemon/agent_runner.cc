@@ -68,7 +68,7 @@ Json AgentRunner::Reply(LiveRun& run) {
   return {{"ok", true}, {"report", report}, {"text", agent::RenderReportText(report)}};
 }
 
-agent::Outcome AgentRunner::Probe(const agent::ModelSettings& s) {
+agent::Outcome AgentRunner::Probe(const agent::ModelSettings& s, CallerWatch& watch) {
   std::string key = s.provider + " " + s.base_url + " " + s.model;
   {
     MutexLock lock(mu_);
@@ -76,7 +76,9 @@ agent::Outcome AgentRunner::Probe(const agent::ModelSettings& s) {
     if (it != probes_.end()) return it->second;
   }
   AgentCall call(Env(), s, nullptr, nullptr, {}, nullptr);
+  watch.Attach(&call);
   agent::Outcome o = call.Probe();
+  watch.Detach();
   LogInfo("agent", "context probe of " + s.provider + " model " + QuoteForMessage(s.model) + ": " +
                        (o.ok() ? "passed" : agent::FailureName(o.failure)));
   // A pass, or a window shown too small, is a fact about the model; anything else (the
@@ -105,7 +107,11 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   create.http_rules = req.http_rules;
   // Checked before a VM is booted, and before the probe spends a request, for nothing.
   if (Status st = vms_.Validate(create); !st.ok()) return ErrorReply(st);
-  agent::Outcome probe = Probe(req.model);
+  CallerWatch watch(client);
+  agent::Outcome probe = Probe(req.model, watch);
+  if (watch.gone()) {
+    return ErrorReply(trybox::Cancelled("the caller left during the model's start-up probe"));
+  }
   if (!probe.ok()) {
     return ErrorReply(
         FailedPrecondition(std::string("the model did not pass the start-up probe (") +
@@ -190,7 +196,7 @@ Json AgentRunner::Start(const AgentRequest& req, channel::Stream& client) {
   }
   run.transcript.push_back(first);
   Save(run);
-  Json end = run.rec.outcome == "ERROR" ? Reply(run) : Drive(run, client, req.limits);
+  Json end = run.rec.outcome == "ERROR" ? Reply(run) : Drive(run, client, watch, req.limits);
   Release(slot);
   return end;
 }
@@ -323,12 +329,14 @@ Json AgentRunner::Continue(const AgentContinueRequest& req, bool answer, channel
   // still say NEEDS_INPUT (and show the question) for a run that is working on its answer.
   Save(run);
   (void)client.SendEvent({{"run", run.id}});
-  Json end = Drive(run, client, req.limits);
+  CallerWatch watch(client);
+  Json end = Drive(run, client, watch, req.limits);
   Release(slot);
   return end;
 }
 
-Json AgentRunner::Drive(LiveRun& run, channel::Stream& client, const AgentLimits& limits) {
+Json AgentRunner::Drive(LiveRun& run, channel::Stream& client, CallerWatch& watch,
+                        const AgentLimits& limits) {
   RunState& s = run.state;
   s.limits = limits;
   run.feed = std::make_shared<RunFeed>();
@@ -352,7 +360,9 @@ Json AgentRunner::Drive(LiveRun& run, channel::Stream& client, const AgentLimits
       slot->active = &call;
     }
   }
+  watch.Attach(&call);
   auto result = call.Loop();
+  watch.Detach();
   {
     MutexLock lock(mu_);
     if (slot) slot->active = nullptr;

@@ -73,14 +73,18 @@ class AgentRunner {
     std::chrono::steady_clock::time_point last_call_end;  // GUARDED_BY(AgentRunner::mu_)
   };
 
-  Json Drive(LiveRun& run, channel::Stream& client, const AgentLimits& limits) EXCLUDES(mu_);
+  // `watch` reads `client`: the caller's leaving cancels the call.
+  Json Drive(LiveRun& run, channel::Stream& client, CallerWatch& watch, const AgentLimits& limits)
+      EXCLUDES(mu_);
   // The run's work collected and its VM destroyed; recorded CANCELLED.
   void Cancelled(LiveRun& run, const std::string& why);
   // Leaves the run (busy off); a finished run, or one that never started, leaves the table.
   void Release(const std::shared_ptr<Slot>& slot) EXCLUDES(mu_);
   void Save(LiveRun& run);
   Json Reply(LiveRun& run);
-  agent::Outcome Probe(const agent::ModelSettings& settings) EXCLUDES(mu_);
+  // The model's start-up probe (docs/agent.md), once per model; the caller's leaving
+  // (`watch`) kills the probe's process and drops its request.
+  agent::Outcome Probe(const agent::ModelSettings& settings, CallerWatch& watch) EXCLUDES(mu_);
   CallEnv Env();
   void ExpireIdleRuns() EXCLUDES(mu_);
 

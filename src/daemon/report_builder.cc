@@ -5,6 +5,7 @@
 
 #include "agent/report.h"
 #include "agent/text.h"
+#include "daemon/wire.h"
 #include "daemon/workspace_service.h"
 
 namespace trybox::daemon {
@@ -125,8 +126,15 @@ Json ReportBuilder::Build(const store::AgentRunRecord& rec, const RunState& s) c
   copy(r, "error");
   // The VM's state as the daemon knows it now.
   std::string vm_state = "unknown";
-  if (auto v = store_.GetVm(rec.vm_id); v.ok() && v->has_value()) vm_state = (*v)->state;
+  std::optional<bool> privileged;  // unknown unless recorded
+  if (auto v = store_.GetVm(rec.vm_id); v.ok() && v->has_value()) {
+    vm_state = (*v)->state;
+    privileged = (*v)->privileged;
+  }
   r["vm"] = {{"id", rec.vm_id}, {"state", vm_state}};
+  // A run's VM is never privileged today; were it (or not known), its commands' results
+  // are the guest's word, and the report says so.
+  AddPrivilegeFields(r["vm"], privileged);
 
   // The run's own commands; anything else run in its VM (a person's `trybox exec` while
   // the run waited) is listed apart, as theirs.

@@ -43,6 +43,45 @@ std::optional<int> OptInt32(const Json& j, const char* k) {
 
 }  // namespace
 
+namespace {
+
+Json VerifyStepJson(const VerifyStep& st) {
+  Json j = {{"step", st.step}, {"what", st.what}, {"outcome", st.outcome}};
+  if (!st.argv.empty()) j["argv"] = st.argv;
+  if (!st.user.empty()) j["user"] = st.user;
+  if (st.exit_code) j["exit_code"] = *st.exit_code;
+  if (st.signal) j["signal"] = *st.signal;
+  if (st.exec_id) j["exec_id"] = *st.exec_id;
+  if (st.duration_ms) j["duration_ms"] = *st.duration_ms;
+  if (!st.error.empty()) j["error"] = st.error;
+  if (!st.blob.empty()) j["blob"] = st.blob;
+  if (!st.sha256.empty()) j["sha256"] = st.sha256;
+  if (!st.tree_hook.empty()) j["tree_hook"] = st.tree_hook;
+  if (st.output_tail) j["output_tail"] = *st.output_tail;
+  return j;
+}
+
+VerifyStep VerifyStepFromJson(const Json& j) {
+  VerifyStep st;
+  st.step = Str(j, "step");
+  st.what = Str(j, "what");
+  st.argv = Strs(j, "argv");
+  st.user = Str(j, "user");
+  st.outcome = Str(j, "outcome");
+  st.exit_code = OptInt32(j, "exit_code");
+  st.signal = OptInt32(j, "signal");
+  st.exec_id = OptInt(j, "exec_id");
+  st.duration_ms = OptInt(j, "duration_ms");
+  st.error = Str(j, "error");
+  st.blob = Str(j, "blob");
+  st.sha256 = Str(j, "sha256");
+  st.tree_hook = Str(j, "tree_hook");
+  st.output_tail = OptStr(j, "output_tail");
+  return st;
+}
+
+}  // namespace
+
 Json VerificationJson(const Verification& v) {
   Json j = {{"command", v.command}, {"source", v.source}, {"outcome", v.outcome}};
   if (v.exit_code) j["exit_code"] = *v.exit_code;
@@ -57,6 +96,11 @@ Json VerificationJson(const Verification& v) {
     j["output_tail"] = *v.output_tail;
     j["output_tail_bytes"] = v.output_tail_bytes;
     j["output_bytes"] = v.output_bytes;
+  }
+  if (!v.before.empty()) {
+    Json before = Json::array();
+    for (const auto& st : v.before) before.push_back(VerifyStepJson(st));
+    j["before"] = std::move(before);
   }
   return j;
 }
@@ -204,6 +248,9 @@ RunState RunState::FromJson(const Json& j) {
     ver.output_tail = OptStr(v, "output_tail");
     ver.output_tail_bytes = Int(v, "output_tail_bytes");
     ver.output_bytes = Int(v, "output_bytes");
+    if (v.contains("before") && v["before"].is_array()) {
+      for (const auto& st : v["before"]) ver.before.push_back(VerifyStepFromJson(st));
+    }
     s.verification = ver;
   }
   s.verify_vm = Str(j, "verify_vm");

@@ -37,6 +37,30 @@ struct RunClaim {
   std::string status = "unverified";  // unverified | contradicted
 };
 
+// One thing that ran in the verification VM before the check (docs/agent.md, "Finishing"),
+// in the daemon's words: "copy" (tryboxd wrote the collected tree to /workspace), "chown"
+// (tryboxd's own command handing /workspace to the check's account), "setup" (the caller's
+// hook, as injected; outcome "none" when there was none).
+struct VerifyStep {
+  std::string step;
+  std::string what;               // the daemon's sentence for it
+  std::vector<std::string> argv;  // a command's
+  std::string user;               // the account a command ran as
+  std::string outcome;            // an exec outcome; "done" for the copy, "none" for no hook
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  std::optional<int64_t> exec_id;
+  std::optional<int64_t> duration_ms;
+  std::string error;
+  // setup: the hook's git blob id in the caller's repository and its SHA-256, what the
+  // collected tree's own .trybox/setup.sh was ("none", "unchanged" or "changed": never run),
+  // and the tail of the hook's output (its words).
+  std::string blob;
+  std::string sha256;
+  std::string tree_hook;
+  std::optional<std::string> output_tail;
+};
+
 // The supervisor's re-run of the verification command.
 struct Verification {
   std::string command;
@@ -53,6 +77,7 @@ struct Verification {
   std::optional<std::string> output_tail;
   int64_t output_tail_bytes = 0;
   int64_t output_bytes = 0;
+  std::vector<VerifyStep> before;  // everything that ran in its VM before the check, in order
 };
 
 struct RunState {

@@ -1,5 +1,6 @@
 #include "daemon/supervisor.h"
 
+#include "agent/loop.h"
 #include "agent/text.h"
 #include "agent/tools.h"
 #include "util/fd.h"
@@ -12,10 +13,19 @@ namespace ws = trybox::workspace;
 constexpr int64_t kVerifyTimeoutMs = 900'000;
 constexpr int64_t kSetupTimeoutMs = 600'000;
 constexpr size_t kVerifyTailBytes = 4096;
+constexpr size_t kHookTailBytes = 2048;
 constexpr int kVerifyMemoryMib = 1024;
 
 std::string FirstLine(const std::string& s, size_t max = 72) {
   return agent::CapHead(s.substr(0, s.find('\n')), max);
+}
+
+// How a step's command ended, into the step.
+void Describe(const ExecResult& r, VerifyStep& step) {
+  step.outcome = ExecOutcomeName(r.outcome);
+  step.exit_code = r.exit_code;
+  step.signal = r.signal;
+  step.duration_ms = r.duration_ms;
 }
 
 }  // namespace
@@ -50,7 +60,7 @@ void Supervisor::Finish(const std::string& run_id, const std::string& vm_id, Run
           "verification on";
     } else {
       progress("verifying in a fresh VM");
-      Verify(state, collected, secrets, v);
+      Verify(state, vm_id, collected, secrets, v);
     }
     bool passed = v.outcome == "exited" && v.exit_code == 0;
     state.verification = v;
@@ -90,9 +100,23 @@ void Supervisor::Cancel(const std::string& run_id, const std::string& vm_id, Run
   (void)RemoveTree(collected);
 }
 
-void Supervisor::Verify(const RunState& state, const std::string& tree,
+void Supervisor::Verify(const RunState& state, const std::string& run_vm, const std::string& tree,
                         const std::shared_ptr<const egress::HeldSecrets>& secrets,
                         Verification& v) {
+  // The hook the caller brought in, from the host's record; nothing in `tree` is consulted.
+  auto hook = workspaces_.InjectedHook(run_vm);
+  if (!hook.ok()) {
+    v.outcome = "not_run";
+    v.error = "could not read the caller's setup hook: " + hook.status().message();
+    return;
+  }
+  auto excludes = ws::ExcludesFromLines({});
+  auto manifest = ws::ManifestFromTree(tree, *excludes);
+  if (!manifest.ok()) {
+    v.outcome = "not_run";
+    v.error = "could not read the collected workspace: " + manifest.status().message();
+    return;
+  }
   CreateRequest create;
   create.image = state.image_name;
   create.memory_mib = kVerifyMemoryMib;
@@ -114,25 +138,7 @@ void Supervisor::Verify(const RunState& state, const std::string& tree,
     v.error = what + ": " + st.message();
     (void)vms_.Destroy(vm.id());
   };
-  auto excludes = ws::ExcludesFromLines({});
-  auto manifest = ws::ManifestFromTree(tree, *excludes);
-  if (!manifest.ok()) return fail("could not read the collected workspace", manifest.status());
-  Status st = workspaces_.SendTree(vm, tree, *manifest, ws::Quota{});
-  if (!st.ok()) return fail("could not copy the collected workspace in", st);
-  auto setup = workspaces_.RunSetup(vm, *manifest, kSetupTimeoutMs, nullptr, false);
-  if (!setup.ok()) return fail("could not run the setup hook", setup.status());
-  // The tree is root's after the copy (and the hook); the unprivileged account gets it.
-  ExecSpec chown;
-  chown.argv = {"chown", "-R", std::string(kVerifyUser) + ":", ws::kGuestPath};
-  chown.cwd = "/";
-  chown.timeout_ms = kSetupTimeoutMs;
-  auto owned = vms_.Exec(vm, chown, ExecIo{});
-  if (!owned.ok())
-    return fail("could not hand /workspace to " + std::string(kVerifyUser), owned.status());
-  if (!owned->Succeeded()) {
-    return fail("could not hand /workspace to " + std::string(kVerifyUser),
-                Internal(owned->ToJson().dump()));
-  }
+  if (!Prepare(vm, tree, *manifest, *hook, v)) return (void)vms_.Destroy(vm.id());
 
   ExecSpec spec;
   spec.argv = {"/bin/sh", "-c", v.command};
@@ -160,6 +166,72 @@ void Supervisor::Verify(const RunState& state, const std::string& tree,
   v.output_tail_bytes = static_cast<int64_t>(std::min(out.size(), kVerifyTailBytes));
   v.output_bytes = static_cast<int64_t>(out.size());
   (void)vms_.Destroy(vm.id());
+}
+
+bool Supervisor::Prepare(VmEntry& vm, const std::string& tree, const ws::Manifest& manifest,
+                         const std::optional<CallerHook>& hook, Verification& v) {
+  const std::string user = kVerifyUser;
+  auto stop = [&](VerifyStep step, const std::string& error) {
+    step.error = agent::SanitizeUtf8(error);
+    v.before.push_back(std::move(step));
+    v.outcome = "not_run";
+    v.error = "the " + v.before.back().step +
+              " step failed, so the check did not run: " + v.before.back().error;
+    return false;
+  };
+  // 1. The tree, written by the daemon: entries as collected, root's, no set-id bits.
+  VerifyStep copy{.step = "copy",
+                  .what = "tryboxd wrote the collected tree to /workspace (" +
+                          std::to_string(manifest.size()) +
+                          " entries, owned by root, no set-uid or set-gid bits)"};
+  if (Status st = workspaces_.SendTree(vm, tree, manifest, ws::Quota{}); !st.ok()) {
+    return stop(std::move(copy), st.message());
+  }
+  copy.outcome = "done";
+  v.before.push_back(std::move(copy));
+
+  // 2. /workspace to the check's account: tryboxd's own command, the image's chown; links
+  // are changed themselves (-h), never followed, and nothing of the tree runs.
+  VerifyStep chown{.step = "chown",
+                   .what = "tryboxd handed /workspace to " + user,
+                   .argv = {"chown", "-R", "-h", user + ":", ws::kGuestPath},
+                   .user = "root"};
+  ExecSpec spec;
+  spec.argv = chown.argv;
+  spec.cwd = "/";
+  spec.timeout_ms = kSetupTimeoutMs;
+  auto owned = vms_.Exec(vm, spec, ExecIo{}, &chown.exec_id.emplace());
+  if (!owned.ok()) return stop(std::move(chown), owned.status().message());
+  Describe(*owned, chown);
+  if (!owned->Succeeded()) return stop(std::move(chown), agent::DescribeExec(owned->ToJson(), ""));
+  v.before.push_back(std::move(chown));
+
+  // 3. The caller's hook as it went in, as `user`; the tree's own never runs.
+  VerifyStep setup{.step = "setup", .user = user};
+  auto in_tree = manifest.find(ws::kSetupScript);
+  setup.tree_hook = in_tree == manifest.end()                        ? "none"
+                    : hook && in_tree->second.sha256 == hook->sha256 ? "unchanged"
+                                                                     : "changed";
+  if (!hook) {
+    setup.outcome = "none";
+    setup.what = std::string("no setup hook: the caller's workspace had no ") + ws::kSetupScript;
+    v.before.push_back(std::move(setup));
+    return true;
+  }
+  setup.what = std::string("the caller's ") + ws::kSetupScript + ", as it went into the run";
+  setup.argv = {"/bin/sh", kHookCopyPath};
+  setup.blob = hook->blob;
+  setup.sha256 = hook->sha256;
+  auto ran = workspaces_.RunHookAs(vm, *hook, user, kSetupTimeoutMs);
+  if (!ran.ok()) return stop(std::move(setup), ran.status().message());
+  Describe(ran->result, setup);
+  setup.exec_id = ran->exec_id;
+  setup.output_tail = agent::SanitizeUtf8(agent::CapTail(ran->output, kHookTailBytes));
+  if (!ran->result.Succeeded()) {
+    return stop(std::move(setup), agent::DescribeExec(ran->result.ToJson(), ""));
+  }
+  v.before.push_back(std::move(setup));
+  return true;
 }
 
 }  // namespace trybox::daemon

@@ -1,9 +1,13 @@
 // Supervisor: what happens when the sub-agent calls finish (docs/agent.md). The agent's
 // /workspace is collected and committed on trybox/<run-id>, its VM is destroyed, and the
 // verification command (the caller's, else the agent's) is re-run in a fresh VM built from
-// the collected tree: .trybox/setup.sh as root, then the command as the unprivileged account
-// `user`, with no capabilities and no_new_privs, so that nothing in the workspace can reach
-// the guest's control channel and forge the verdict (docs/security.md).
+// the collected tree. Nothing the agent wrote runs there with more privilege than the check:
+// tryboxd copies the tree in and hands it to the unprivileged account `user` (its own chown,
+// which follows no link), the caller's .trybox/setup.sh as it went into the run (read from
+// the host's record, never from the collected tree; none if it had none) runs as `user`,
+// then the command as `user`, with no capabilities and no_new_privs, so that nothing in the
+// workspace can reach the guest's control channel or run as root before the check, and
+// forge the verdict (docs/security.md). The report names each step that ran before it.
 //
 // Thread-safe; one Finish per run at a time (the runner's rule).
 #pragma once
@@ -41,9 +45,15 @@ class Supervisor {
   // (with state.files_note saying why) if it could not.
   bool CollectWork(const std::string& run_id, const std::string& vm_id, const std::string& into,
                    const std::string& what, RunState& state);
-  // The verification in a fresh VM from `tree`; fills `v`.
-  void Verify(const RunState& state, const std::string& tree,
+  // The verification in a fresh VM from `tree` (collected from the run's VM `run_vm`); fills
+  // `v`.
+  void Verify(const RunState& state, const std::string& run_vm, const std::string& tree,
               const std::shared_ptr<const egress::HeldSecrets>& secrets, Verification& v);
+  // What runs in the verification VM before the check, each step recorded in v.before: the
+  // tree copied in, /workspace handed to kVerifyUser, the caller's hook (if any) run as
+  // kVerifyUser. False (v.outcome "not_run", v.error naming the step) when one fails.
+  bool Prepare(VmEntry& vm, const std::string& tree, const workspace::Manifest& manifest,
+               const std::optional<CallerHook>& hook, Verification& v);
 
   VmService& vms_;
   WorkspaceService& workspaces_;

@@ -12,7 +12,8 @@ namespace {
 // soon as it is kept.
 constexpr size_t kLogChunk = 256 * 1024;
 
-Json ExecJson(const store::ExecRecord& e) {
+// An exec's record, with what its result is worth (`privileged`: its VM's).
+Json ExecJson(const store::ExecRecord& e, const std::optional<bool>& privileged) {
   const bool running = e.outcome == "running";
   const bool ended = e.ended_at > 0;
   const double end = ended ? e.ended_at : store::NowSeconds();
@@ -32,7 +33,14 @@ Json ExecJson(const store::ExecRecord& e) {
   if (e.exit_code) j["exit_code"] = *e.exit_code;
   if (e.signal) j["signal"] = *e.signal;
   if (!e.error.empty()) j["error"] = e.error;
+  AddPrivilegeFields(j, privileged);
   return j;
+}
+
+// The VM's privilege as recorded; unknown (treated as the guest's word) when it is not.
+std::optional<bool> PrivilegeOf(VmService& vms, const std::string& vm_id) {
+  auto vm = vms.Record(vm_id);
+  return vm.ok() ? vm->privileged : std::nullopt;
 }
 
 // A follower's client: its reset, END or loss stops the follow.
@@ -158,10 +166,11 @@ void AddTerminalVerbs(VerbTable& t, Services& s) {
         return;
       }
       auto now = s.vms.GetExec(req->exec);
-      (void)client.End({{"ok", true},
-                        {"offset", reached->first},
-                        {"stderr_offset", reached->second},
-                        {"exec", ExecJson(now.ok() ? *now : *rec)}});
+      (void)client.End(
+          {{"ok", true},
+           {"offset", reached->first},
+           {"stderr_offset", reached->second},
+           {"exec", ExecJson(now.ok() ? *now : *rec, PrivilegeOf(s.vms, rec->vm_id))}});
       return;
     }
     auto offset = SendLog(client, **log, req->stderr ? ExecLog::kStderr : ExecLog::kStdout,
@@ -172,17 +181,21 @@ void AddTerminalVerbs(VerbTable& t, Services& s) {
     }
     // The record as of now: a follow ends after the exec's row was finished.
     auto now = s.vms.GetExec(req->exec);
-    (void)client.End(
-        {{"ok", true}, {"offset", *offset}, {"exec", ExecJson(now.ok() ? *now : *rec)}});
+    (void)client.End({{"ok", true},
+                      {"offset", *offset},
+                      {"exec", ExecJson(now.ok() ? *now : *rec, PrivilegeOf(s.vms, rec->vm_id))}});
   });
   t.AddUnary("ps", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseVmRequest(j);
     if (!req.ok()) return ErrorReply(req.status());
     auto execs = s.vms.Execs(req->vm);
     if (!execs.ok()) return ErrorReply(execs.status());
+    const std::optional<bool> privileged = PrivilegeOf(s.vms, req->vm);
     Json list = Json::array();
-    for (const auto& e : *execs) list.push_back(ExecJson(e));
-    return {{"ok", true}, {"vm", req->vm}, {"execs", list}};
+    for (const auto& e : *execs) list.push_back(ExecJson(e, privileged));
+    Json reply = {{"ok", true}, {"vm", req->vm}, {"execs", list}};
+    AddPrivilegeFields(reply, privileged);
+    return reply;
   });
   t.AddUnary("kill", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseKill(j);

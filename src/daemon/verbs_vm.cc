@@ -15,33 +15,36 @@ Json CreatedJson(const CreatedVm& c) {
   egress["max_tunnels"] = e.egress()->slots.max();
   egress["qemu_netns"] = cfg.netns;
   egress["qemu_uid"] = cfg.qemu_uid ? Json(*cfg.qemu_uid) : Json(nullptr);
-  return {{"ok", true},
-          {"vm",
-           {{"id", e.id()},
-            {"image", rec.image},
-            {"accel", cfg.accel},
-            {"memory_mib", rec.memory_mib},
-            {"cpus", rec.cpus},
-            {"boot_ms", c.boot_ms},
-            {"boot_id", e.vm().boot_id()},
-            {"phases_ms", e.vm().phases()},
-            {"start", c.start},
-            {"privileged", e.privileged()},
-            {"egress", egress}}}};
+  Json created = {{"ok", true},
+                  {"vm",
+                   {{"id", e.id()},
+                    {"image", rec.image},
+                    {"accel", cfg.accel},
+                    {"memory_mib", rec.memory_mib},
+                    {"cpus", rec.cpus},
+                    {"boot_ms", c.boot_ms},
+                    {"boot_id", e.vm().boot_id()},
+                    {"phases_ms", e.vm().phases()},
+                    {"start", c.start},
+                    {"egress", egress}}}};
+  AddPrivilegeFields(created["vm"], e.privileged());
+  return created;
 }
 
 Json VmJson(const store::VmRecord& r, const store::ExecCount& execs) {
-  return {{"id", r.id},
-          {"image", r.image},
-          {"state", r.state},
-          {"note", r.note},
-          {"accel", r.accel},
-          {"memory_mib", r.memory_mib},
-          {"cpus", r.cpus},
-          {"pid", r.pid},
-          {"created_at", r.created_at},
-          {"execs", execs.total},
-          {"running_execs", execs.running}};
+  Json v = {{"id", r.id},
+            {"image", r.image},
+            {"state", r.state},
+            {"note", r.note},
+            {"accel", r.accel},
+            {"memory_mib", r.memory_mib},
+            {"cpus", r.cpus},
+            {"pid", r.pid},
+            {"created_at", r.created_at},
+            {"execs", execs.total},
+            {"running_execs", execs.running}};
+  AddPrivilegeFields(v, r.privileged);
+  return v;
 }
 
 Json Doctor(Services& s, bool probe) {
@@ -136,6 +139,7 @@ void AddVmVerbs(VerbTable& t, Services& s) {
       }
       Json reply = {{"ok", true}, {"exec_id", d->exec_id}};
       if (d->ended) reply["result"] = d->ended->ToJson();
+      AddPrivilegeFields(reply, (*vm)->privileged());
       (void)client.End(reply);
       return;
     }
@@ -149,6 +153,7 @@ void AddVmVerbs(VerbTable& t, Services& s) {
     }
     Json reply = {{"ok", true}, {"result", result->ToJson()}};
     if (exec_id > 0) reply["exec_id"] = exec_id;
+    AddPrivilegeFields(reply, (*vm)->privileged());
     (void)client.End(reply);
   });
   t.AddStreaming("put", [&s](channel::Stream& client, const Json& j, Connection&) {

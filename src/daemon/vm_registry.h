@@ -24,13 +24,14 @@ namespace trybox::daemon {
 class VmEntry : public GuestChannel, private TransferDiskPort {
  public:
   // `disk_transfers`: bulk data may use the VM's transfer disk (when its guest has one).
+  // `record.privileged` says whether its commands keep every capability.
   VmEntry(std::unique_ptr<vmm::Vm> vm, UidLease uid, std::shared_ptr<EgressVm> egress,
-          store::VmRecord record, bool privileged, bool disk_transfers = true)
+          store::VmRecord record, bool disk_transfers = true)
       : vm_(std::move(vm)),
         uid_(std::move(uid)),
         egress_(std::move(egress)),
         id_(record.id),
-        privileged_(privileged),
+        privileged_(record.privileged.value_or(false)),
         disk_transfers_(disk_transfers),
         record_(std::move(record)) {}
 

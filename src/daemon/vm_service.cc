@@ -98,6 +98,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   rec.cpus = req.cpus;
   rec.dir = cfg.vm_dir;
   rec.created_at = store::NowSeconds();
+  rec.privileged = req.privileged;
   CreatedVm out;
   out.start = launched->start;
   out.boot_ms = launched->vm->boot_ms();
@@ -108,7 +109,7 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   }
   launched->vm->SetGuestOpen(egress_.GuestHandler(cfg.id, *eg));
   out.entry = std::make_shared<VmEntry>(std::move(launched->vm), std::move(launched->uid), *eg, rec,
-                                        req.privileged, disk_transfers_);
+                                        disk_transfers_);
   std::map<std::string, std::string> env = manifest.env;
   if ((*eg)->policy()->model_route) {
     env["TRYBOX_MODEL_URL"] = std::string("http://") + egress::kModelHost;
@@ -362,6 +363,13 @@ Result<DetachedExec> VmService::ExecDetached(std::shared_ptr<VmEntry> vm, const 
   return out;
 }
 
+Result<store::VmRecord> VmService::Record(const std::string& id) {
+  RETURN_IF_ERROR(ValidateName("VM id", id));
+  ASSIGN_OR_RETURN(auto vm, store_.GetVm(id));
+  if (!vm) return NotFound("no VM with id " + QuoteForMessage(id));
+  return *vm;
+}
+
 Result<store::ExecRecord> VmService::GetExec(int64_t exec_id) {
   ASSIGN_OR_RETURN(auto rec, store_.GetExec(exec_id));
   if (!rec) return NotFound("no exec with id " + std::to_string(exec_id));
@@ -417,13 +425,11 @@ Status VmService::ResizeExec(int64_t exec_id, TermSize size) {
 }
 
 Result<std::vector<store::ExecRecord>> VmService::Execs(const std::string& vm_id) {
-  RETURN_IF_ERROR(ValidateName("VM id", vm_id));
-  ASSIGN_OR_RETURN(auto vm, store_.GetVm(vm_id));
-  if (!vm) return NotFound("no VM with id " + QuoteForMessage(vm_id));
+  ASSIGN_OR_RETURN(store::VmRecord vm, Record(vm_id));
   ASSIGN_OR_RETURN(auto execs, store_.ListExecs(vm_id));
   for (auto& e : execs) {
     if (e.outcome != "running") continue;
-    if (vm->state != "running" && !running_.Running(e.id)) {
+    if (vm.state != "running" && !running_.Running(e.id)) {
       // Still "running" in the record, which stays as it is (nobody saw the end: a daemon
       // died before it); shown for what it is.
       e.outcome = "unknown";

@@ -85,6 +85,8 @@ class VmService {
   Result<std::shared_ptr<VmEntry>> GetLive(const std::string& id);
   // The running VMs' records (deaths noticed on the way).
   std::vector<store::VmRecord> List();
+  // A VM's record, running or not, until it is pruned; kNotFound naming it otherwise.
+  Result<store::VmRecord> Record(const std::string& id);
 
   // Runs and records one exec, its output kept (io.sink is set here). An error Status when
   // it could not be recorded, or when the VM is unresponsive or paused (nothing ran). A VM

@@ -104,4 +104,9 @@ Result<std::map<std::string, std::string>> Fields::StringMap(const char* key) co
   return out;
 }
 
+void AddPrivilegeFields(Json& j, const std::optional<bool>& privileged) {
+  j["privileged"] = privileged ? Json(*privileged) : Json(nullptr);
+  j["trust"] = privileged == false ? "init" : "guest_word";
+}
+
 }  // namespace trybox::daemon

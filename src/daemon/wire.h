@@ -57,4 +57,12 @@ class Fields {
 // The value of an integer JSON number in [lo, hi], or nullopt (wrong type, fraction, range).
 std::optional<int64_t> IntIn(const Json& v, int64_t lo, int64_t hi);
 
+// The fields every listed VM and every exec result carries (docs/security.md, "Which facts
+// are trustworthy"): "privileged", whether the VM was created --privileged (null when its
+// record predates the store keeping it), and "trust", what its results are worth:
+// "init" (trybox-init's report, which no command of an unprivileged VM can reach) or
+// "guest_word" (a privileged VM, or one not known not to be: any command in it could have
+// written the result).
+void AddPrivilegeFields(Json& j, const std::optional<bool>& privileged);
+
 }  // namespace trybox::daemon

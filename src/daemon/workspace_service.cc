@@ -5,6 +5,7 @@
 #include "daemon/workspace_disk.h"
 #include "util/fd.h"
 #include "util/names.h"
+#include "util/sha256.h"
 #include "util/utf8.h"
 #include "workspace/git.h"
 #include "workspace/tar.h"
@@ -151,22 +152,63 @@ Result<std::optional<SetupOutcome>> WorkspaceService::RunSetup(VmEntry& vm,
   auto hook = manifest.find(ws::kSetupScript);
   // A symlinked hook could point anywhere in the guest; it is not the project's file.
   if (hook == manifest.end() || hook->second.symlink) return std::optional<SetupOutcome>();
-  ExecSpec spec;
-  spec.argv = {"/bin/sh", std::string(ws::kGuestPath) + "/" + ws::kSetupScript};
-  spec.cwd = ws::kGuestPath;
-  spec.timeout_ms = timeout_ms;
-  spec.privileged = vm.privileged();
-  SetupOutcome out;
-  ExecIo io;
-  io.client = client;
-  io.capture = &out.output;
-  ASSIGN_OR_RETURN(out.result, vms_.Exec(vm, spec, io, &out.exec_id));
+  ASSIGN_OR_RETURN(
+      SetupOutcome out,
+      ExecHook(vm, std::string(ws::kGuestPath) + "/" + ws::kSetupScript, "", timeout_ms, client));
   if (record) {
     (void)store_.SetWorkspaceSetup(
         vm.id(), out.exec_id ? std::optional<int>(static_cast<int>(out.exec_id)) : std::nullopt,
         out.output);
   }
   return std::optional<SetupOutcome>(std::move(out));
+}
+
+Result<SetupOutcome> WorkspaceService::ExecHook(VmEntry& vm, const std::string& script,
+                                                const std::string& user, int64_t timeout_ms,
+                                                channel::Stream* client) {
+  ExecSpec spec;
+  spec.argv = {"/bin/sh", script};
+  spec.cwd = ws::kGuestPath;
+  spec.timeout_ms = timeout_ms;
+  spec.user = user;
+  spec.privileged = user.empty() && vm.privileged();
+  SetupOutcome out;
+  ExecIo io;
+  io.client = client;
+  io.capture = &out.output;
+  ASSIGN_OR_RETURN(out.result, vms_.Exec(vm, spec, io, &out.exec_id));
+  return out;
+}
+
+Result<std::optional<CallerHook>> WorkspaceService::InjectedHook(const std::string& vm_id) {
+  ASSIGN_OR_RETURN(auto w, store_.GetWorkspace(vm_id));
+  if (!w) return NotFound("VM " + vm_id + " has no workspace record");
+  ASSIGN_OR_RETURN(ws::Manifest manifest, ws::ManifestFromJson(w->manifest));
+  auto it = manifest.find(ws::kSetupScript);
+  if (it == manifest.end() || it->second.symlink) return std::optional<CallerHook>();
+  const ws::Entry& e = it->second;
+  const std::string what = std::string("the caller's ") + ws::kSetupScript;
+  if (e.blob.empty()) return Internal(what + " has no blob id in the workspace record");
+  ASSIGN_OR_RETURN(ws::GitRepo repo, ws::GitRepo::Open(w->dir));
+  auto content = repo.Run({"cat-file", "blob", e.blob});
+  if (!content.ok()) {
+    return content.status().Annotate("read " + what + " (blob " + e.blob + ") from " + w->dir);
+  }
+  if (Sha256Hex(*content) != e.sha256) {
+    return FailedPrecondition("blob " + e.blob + " in " + w->dir + " is not the " + what +
+                              " that went into VM " + vm_id + " (its SHA-256 differs)");
+  }
+  return std::optional<CallerHook>(CallerHook{std::move(*content), e.blob, e.sha256});
+}
+
+Result<SetupOutcome> WorkspaceService::RunHookAs(VmEntry& vm, const CallerHook& hook,
+                                                 const std::string& user, int64_t timeout_ms) {
+  if (user.empty() || user == "root") {
+    return InvalidArgument("a hook run in someone else's tree never runs as root");
+  }
+  Status st = WriteFile(vm, kHookCopyPath, hook.content, 0644, true);
+  if (!st.ok()) return st.Annotate(std::string("copy the caller's hook to ") + kHookCopyPath);
+  return ExecHook(vm, kHookCopyPath, user, timeout_ms, nullptr);
 }
 
 Result<InjectOutcome> WorkspaceService::WorkspaceIn(VmEntry& vm, const WorkspaceInRequest& req,

@@ -24,6 +24,18 @@ struct SetupOutcome {
   std::string output;  // its tail
 };
 
+// The caller's .trybox/setup.sh as it went into a VM, read back from the host's own record
+// (WorkspaceService::InjectedHook).
+struct CallerHook {
+  std::string content;
+  std::string blob;    // its git blob id in the workspace's repository
+  std::string sha256;  // of the content, as the daemon took it at inject time
+};
+
+// Where the verification VM gets its copy of the caller's hook: root's, outside /workspace,
+// so nothing in the collected tree stands in for it.
+inline constexpr const char* kHookCopyPath = "/run/trybox/setup.sh";
+
 // How a workspace tree moved (the replies' "transfer"): the ext4 on the VM's workspace disk,
 // a tar through its transfer disk, or a tar through the control channel.
 inline constexpr const char* kTransferWorkspaceDisk = "workspace_disk";
@@ -83,11 +95,21 @@ class WorkspaceService {
                   const workspace::Quota& quota, const char** transfer = nullptr,
                   bool written = false);
   // Runs the project's .trybox/setup.sh (if `manifest` has one that is not a symlink) in
-  // /workspace, as root. nullopt when there is none. With `record`, its output is kept with
-  // the workspace record.
+  // /workspace, as root: the caller's own tree, just copied in, before anything else ran.
+  // nullopt when there is none. With `record`, its output is kept with the workspace record.
   Result<std::optional<SetupOutcome>> RunSetup(VmEntry& vm, const workspace::Manifest& manifest,
                                                int64_t timeout_ms, channel::Stream* client,
                                                bool record);
+  // The setup hook of the workspace injected into VM `vm_id` (which may be destroyed), read
+  // from the host's own record: the manifest entry the daemon wrote at inject time, the
+  // bytes from the repository's object store by that entry's blob id, checked against the
+  // SHA-256 the daemon took then. Never from a tree a guest gave back. nullopt when the
+  // workspace had none (or only a symlink, which never runs).
+  Result<std::optional<CallerHook>> InjectedHook(const std::string& vm_id);
+  // Runs `hook` in /workspace of `vm` as the account `user` (never root: the tree it runs in
+  // may be anyone's), from a copy at kHookCopyPath.
+  Result<SetupOutcome> RunHookAs(VmEntry& vm, const CallerHook& hook, const std::string& user,
+                                 int64_t timeout_ms);
   Result<CollectOutcome> Collect(VmEntry& vm, const CollectOptions& opts);
   // The newest collect of a VM (which may be destroyed); NOT_FOUND naming what to do.
   Result<store::CollectRecord> LatestCollect(const std::string& vm_id);
@@ -97,6 +119,11 @@ class WorkspaceService {
   Result<Json> Patch(const std::string& vm_id, size_t max_bytes);
 
  private:
+  // `/bin/sh SCRIPT` in /workspace as `user` ("" = root, privileged in a privileged VM), its
+  // output to `client` as it comes and its tail kept.
+  Result<SetupOutcome> ExecHook(VmEntry& vm, const std::string& script, const std::string& user,
+                                int64_t timeout_ms, channel::Stream* client);
+
   store::Store& store_;
   VmService& vms_;
   const std::string state_dir_;

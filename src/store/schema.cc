@@ -175,17 +175,31 @@ Status SchemaV4(sqlite3* db) {
   return ExecSql(db, "ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT 'sandboxes'");
 }
 
+// Version 5: whether a VM was created --privileged (docs/security.md): its results are the
+// guest's word, and listings say so. Rows recorded before it hold NULL: the daemon never
+// kept the fact, so it is unknown, not "no".
+Status SchemaV5(sqlite3* db) {
+  Status st;
+  const bool present = HasColumn(db, "vms", "privileged", &st);
+  RETURN_IF_ERROR(st);
+  if (present) return Status::Ok();
+  return ExecSql(db, "ALTER TABLE vms ADD COLUMN privileged INTEGER");
+}
+
 struct Migration {
   int version;  // user_version once applied
   Status (*apply)(sqlite3*);
 };
-// Append only: a step, once released, is never changed (a store may have run it).
+// Append only: a step, once released, is never changed (a store may have run it). One a line.
+// clang-format off
 constexpr Migration kMigrations[] = {
     {1, SchemaV1},
     {2, SchemaV2},
     {3, SchemaV3},
     {4, SchemaV4},
+    {5, SchemaV5},
 };
+// clang-format on
 
 std::string WhatToDo(const std::string& path) {
   return ". tryboxd does not start on it, so that no history is silently lost or written "

@@ -36,12 +36,17 @@ VmRecord ReadVm(Stmt& s) {
   v.created_at = s.Double(9);
   v.ended_at = s.Double(10);
   v.note = s.Text(11);
+  if (auto p = s.OptInt(12)) {
+    v.privileged = *p != 0;
+  } else {
+    v.privileged.reset();
+  }
   return v;
 }
 
 constexpr const char* kVmColumns =
     "id, image, image_sha256, state, pid, accel, memory_mib, cpus, dir, created_at, ended_at, "
-    "note";
+    "note, privileged";
 
 }  // namespace
 
@@ -82,11 +87,12 @@ Status Store::InsertVm(const VmRecord& v) {
   MutexLock lock(mu_);
   Stmt s(db_,
          "INSERT INTO vms (id, image, image_sha256, state, pid, accel, memory_mib, cpus, dir, "
-         "created_at, ended_at, note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
+         "created_at, ended_at, note, privileged) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, v.id).Bind(2, v.image).Bind(3, v.image_sha256).Bind(4, v.state).Bind(5, v.pid);
   s.Bind(6, v.accel).Bind(7, int64_t{v.memory_mib}).Bind(8, int64_t{v.cpus}).Bind(9, v.dir);
   s.Bind(10, v.created_at).Bind(11, v.ended_at).Bind(12, v.note);
+  s.Bind(13, v.privileged ? std::optional<int>(*v.privileged ? 1 : 0) : std::nullopt);
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
   return Status::Ok();

@@ -36,6 +36,10 @@ struct VmRecord {
   double created_at = 0;
   double ended_at = 0;
   std::string note;  // why it died, or the destroy report (JSON)
+  // Created --privileged: its commands kept every capability, including those that reach
+  // the guest's control channel, so everything it reported is the guest's word. nullopt for
+  // a VM recorded before the store kept it (schema version 5): unknown, never "no".
+  std::optional<bool> privileged = false;
 };
 
 struct ExecRecord {

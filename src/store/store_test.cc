@@ -59,6 +59,23 @@ TEST_F(StoreTest, VmLifecycleIsRecorded) {
   EXPECT_FALSE(none->has_value());
 }
 
+// Issue 41.5: whether a VM was created --privileged is part of its record.
+TEST_F(StoreTest, PrivilegedIsRecordedAndReadBack) {
+  VmRecord priv = Vm("priv");
+  priv.privileged = true;
+  ASSERT_TRUE(store_->InsertVm(priv).ok());
+  ASSERT_TRUE(store_->InsertVm(Vm("plain")).ok());
+  auto p = store_->GetVm("priv");
+  ASSERT_TRUE(p.ok() && p->has_value());
+  EXPECT_EQ((*p)->privileged, std::optional<bool>(true));
+  auto listed = store_->ListVms({});
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 2u);
+  for (const auto& v : *listed) {
+    EXPECT_EQ(v.privileged, std::optional<bool>(v.id == "priv")) << v.id;
+  }
+}
+
 TEST_F(StoreTest, ListFiltersByState) {
   ASSERT_TRUE(store_->InsertVm(Vm("a1")).ok());
   ASSERT_TRUE(store_->InsertVm(Vm("a2")).ok());
@@ -341,6 +358,10 @@ TEST(StoreMigrationTest, DatabaseOfAnEarlierVersionGainsTheNewColumns) {
   next.changes = Json::array({{{"change", "added"}, {"path", "b\\xff"}, {"path_b64", "Yv8="}}});
   ASSERT_TRUE((*s)->InsertCollect(next).ok());
   EXPECT_EQ((*s)->LatestCollect("old")->value().changes[0]["path_b64"], "Yv8=");
+  // A VM recorded before the store kept --privileged: not known, never "no" (issue 41.5).
+  auto old_vm = (*s)->GetVm("old");
+  ASSERT_TRUE(old_vm.ok() && old_vm->has_value());
+  EXPECT_FALSE((*old_vm)->privileged.has_value());
   // Opening again finds nothing left to add.
   s->reset();
   EXPECT_TRUE(Store::Open(path).ok());

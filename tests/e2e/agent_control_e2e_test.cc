@@ -71,7 +71,8 @@ class AgentControlE2E : public AgentFixture {
     }
   };
 
-  Running Start(const std::vector<std::string>& args) {
+  // `env`: NAME=VALUE entries that replace the harness's.
+  Running Start(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
     Running r;
     r.out_path = tmp_->path() + "/cli-" + std::to_string(++started_) + ".out";
     auto out = OpenFile(r.out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -83,6 +84,11 @@ class AgentControlE2E : public AgentFixture {
     so.argv = {BinDir() + "/trybox"};
     so.argv.insert(so.argv.end(), args.begin(), args.end());
     so.env = h_->Env();
+    for (const auto& kv : env) {
+      const std::string name = kv.substr(0, kv.find('=') + 1);
+      std::erase_if(*so.env, [&](const std::string& e) { return e.rfind(name, 0) == 0; });
+      so.env->push_back(kv);
+    }
     so.stdout_fd = out->get();
     so.stderr_fd = wr.get();
     auto c = ChildProcess::Spawn(so);
@@ -335,6 +341,41 @@ TEST_F(AgentControlE2E, AWorkspaceThatTriesToForgeItsVerificationIsNotVerified) 
             std::string::npos)
       << r["verification"].dump(2);
   EXPECT_EQ(r["claim"]["status"], "contradicted");
+}
+
+// Issue 41.7: a caller that leaves (here Ctrl-C) while the daemon probes a model that never
+// answers. The probe's trybox-agent is killed and reaped and its request dropped, so a model
+// server that answers one request at a time (Ollama's default) is free at once: the next run
+// of the same model is probed and finishes instead of waiting behind the hung request (for
+// its 300 s timeout, before the fix).
+TEST_F(AgentControlE2E, ACallerLeavingDuringTheProbeEndsItAndTheNextRunDoesNotWaitBehindIt) {
+  auto server = FakeModelServer::Start({.one_at_a_time = true});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  FakeModelServer& serial = **server;
+  const std::vector<std::string> env = {"OPENAI_BASE_URL=" + serial.openai_base_url()};
+  const std::vector<std::string> args = {"agent",     "--image", "debian-12", "--model",
+                                         ModelName(), "--json",  "a task"};
+  serial.Push({{"hang", true}});
+  Running first = Start(args, env);
+  ASSERT_TRUE(serial.WaitForRequests(1, std::chrono::seconds(120))) << "no probe arrived";
+  EXPECT_EQ(AgentPids().size(), 1u) << "the probe runs in a trybox-agent of its own";
+  ASSERT_EQ(first.child.Signal(SIGINT).code(), Code::kOk);
+  std::string out;
+  EXPECT_EQ(first.Finish(&out), 130);
+  // The daemon dropped the request (the server saw its client leave) once the process that
+  // asked for it was killed and reaped.
+  ASSERT_TRUE(serial.WaitForHangsEnded(1, std::chrono::seconds(60)))
+      << "the hung probe's request is still open";
+  EXPECT_TRUE(AgentPids().empty());
+
+  // The same model again: its probe is answered at once, and the run finishes.
+  serial.Push({{"text", "ok"}});
+  serial.Push(Turn({Call("finish", {{"summary", "nothing to do"}})}));
+  Running second = Start(args, env);
+  EXPECT_EQ(second.Finish(&out), 2) << second.err_seen << out;  // DONE, UNVERIFIED
+  EXPECT_EQ(Json::parse(out, nullptr, false).value("outcome", ""), "DONE") << out;
+  EXPECT_EQ(serial.requests().size(), 3u);
+  EXPECT_EQ(serial.steps_left(), 0u);
 }
 
 }  // namespace

@@ -5,10 +5,12 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -284,6 +286,21 @@ size_t FakeModelServer::connections() const {
   return connections_;
 }
 
+size_t FakeModelServer::hangs_ended() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hangs_ended_;
+}
+
+bool FakeModelServer::WaitForRequests(size_t n, std::chrono::milliseconds limit) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_cv_.wait_for(lock, limit, [&] { return requests_.size() >= n; });
+}
+
+bool FakeModelServer::WaitForHangsEnded(size_t n, std::chrono::milliseconds limit) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_cv_.wait_for(lock, limit, [&] { return hangs_ended_ >= n; });
+}
+
 std::optional<Json> FakeModelServer::Pop() {
   std::lock_guard<std::mutex> lock(mu_);
   if (script_.empty()) return std::nullopt;
@@ -293,8 +310,24 @@ std::optional<Json> FakeModelServer::Pop() {
 }
 
 void FakeModelServer::Record(Recorded r) {
-  std::lock_guard<std::mutex> lock(mu_);
-  requests_.push_back(std::move(r));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.push_back(std::move(r));
+  }
+  changed_cv_.notify_all();
+}
+
+void FakeModelServer::Hang(int fd) {
+  // Readable at the client's close (EOF), or when the destructor shuts the socket down.
+  struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    ++hangs_ended_;
+  }
+  changed_cv_.notify_all();
 }
 
 void FakeModelServer::Delay(int64_t ms) {
@@ -476,6 +509,8 @@ void FakeModelServer::ServeConnection(UniqueFd fd) {
       Json request = rec.body;
       Record(std::move(rec));
 
+      std::unique_lock<std::mutex> turn;
+      if (options_.one_at_a_time) turn = std::unique_lock<std::mutex>(turn_mu_);
       Response resp;
       int id;
       {
@@ -492,6 +527,9 @@ void FakeModelServer::ServeConnection(UniqueFd fd) {
         resp = ErrorReply(anthropic, 500, {{"message", "fake model: script exhausted"}});
       } else if (!step->is_object()) {
         resp = ErrorReply(anthropic, 500, {{"message", "fake model: a step is not an object"}});
+      } else if (step->value("hang", false)) {
+        Hang(fd.get());
+        break;  // the client has gone (or the server stops): nothing is answered
       } else {
         if (step->contains("delay_ms")) Delay((*step)["delay_ms"].get<int64_t>());
         std::string want = step->value("expect_key", "");

@@ -19,12 +19,15 @@
 //   omit_usage      true: the reply carries no usage object
 //   delay_ms        wait this long before answering
 //   expect_key      answer 401 unless the request carried this API key
+//   hang            true: never answer; the request is held until its client closes the
+//                   connection (counted by hangs_ended()) or the server stops
 // With the script empty it answers 500 "fake model: script exhausted", so a test that
 // scripts too few steps fails loudly. Connections are kept alive unless the client sends
 // "Connection: close". Start() ignores SIGPIPE in the process. Thread-safe: the server runs on its
 // own threads; every public method may be called from any thread.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,6 +54,10 @@ class FakeModelServer {
   struct Options {
     bool tls = false;   // serve HTTPS with a fresh self-signed certificate for 127.0.0.1
     uint16_t port = 0;  // 0: any free port
+    // Answer one request at a time, in turn, as Ollama (OLLAMA_NUM_PARALLEL=1) and
+    // llama.cpp's server with one slot do: a request waits while another is answered or
+    // held, until that one is answered or its client has gone.
+    bool one_at_a_time = false;
   };
 
   struct Recorded {
@@ -78,6 +85,11 @@ class FakeModelServer {
   size_t steps_left() const;
   std::vector<Recorded> requests() const;
   size_t connections() const;  // accepted so far
+  // Held ("hang") requests whose client closed the connection.
+  size_t hangs_ended() const;
+  // Wait until `requests().size()` / `hangs_ended()` reaches `n`, or `limit` passes (false).
+  bool WaitForRequests(size_t n, std::chrono::milliseconds limit) const;
+  bool WaitForHangsEnded(size_t n, std::chrono::milliseconds limit) const;
 
  private:
   class Impl;
@@ -89,6 +101,8 @@ class FakeModelServer {
   void Record(Recorded r);
   // Sleeps for `ms` unless the server is stopping.
   void Delay(int64_t ms);
+  // Holds a "hang" request until its client closes `fd` (or the server shuts it down).
+  void Hang(int fd);
 
   const Options options_;
   TcpListener listener_;
@@ -97,12 +111,15 @@ class FakeModelServer {
 
   mutable std::mutex mu_;
   std::condition_variable stop_cv_;
+  mutable std::condition_variable changed_cv_;  // a request recorded, a hang ended
+  std::mutex turn_mu_;                          // one_at_a_time: the request being answered
   bool stopping_ GUARDED_BY(mu_) = false;
   std::deque<Json> script_ GUARDED_BY(mu_);
   std::vector<Recorded> requests_ GUARDED_BY(mu_);
   std::vector<int> open_fds_ GUARDED_BY(mu_);  // to shut down at destruction
   std::vector<std::thread> conn_threads_ GUARDED_BY(mu_);
   size_t connections_ GUARDED_BY(mu_) = 0;
+  size_t hangs_ended_ GUARDED_BY(mu_) = 0;
   int next_id_ GUARDED_BY(mu_) = 0;
   std::thread accept_thread_;
 };
