@@ -119,7 +119,7 @@ int RunChild(void* arg) {
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   if (opts.die_with_parent) {
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) ChildFail(ep, 9);
+    if (::prctl(PR_SET_PDEATHSIG, opts.death_signal) != 0) ChildFail(ep, 9);
     if (::getppid() != p.parent) ::_exit(127);  // the parent died before the line above
   }
   const size_t nkeep = opts.keep_fds.size();

@@ -3,6 +3,7 @@
 // by accident; call Wait() for an orderly end.
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -49,10 +50,12 @@ struct SpawnOptions {
   // The child's nice value, set before exec so that every thread it starts inherits it
   // (0: left as ours).
   int nice = 0;
-  // The child gets SIGKILL when the thread that spawned it ends (PR_SET_PDEATHSIG), so a
-  // killed parent leaves no orphan still writing: for helpers whose output only the parent
-  // can use, run by a thread that waits for them.
+  // The child gets `death_signal` when the thread that spawned it ends (PR_SET_PDEATHSIG),
+  // so a killed parent leaves no orphan still writing: for helpers whose output only the
+  // parent can use, run by a thread that waits for them. SIGKILL by default; SIGTERM for a
+  // child that must clean up after itself (a test's daemon, which then destroys its VMs).
   bool die_with_parent = false;
+  int death_signal = SIGKILL;
 };
 
 class ChildProcess {

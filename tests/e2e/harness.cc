@@ -33,6 +33,15 @@ std::string Sha256OfFile(const std::string& path) {
 namespace {
 // Remembers a live harness for the atexit clean-up (below).
 void Register(Harness* h);
+
+// Every program that links the harness (the e2e suites, the benches) ignores SIGPIPE from
+// its first instruction: a CLI that refused its arguments and exited before the harness fed
+// its standard input, or a peer that closed a socket a test origin still writes to, is then
+// EPIPE on that write, never a signal that kills the whole suite (TerminalE2E died so).
+const bool kSigpipeIgnored = [] {
+  ::signal(SIGPIPE, SIG_IGN);
+  return true;
+}();
 }  // namespace
 
 Result<std::unique_ptr<Harness>> Harness::Start(std::vector<std::string> extra_env) {
@@ -69,6 +78,11 @@ Status Harness::SpawnDaemon() {
   o.env = Env();
   o.stdout_fd = log->get();
   o.stderr_fd = log->get();
+  // A test process killed outright (ctest's timeout, SIGKILL) runs no destructor and no
+  // atexit handler: the daemon then gets SIGTERM, on which it destroys its VMs and spares
+  // and exits, so neither it nor a QEMU of its outlives the test.
+  o.die_with_parent = true;
+  o.death_signal = SIGTERM;
   ASSIGN_OR_RETURN(daemon_, ChildProcess::Spawn(o));
   for (int i = 0; i < 1000; ++i) {
     if (ConnectUnix(socket()).ok()) return Status::Ok();
@@ -232,7 +246,9 @@ Status Harness::WaitForSparePoolIdle(std::chrono::seconds limit) const {
   }
 }
 
-std::vector<pid_t> Harness::QemuPids() const {
+std::vector<pid_t> Harness::QemuPids() const { return QemuPidsOfHome(home_); }
+
+std::vector<pid_t> QemuPidsOfHome(const std::string& home) {
   std::vector<pid_t> pids;
   DIR* d = ::opendir("/proc");
   if (!d) return pids;
@@ -244,8 +260,8 @@ std::vector<pid_t> Harness::QemuPids() const {
     // A sandboxed QEMU names its directories as /proc/self/fd/N; its environment says where
     // they are (TRYBOX_VM_DIR).
     std::string env = ReadFileToString("/proc/" + std::to_string(pid) + "/environ").value_or("");
-    if (cmd.find(home_) != std::string::npos ||
-        env.find("TRYBOX_VM_DIR=" + home_) != std::string::npos) {
+    if (cmd.find(home) != std::string::npos ||
+        env.find("TRYBOX_VM_DIR=" + home) != std::string::npos) {
       pids.push_back(pid);
     }
   }

@@ -79,6 +79,8 @@ CliResult RunProgram(const std::vector<std::string>& argv, const std::vector<std
                      const std::string& stdin_data = "");
 
 std::string BinDir();
+// PIDs of trybox QEMU processes whose command line or TRYBOX_VM_DIR names `home`.
+std::vector<pid_t> QemuPidsOfHome(const std::string& home);
 std::string Sha256OfFile(const std::string& path);
 
 // The fixture of a suite whose tests share one daemon under its own TRYBOX_HOME, started
