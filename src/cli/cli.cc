@@ -644,7 +644,7 @@ int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out
   for (const auto& id : ids) {
     auto r = client.Call({{"verb", "destroy"}, {"vm", id}});
     if (!r.ok()) {
-      err << "trybox: " << r.status().message() << "\n";
+      err << "trybox: " << OneLine(r.status().message()) << "\n";
       rc = 1;
       continue;
     }
@@ -713,8 +713,8 @@ Result<std::string> ApprovalLine(const ReplyView& a, double now) {
            agent::InlineQuote(reason, 200) + " (trybox approve|deny " + OneLine(run) + ")";
   } else {
     ASSIGN_OR_RETURN(std::string question, a.StringOr("question", ""));
-    what =
-        "question " + agent::InlineQuote(question, 200) + " (trybox agent answer " + OneLine(run) + " TEXT)";
+    what = "question " + agent::InlineQuote(question, 200) + " (trybox agent answer " +
+           OneLine(run) + " TEXT)";
   }
   if (state != "pending") {
     ASSIGN_OR_RETURN(std::string why, a.StringOr("why", ""));
@@ -1417,7 +1417,8 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
     }
     auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});
     if (!r.ok()) {
-      err << "trybox: could not destroy VM " << *id << ": " << r.status().message() << "\n";
+      err << "trybox: could not destroy VM " << *id << ": " << OneLine(r.status().message())
+          << "\n";
       if (code == 0) code = kTryboxFailed;
     }
     return code;

@@ -136,8 +136,7 @@ int CmdPs(Client& client, const std::string& vm, bool json) {
     if (e.contains("signal")) exit = "sig " + std::to_string(IntOr(e, "signal", -1));
     std::printf(
         "%-7lld %-12s %-6s %-9s %s\n", static_cast<long long>(IntOr(e, "id", 0)),
-        OneLine(state).c_str(),
-        exit.c_str(),
+        OneLine(state).c_str(), exit.c_str(),
         IntOr(e, "duration_ms", -1) < 0 ? "-" : Duration(IntOr(e, "duration_ms", 0)).c_str(),
         CommandLine(e.is_object() && e.contains("argv") ? e["argv"] : Json(), 60).c_str());
   }

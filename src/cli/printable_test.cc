@@ -19,7 +19,8 @@ using testing::Home;
 
 // Erases the line, sets the window title, writes the clipboard (OSC 52), then forges a line.
 const std::string kHostileName =
-    "x\x1b[2K\r\x1b]0;owned\x07\x1b]52;c;aGk=\x07\ntrybox: all clear\xe2\x80\xae" "cod.exe";
+    "x\x1b[2K\r\x1b]0;owned\x07\x1b]52;c;aGk=\x07\ntrybox: all clear\xe2\x80\xae"
+    "cod.exe";
 
 struct Session {
   explicit Session(testing::ScriptedDaemon::Script script) {
@@ -69,17 +70,18 @@ size_t Lines(const std::string& text) { return std::count(text.begin(), text.end
 
 TEST(PrintableTest, DiffAndCollectShowAGuestsFileNamesEscapedOnTheirOwnLine) {
   Session s([](std::shared_ptr<channel::Stream> st, const Json&) {
-    Json c = {{"vm", "vm1"},
-              {"counts",
-               {{"added", 2}, {"modified", 0}, {"deleted", 0}, {"renamed", 1}, {"mode_changed", 0}}},
-              {"changes",
-               {{{"change", "added"}, {"path", ".github/workflows/ci.yml"}, {"new_size", 10}},
-                {{"change", "added"}, {"path", kHostileName}, {"new_size", 1}},
-                {{"change", "renamed"}, {"from", kHostileName}, {"path", "b"}, {"new_size", 1}}}},
-              {"skipped", {{{"path", kHostileName}, {"reason", "a fifo\x1b[1A"}}}},
-              {"commit", "abc"},
-              {"branch", "trybox/vm1"},
-              {"note", ""}};
+    Json c = {
+        {"vm", "vm1"},
+        {"counts",
+         {{"added", 2}, {"modified", 0}, {"deleted", 0}, {"renamed", 1}, {"mode_changed", 0}}},
+        {"changes",
+         {{{"change", "added"}, {"path", ".github/workflows/ci.yml"}, {"new_size", 10}},
+          {{"change", "added"}, {"path", kHostileName}, {"new_size", 1}},
+          {{"change", "renamed"}, {"from", kHostileName}, {"path", "b"}, {"new_size", 1}}}},
+        {"skipped", {{{"path", kHostileName}, {"reason", "a fifo\x1b[1A"}}}},
+        {"commit", "abc"},
+        {"branch", "trybox/vm1"},
+        {"note", ""}};
     (void)st->End({{"ok", true}, {"collect", c}});
   });
   ASSERT_EQ(s.Run({"diff", "vm1"}), 0) << s.err.str();
@@ -123,9 +125,9 @@ TEST(PrintableTest, AuditShowsAGuestsHostEscaped) {
 
 TEST(PrintableTest, AnErrorNamingAGuestsFileStaysOneLine) {
   Session s([](std::shared_ptr<channel::Stream> st, const Json&) {
-    (void)st->End({{"ok", false},
-                   {"error",
-                    {{"code", "NOT_FOUND"}, {"message", "no such file: " + kHostileName}}}});
+    (void)st->End(
+        {{"ok", false},
+         {"error", {{"code", "NOT_FOUND"}, {"message", "no such file: " + kHostileName}}}});
   });
   EXPECT_EQ(s.Run({"diff", "vm1"}), 125);
   const std::string text = s.err.str();

@@ -208,7 +208,8 @@ TEST_F(CliHardeningE2E, AGuestsFileNamesAreEscapedInTheCollectSummaryAndDiff) {
                   .ok());
   // A name with ESC and BEL (git can hold it), and one with a newline (skipped and named).
   const std::string work =
-      "touch \"$(printf 'a\\033[2K\\r\\033]0;owned\\007\\033]52;c;aGk=\\007\\342\\200\\256txt.sh')\" "
+      "touch \"$(printf "
+      "'a\\033[2K\\r\\033]0;owned\\007\\033]52;c;aGk=\\007\\342\\200\\256txt.sh')\" "
       "\"$(printf 'b\\ntrybox: all clear')\" && echo done";
   CliResult r = h_->Cli({"run", "--workspace", repo, "--", "sh", "-c", work});
   ASSERT_EQ(r.code, 0) << r.err;

@@ -541,16 +541,17 @@ TEST_P(EgressE2E, ProgramsThatIgnoreTheProxyReachAllowedNamesOnly) {
 // allow on its stdin, and looks it up again at once.
 TEST_P(EgressE2E, ALookupRightAfterAnAllowFindsTheName) {
   CliResult c = h_->Cli(
-      run_.internet
-          ? std::vector<std::string>{"create", "--internet", "--deny", "other.test"}
-          : std::vector<std::string>{"create", "--allow", "upstream.test:" + port_});
+      run_.internet ? std::vector<std::string>{"create", "--internet", "--deny", "other.test"}
+                    : std::vector<std::string>{"create", "--allow", "upstream.test:" + port_});
   ASSERT_EQ(c.code, 0) << c.err;
   const std::string vm = c.out.substr(0, c.out.find('\n'));
   const std::string script =
       "import socket, sys\n"
       "def look():\n"
       "    try:\n"
-      "        socket.getaddrinfo('other.test', " + port_ + ", type=socket.SOCK_STREAM)\n"
+      "        socket.getaddrinfo('other.test', " +
+      port_ +
+      ", type=socket.SOCK_STREAM)\n"
       "        return 'found'\n"
       "    except socket.gaierror as e:\n"
       "        return 'gaierror %d' % e.errno\n"
