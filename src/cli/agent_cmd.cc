@@ -79,7 +79,7 @@ Json Limits(const AgentOptions& a) {
 }
 
 int Fail(std::ostream& err, const Status& st) {
-  err << "trybox: " << st.message() << "\n";
+  err << "trybox: " << OneLine(st.message()) << "\n";
   return 125;
 }
 
@@ -89,11 +89,11 @@ Result<std::string> DescribeEvent(const Json& ev) {
   ReplyView v(ev);
   std::string text;
   ASSIGN_OR_RETURN(auto run, v.OptionalString("run"));
-  if (run) text += "trybox: run " + *run + "\n";
+  if (run) text += "trybox: run " + OneLine(*run) + "\n";
   ASSIGN_OR_RETURN(auto progress, v.OptionalObject("progress"));
   if (progress) {
     ASSIGN_OR_RETURN(std::string message, progress->StringOr("message", ""));
-    text += "trybox: " + message + "\n";
+    text += "trybox: " + OneLine(message) + "\n";
   }
   ASSIGN_OR_RETURN(auto exec, v.OptionalObject("exec"));
   if (exec) {
@@ -101,7 +101,7 @@ Result<std::string> DescribeEvent(const Json& ev) {
     std::string line;
     for (const auto& a : *argv)
       line += (line.empty() ? "" : " ") + (a.is_string() ? a.get<std::string>() : a.dump());
-    text += "$ " + line + "\n";
+    text += "$ " + OneLine(line) + "\n";
   }
   ASSIGN_OR_RETURN(auto output, v.OptionalObject("output"));
   if (output) {
@@ -119,10 +119,10 @@ Result<std::string> DescribeEvent(const Json& ev) {
     ASSIGN_OR_RETURN(auto result, done->Object("result"));
     ASSIGN_OR_RETURN(std::string outcome, result.StringOr("outcome", "?"));
     ASSIGN_OR_RETURN(int64_t code, result.IntOr("exit_code", -1, -1, 255));
-    text += "[" + (outcome == "exited" ? "exit " + std::to_string(code) : outcome) + "]\n";
+    text += "[" + (outcome == "exited" ? "exit " + std::to_string(code) : OneLine(outcome)) + "]\n";
   }
   ASSIGN_OR_RETURN(auto outcome, v.OptionalString("outcome"));
-  if (outcome) text += "trybox: the call ended: " + *outcome + "\n";
+  if (outcome) text += "trybox: the call ended: " + OneLine(*outcome) + "\n";
   return text;
 }
 
@@ -173,7 +173,7 @@ class CancelOnSignal {
 
 std::string Describe(const Json& entry) {
   ReplyView v(entry);
-  std::string kind = v.StringOr("kind", "?").value_or("?");
+  std::string kind = OneLine(v.StringOr("kind", "?").value_or("?"));
   std::string text = v.StringOr("text", "").value_or("");
   std::string out = "[" + kind + "]";
   if (!text.empty()) out += " " + text;
@@ -183,10 +183,10 @@ std::string Describe(const Json& entry) {
     for (const auto& c : entry[list]) {
       ReplyView cv(c);
       if (std::string(list) == "calls") {
-        out += "  -> " + cv.StringOr("name", "?").value_or("?") + " " +
+        out += "  -> " + OneLine(cv.StringOr("name", "?").value_or("?")) + " " +
                (c.contains("input") ? c["input"].dump() : std::string()) + "\n";
       } else {
-        out += "  <- " + cv.StringOr("name", "?").value_or("?") + ": " +
+        out += "  <- " + OneLine(cv.StringOr("name", "?").value_or("?")) + ": " +
                cv.StringOr("content", "").value_or("") + "\n";
       }
     }
@@ -209,9 +209,10 @@ int CmdAgentList(Client& client, const Invocation& inv, std::ostream& out, std::
   out << "RUN           OUTCOME      VERDICT              VM            TASK\n";
   for (const auto& run : **runs) {
     ReplyView rv(run);
-    auto field = [&](const char* k) { return rv.StringOr(k, "").value_or(""); };
-    std::string task = field("task");
-    task = task.substr(0, task.find('\n')).substr(0, 60);
+    auto field = [&](const char* k) { return OneLine(rv.StringOr(k, "").value_or("")); };
+    std::string task = rv.StringOr("task", "").value_or("");
+    task = OneLine(task.substr(0, task.find('\n')));
+    task = task.substr(0, WholeUtf8Prefix(task.substr(0, 60)));
     char line[512];
     std::snprintf(line, sizeof line, "%-13s %-12s %-20s %-13s %s\n", field("run").c_str(),
                   field("outcome").c_str(), field("verdict").c_str(), field("vm").c_str(),

@@ -33,6 +33,7 @@
 #include "util/numbers.h"
 #include "util/paths.h"
 #include "util/process.h"
+#include "util/utf8.h"
 #include "util/version.h"
 #include "vmm/template.h"
 #include "workspace/workspace.h"
@@ -184,8 +185,12 @@ Status ParseNumberFlags(const NumberFlags& nf, Invocation* inv) {
   return Status::Ok();
 }
 
+// Every string from the daemon or a guest that this file prints goes through OneLine
+// (util/utf8.h): a name a guest chose can neither start a line of its own nor reach the
+// terminal as an escape sequence (docs/security.md, "What the CLI prints"). Command output
+// itself is written as it came.
 int Fail(std::ostream& err, const Status& st) {
-  err << "trybox: " << st.message() << "\n";
+  err << "trybox: " << OneLine(st.message()) << "\n";
   return kTryboxFailed;
 }
 
@@ -281,7 +286,7 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
         std::string msg;
         auto code = ExitCodeOf(*result, &msg);
         if (!code.ok()) return Fail(err, code.status());
-        if (!msg.empty()) err << "trybox: " << msg << "\n";
+        if (!msg.empty()) err << "trybox: " << OneLine(msg) << "\n";
         return *code;
       }
       case Kind::kReset:
@@ -304,7 +309,7 @@ Result<Json> AwaitWithProgress(channel::Stream& s, bool show, std::ostream& err)
     auto m = s.Next(deadline);
     if (!m.ok() && m.status().code() == Code::kDeadlineExceeded) {
       printing = true;
-      err << "trybox: " << *pending << "...\n";
+      err << "trybox: " << OneLine(*pending) << "...\n";
       pending.reset();
       continue;
     }
@@ -319,7 +324,7 @@ Result<Json> AwaitWithProgress(channel::Stream& s, bool show, std::ostream& err)
     if (!progress) continue;
     ASSIGN_OR_RETURN(std::string msg, progress->StringOr("message", ""));
     if (printing) {
-      err << "trybox: " << msg << "...\n";
+      err << "trybox: " << OneLine(msg) << "...\n";
     } else {
       pending = msg;
     }
@@ -353,7 +358,7 @@ Result<std::string> CreateVm(Client& client, const VmOptions& vm, bool ephemeral
     ASSIGN_OR_RETURN(note, start->OptionalString("note"));
   }
   // A fallback (template unusable, booted cold) is news; --cold is not.
-  if (note && !vm.cold) err << "trybox: " << *note << "\n";
+  if (note && !vm.cold) err << "trybox: " << OneLine(*note) << "\n";
   return id;
 }
 
@@ -365,7 +370,7 @@ Result<int> ReadWorkspaceIn(const Json& body, std::string* text) {
   for (const auto& sk : skipped) {
     ASSIGN_OR_RETURN(std::string path, sk.String("path"));
     ASSIGN_OR_RETURN(std::string reason, sk.String("reason"));
-    *text += "trybox: workspace: not copied: " + path + ": " + reason + "\n";
+    *text += "trybox: workspace: not copied: " + OneLine(path) + ": " + OneLine(reason) + "\n";
   }
   ASSIGN_OR_RETURN(auto setup, r.OptionalObject("setup"));
   if (!setup) return 0;
@@ -374,7 +379,7 @@ Result<int> ReadWorkspaceIn(const Json& body, std::string* text) {
   ASSIGN_OR_RETURN(int code, ExitCodeOf(result, &msg));
   if (code != 0) {
     *text += std::string("trybox: ") + workspace::kSetupScript + " failed" +
-             (msg.empty() ? " with exit code " + std::to_string(code) : ": " + msg) +
+             (msg.empty() ? " with exit code " + std::to_string(code) : ": " + OneLine(msg)) +
              "; the command was not run\n";
   }
   return code;
@@ -444,6 +449,7 @@ Result<std::string> RenderCollect(const ReplyView& c) {
   ASSIGN_OR_RETURN(std::string branch, c.StringOr("branch", ""));
   ASSIGN_OR_RETURN(std::string note, c.StringOr("note", ""));
   ASSIGN_OR_RETURN(auto dir, c.OptionalString("dir"));
+  vm = OneLine(vm);
   std::string out = Format(
       "collected /workspace of VM %s: %lld file%s changed (%lld added, %lld "
       "modified, %lld deleted, %lld renamed, %lld mode changes)\n",
@@ -460,14 +466,14 @@ Result<std::string> RenderCollect(const ReplyView& c) {
   for (const auto& sk : skipped) {
     ASSIGN_OR_RETURN(std::string path, sk.String("path"));
     ASSIGN_OR_RETURN(std::string reason, sk.String("reason"));
-    out += "skipped " + path + ": " + reason + "\n";
+    out += "skipped " + OneLine(path) + ": " + OneLine(reason) + "\n";
   }
   if (!commit.empty()) {
-    out += "committed " + commit + " on branch " + branch;
-    if (dir) out += " in " + *dir;
+    out += "committed " + OneLine(commit) + " on branch " + OneLine(branch);
+    if (dir) out += " in " + OneLine(*dir);
     out += "\n";
   } else if (!note.empty()) {
-    out += note + "\n";
+    out += OneLine(note) + "\n";
   }
   return out;
 }
@@ -505,7 +511,8 @@ Result<std::string> RenderChanges(const ReplyView& c) {
   std::string out;
   for (const auto& ch : changes) {
     ASSIGN_OR_RETURN(std::string k, ch.String("change"));
-    ASSIGN_OR_RETURN(std::string path, ch.String("path"));
+    ASSIGN_OR_RETURN(std::string raw_path, ch.String("path"));
+    const std::string path = OneLine(raw_path);  // a name the guest chose
     auto size = [&](const char* key) -> Result<long long> {
       ASSIGN_OR_RETURN(int64_t v, ch.Int(key, 0));
       return static_cast<long long>(v);
@@ -523,7 +530,7 @@ Result<std::string> RenderChanges(const ReplyView& c) {
     } else if (k == "renamed") {
       ASSIGN_OR_RETURN(std::string from, ch.String("from"));
       ASSIGN_OR_RETURN(long long n, size("new_size"));
-      out += Format("R  %s -> %s (%lld bytes)\n", from.c_str(), path.c_str(), n);
+      out += Format("R  %s -> %s (%lld bytes)\n", OneLine(from).c_str(), path.c_str(), n);
     } else if (k == "mode_changed") {
       ASSIGN_OR_RETURN(int64_t o, ch.Int("old_mode", 0, 07777));
       ASSIGN_OR_RETURN(int64_t n, ch.Int("new_mode", 0, 07777));
@@ -548,7 +555,7 @@ int CmdDiff(Client& client, const std::string& vm, bool json, std::ostream& out,
   if (*outcome != "ok") {
     auto why = v.StringOr("error", "");
     if (!why.ok()) return Fail(err, why.status());
-    out << "the last collect of VM " << vm << " failed: " << *why << "\n";
+    out << "the last collect of VM " << OneLine(vm) << " failed: " << OneLine(*why) << "\n";
     return 1;
   }
   auto lines = RenderChanges(v);
@@ -596,10 +603,10 @@ Result<std::string> RenderLs(const ReplyView& r) {
     ASSIGN_OR_RETURN(std::string privileged, PrivilegedWord(v));
     std::string execs = std::to_string(total);
     if (running > 0) execs += " (" + std::to_string(running) + " run)";
-    out += Format("%-14s %-12s %-8s %-10s %-5s %-7s %-5s %-11s %s\n", id.c_str(), image.c_str(),
-                  state.c_str(), privileged.c_str(), accel.c_str(),
-                  (std::to_string(memory) + "M").c_str(), FormatAge(created).c_str(), execs.c_str(),
-                  note.c_str());
+    out += Format("%-14s %-12s %-8s %-10s %-5s %-7s %-5s %-11s %s\n", OneLine(id).c_str(),
+                  OneLine(image).c_str(), OneLine(state).c_str(), privileged.c_str(),
+                  OneLine(accel).c_str(), (std::to_string(memory) + "M").c_str(),
+                  FormatAge(created).c_str(), execs.c_str(), OneLine(note).c_str());
   }
   return out;
 }
@@ -637,7 +644,7 @@ int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out
   for (const auto& id : ids) {
     auto r = client.Call({{"verb", "destroy"}, {"vm", id}});
     if (!r.ok()) {
-      err << "trybox: " << r.status().message() << "\n";
+      err << "trybox: " << OneLine(r.status().message()) << "\n";
       rc = 1;
       continue;
     }
@@ -648,7 +655,7 @@ int CmdRm(Client& client, const std::vector<std::string>& ids, std::ostream& out
     }
     out << id << "\n";
     if (!left->empty()) {
-      err << "trybox: " << id << " was not fully cleaned up: " << *left << "\n";
+      err << "trybox: " << id << " was not fully cleaned up: " << OneLine(*left) << "\n";
       rc = 1;
     }
   }
@@ -662,10 +669,10 @@ Result<std::string> PolicyText(const ReplyView& egress) {
   ASSIGN_OR_RETURN(auto deny, egress.Strings("deny"));
   auto join = [](const std::vector<std::string>& v) {
     std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+    for (const auto& x : v) s += (s.empty() ? "" : " ") + OneLine(x);
     return s.empty() ? std::string("(none)") : s;
   };
-  std::string out = "mode:  " + mode + "\n";
+  std::string out = "mode:  " + OneLine(mode) + "\n";
   if (mode != "internet") out += "allow: " + join(allow) + "\n";
   return out + "deny:  " + join(deny) + "\n";
 }
@@ -702,20 +709,20 @@ Result<std::string> ApprovalLine(const ReplyView& a, double now) {
     ASSIGN_OR_RETURN(std::string host, a.String("host"));
     ASSIGN_OR_RETURN(int64_t port, a.Int("port", 1, 65535));
     ASSIGN_OR_RETURN(std::string reason, a.StringOr("reason", ""));
-    what = "network " + host + ":" + std::to_string(port) + ", because " +
-           agent::InlineQuote(reason, 200) + " (trybox approve|deny " + run + ")";
+    what = "network " + OneLine(host) + ":" + std::to_string(port) + ", because " +
+           agent::InlineQuote(reason, 200) + " (trybox approve|deny " + OneLine(run) + ")";
   } else {
     ASSIGN_OR_RETURN(std::string question, a.StringOr("question", ""));
-    what =
-        "question " + agent::InlineQuote(question, 200) + " (trybox agent answer " + run + " TEXT)";
+    what = "question " + agent::InlineQuote(question, 200) + " (trybox agent answer " +
+           OneLine(run) + " TEXT)";
   }
   if (state != "pending") {
     ASSIGN_OR_RETURN(std::string why, a.StringOr("why", ""));
-    what += "; " + why;
+    what += "; " + OneLine(why);
   }
   const std::string waited = std::to_string(static_cast<int64_t>(std::max(0.0, now - since))) + "s";
-  return Format("%-12s  %-12s  %-8s  %-7s  %s\n", run.c_str(), vm.c_str(), waited.c_str(),
-                state.c_str(), what.c_str());
+  return Format("%-12s  %-12s  %-8s  %-7s  %s\n", OneLine(run).c_str(), OneLine(vm).c_str(),
+                waited.c_str(), OneLine(state).c_str(), what.c_str());
 }
 
 // `trybox approvals`: one line each, oldest first.
@@ -783,7 +790,8 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
   ASSIGN_OR_RETURN(ReplyView paths, r.Object("paths"));
   ASSIGN_OR_RETURN(std::string socket, paths.String("socket"));
   ASSIGN_OR_RETURN(std::string images_dir, paths.String("images"));
-  std::string out = "acceleration: " + accel.value_or("unknown") + "\n  why: " + why + "\n";
+  std::string out =
+      "acceleration: " + OneLine(accel.value_or("unknown")) + "\n  why: " + OneLine(why) + "\n";
   out += "qemu: " + qemu + "\n";
   ASSIGN_OR_RETURN(std::string daemon_version, r.StringOr("version", "unknown"));
   out += "daemon: pid " + std::to_string(pid) + ", version " + daemon_version + ", socket " +
@@ -796,7 +804,8 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
       ASSIGN_OR_RETURN(std::string id, v.String("id"));
       ASSIGN_OR_RETURN(std::string state, v.String("state"));
       ASSIGN_OR_RETURN(std::string note, v.StringOr("note", ""));
-      out += "VM " + id + ": " + state + (note.empty() ? "" : " (" + note + ")") + "\n";
+      out += "VM " + OneLine(id) + ": " + OneLine(state) +
+             (note.empty() ? "" : " (" + OneLine(note) + ")") + "\n";
     }
   }
   ASSIGN_OR_RETURN(auto pool, r.OptionalObject("spare_pool"));
@@ -842,7 +851,7 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
     ASSIGN_OR_RETURN(std::string name, im.String("name"));
     ASSIGN_OR_RETURN(bool valid, im.Bool("valid"));
     ASSIGN_OR_RETURN(std::string problem, im.StringOr("problem", ""));
-    out += "  " + name + ": " + (valid ? "ok" : "invalid: " + problem) + "\n";
+    out += "  " + OneLine(name) + ": " + (valid ? "ok" : "invalid: " + OneLine(problem)) + "\n";
     ASSIGN_OR_RETURN(auto t, im.OptionalObject("template"));
     if (!t) continue;
     ASSIGN_OR_RETURN(int64_t memory, t->IntOr("memory_mib", 0, 0));
@@ -851,9 +860,9 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
     ASSIGN_OR_RETURN(auto reason, t->OptionalString("reason"));
     ASSIGN_OR_RETURN(auto created, t->OptionalString("created"));
     out += "    template (" + std::to_string(memory) + " MiB, " + std::to_string(cpus) +
-           " cpu): " + state;
-    if (reason) out += " (" + *reason + ")";
-    if (created) out += ", built " + *created;
+           " cpu): " + OneLine(state);
+    if (reason) out += " (" + OneLine(*reason) + ")";
+    if (created) out += ", built " + OneLine(*created);
     out += "\n";
   }
   return out;
@@ -868,8 +877,9 @@ int CmdDoctor(Client& client, bool probe, std::ostream& out, std::ostream& err) 
   return 0;
 }
 
+// At most `n` bytes of `s`, "..." in place of the rest; never cut inside a character.
 std::string Clip(const std::string& s, size_t n) {
-  return s.size() <= n ? s : s.substr(0, n - 3) + "...";
+  return s.size() <= n ? s : s.substr(0, WholeUtf8Prefix(s.substr(0, n - 3))) + "...";
 }
 
 Result<std::string> RenderAudit(const Json& rows) {
@@ -901,11 +911,13 @@ Result<std::string> RenderAudit(const Json& rows) {
       if (::gmtime_r(&t, &tm)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
     }
     if (override_used) reason = "[override] " + reason;
-    std::string target = host + ":" + std::to_string(port);
-    out += Format("%-19s %-12s %-8s %-4lld %-32s %-22s %9lld %9lld %8s %s\n", when, vm.c_str(),
-                  verdict.c_str(), static_cast<long long>(status), Clip(target, 32).c_str(),
-                  address.c_str(), static_cast<long long>(up), static_cast<long long>(down),
-                  ended == 0 ? "open" : Format("%.0f", duration).c_str(), reason.c_str());
+    // The host is the guest's word (a privileged guest sends any bytes): escaped, then clipped.
+    std::string target = OneLine(host) + ":" + std::to_string(port);
+    out += Format("%-19s %-12s %-8s %-4lld %-32s %-22s %9lld %9lld %8s %s\n", when,
+                  OneLine(vm).c_str(), OneLine(verdict).c_str(), static_cast<long long>(status),
+                  Clip(target, 32).c_str(), OneLine(address).c_str(), static_cast<long long>(up),
+                  static_cast<long long>(down),
+                  ended == 0 ? "open" : Format("%.0f", duration).c_str(), OneLine(reason).c_str());
   }
   return out;
 }
@@ -1405,7 +1417,8 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
     }
     auto r = c.Call({{"verb", "destroy"}, {"vm", *id}});
     if (!r.ok()) {
-      err << "trybox: could not destroy VM " << *id << ": " << r.status().message() << "\n";
+      err << "trybox: could not destroy VM " << *id << ": " << OneLine(r.status().message())
+          << "\n";
       if (code == 0) code = kTryboxFailed;
     }
     return code;

@@ -11,6 +11,7 @@
 #include "cli/client.h"
 #include "cli/reply.h"
 #include "util/fd.h"
+#include "util/utf8.h"
 #include "util/version.h"
 
 namespace trybox::cli {
@@ -69,7 +70,7 @@ Status Stop(const Paths& paths, bool restart, std::ostream& out, bool* was_runni
 }
 
 int Failed(std::ostream& err, const Status& st) {
-  err << "trybox: " << st.message() << "\n";
+  err << "trybox: " << OneLine(st.message()) << "\n";
   return 125;
 }
 

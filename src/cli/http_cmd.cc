@@ -6,6 +6,7 @@
 #include "cli/cli.h"
 #include "cli/reply.h"
 #include "util/names.h"
+#include "util/utf8.h"
 
 namespace trybox::cli {
 
@@ -43,7 +44,7 @@ bool IsHttpCommand(const std::string& command) {
 namespace {
 
 int Fail(std::ostream& err, const Status& st) {
-  err << "trybox: " << st.message() << "\n";
+  err << "trybox: " << OneLine(st.message()) << "\n";
   return 125;
 }
 

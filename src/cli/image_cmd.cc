@@ -4,6 +4,7 @@
 
 #include "daemon/image_listing.h"
 #include "util/paths.h"
+#include "util/utf8.h"
 
 namespace trybox::cli {
 namespace {
@@ -11,7 +12,7 @@ namespace {
 using Json = nlohmann::json;
 
 int Failed(std::ostream& err, const Status& st) {
-  err << "trybox: " << st.message() << "\n";
+  err << "trybox: " << OneLine(st.message()) << "\n";
   return 1;
 }
 
@@ -27,9 +28,11 @@ std::string Size(uint64_t bytes) {
   return buf;
 }
 
+// A text field as printed: OneLine (util/utf8.h), since an image name or problem can come from
+// a guest or a damaged manifest.
 std::string Str(const Json& j, const char* key) {
   auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : "-";
+  return it != j.end() && it->is_string() ? OneLine(it->get<std::string>()) : "-";
 }
 
 uint64_t Num(const Json& j, const char* key) {
@@ -80,7 +83,7 @@ int CmdImageLs(bool json, std::ostream& out, std::ostream& err) {
   for (const Json& im : images) {
     const bool valid = im.value("valid", false);
     std::string parent = im.contains("parent") && im["parent"].is_string()
-                             ? im["parent"].get<std::string>()
+                             ? OneLine(im["parent"].get<std::string>())
                              : (valid ? "(base)" : "-");
     const Json& tpl = im.contains("template") ? im["template"] : Json();
     std::string tstate = tpl.is_object() ? Str(tpl, "state") : "-";

@@ -7,6 +7,7 @@
 
 #include "cli/terminal.h"
 #include "util/fd.h"
+#include "util/utf8.h"
 
 namespace trybox::cli {
 namespace {
@@ -45,10 +46,8 @@ std::string CommandLine(const Json& argv, size_t max) {
       s += a.get<std::string>();
     }
   }
-  for (char& c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';  // no escapes on screen
-  }
-  return s.size() <= max ? s : s.substr(0, max - 3) + "...";
+  s = OneLine(s);  // no escapes on screen, no line of its own
+  return s.size() <= max ? s : s.substr(0, WholeUtf8Prefix(s.substr(0, max - 3))) + "...";
 }
 
 struct SignalName {
@@ -136,8 +135,8 @@ int CmdPs(Client& client, const std::string& vm, bool json) {
     if (e.contains("exit_code")) exit = std::to_string(IntOr(e, "exit_code", -1));
     if (e.contains("signal")) exit = "sig " + std::to_string(IntOr(e, "signal", -1));
     std::printf(
-        "%-7lld %-12s %-6s %-9s %s\n", static_cast<long long>(IntOr(e, "id", 0)), state.c_str(),
-        exit.c_str(),
+        "%-7lld %-12s %-6s %-9s %s\n", static_cast<long long>(IntOr(e, "id", 0)),
+        OneLine(state).c_str(), exit.c_str(),
         IntOr(e, "duration_ms", -1) < 0 ? "-" : Duration(IntOr(e, "duration_ms", 0)).c_str(),
         CommandLine(e.is_object() && e.contains("argv") ? e["argv"] : Json(), 60).c_str());
   }

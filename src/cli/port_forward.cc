@@ -15,6 +15,7 @@
 #include "channel/socket_relay.h"
 #include "cli/terminal.h"
 #include "util/fd.h"
+#include "util/utf8.h"
 
 namespace trybox::cli {
 namespace {
@@ -71,7 +72,7 @@ Result<Listener> Listen(const HostAddress& a) {
 void Forward(Client& client, const std::string& vm, int port, UniqueFd sock) {
   auto s = client.Open({{"verb", "port"}, {"vm", vm}, {"port", port}});
   if (!s.ok()) {
-    std::cerr << "trybox: port " << port << ": " << s.status().message() << "\n";
+    std::cerr << "trybox: port " << port << ": " << OneLine(s.status().message()) << "\n";
     return;
   }
   auto r = channel::RelaySocket(**s, sock.get(), channel::RelaySide::kOpener);
@@ -79,7 +80,7 @@ void Forward(Client& client, const std::string& vm, int port, UniqueFd sock) {
   if (!r.socket_failure.ok()) return;
   Status st = r.end ? StatusFromReply(*r.end) : r.stream_failure;
   if (st.ok()) return;
-  std::cerr << "trybox: port " << port << ": " << st.message() << "\n";
+  std::cerr << "trybox: port " << port << ": " << OneLine(st.message()) << "\n";
   // The local client sees the failure as a reset, not as an empty answer.
   linger hard = {1, 0};
   ::setsockopt(sock.get(), SOL_SOCKET, SO_LINGER, &hard, sizeof hard);

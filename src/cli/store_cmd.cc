@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <ostream>
 
+#include "util/utf8.h"
+
 namespace trybox::cli {
 namespace {
 
@@ -94,13 +96,13 @@ Result<std::string> RenderStoreHealth(const ReplyView& s) {
 int CmdPrune(Client& client, bool dry_run, bool json, std::ostream& out, std::ostream& err) {
   auto r = client.Call({{"verb", "prune"}, {"dry_run", dry_run}});
   if (!r.ok()) {
-    err << "trybox: " << r.status().message() << "\n";
+    err << "trybox: " << OneLine(r.status().message()) << "\n";
     return 125;
   }
   ReplyView reply(*r);
   auto pruned = reply.Object("pruned");
   if (!pruned.ok()) {
-    err << "trybox: " << pruned.status().message() << "\n";
+    err << "trybox: " << OneLine(pruned.status().message()) << "\n";
     return 125;
   }
   if (json) {
@@ -109,7 +111,7 @@ int CmdPrune(Client& client, bool dry_run, bool json, std::ostream& out, std::os
   }
   auto text = RenderPrune(*pruned);
   if (!text.ok()) {
-    err << "trybox: " << text.status().message() << "\n";
+    err << "trybox: " << OneLine(text.status().message()) << "\n";
     return 125;
   }
   out << *text;

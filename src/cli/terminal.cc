@@ -15,6 +15,7 @@
 #include "cli/reply.h"
 #include "util/fd.h"
 #include "util/names.h"
+#include "util/utf8.h"
 
 namespace trybox::cli {
 namespace {
@@ -86,7 +87,7 @@ void PumpInput(std::shared_ptr<channel::Stream> s) {
 }  // namespace
 
 int Failed(const Status& st) {
-  std::cerr << "trybox: " << st.message() << "\n";
+  std::cerr << "trybox: " << OneLine(st.message()) << "\n";
   return kTryboxFailed;
 }
 
@@ -186,7 +187,7 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
       if (!st.ok()) return Failed(st);
       std::string msg;
       int code = ExitCodeFor(m->body["result"], &msg);
-      if (!msg.empty()) std::cerr << "trybox: " << msg << "\n";
+      if (!msg.empty()) std::cerr << "trybox: " << OneLine(msg) << "\n";
       return code;
     } else if (m->kind == Kind::kReset) {
       (*raw)->Restore();
@@ -208,7 +209,7 @@ int RunDetached(Client& client, const std::string& vm, const std::vector<std::st
   if (!r->contains("result")) return 0;
   std::string msg;
   int code = ExitCodeFor((*r)["result"], &msg);
-  if (!msg.empty()) std::cerr << "trybox: " << msg << "\n";
+  if (!msg.empty()) std::cerr << "trybox: " << OneLine(msg) << "\n";
   return code;
 }
 

@@ -283,7 +283,8 @@ Result<Meta> ParseMeta(const Json& body) {
   Meta m;
   ASSIGN_OR_RETURN(m.kind, v.String("kind"));
   ASSIGN_OR_RETURN(int64_t mode, v.IntOr("mode", 0644, 0, 07777));
-  m.mode = static_cast<mode_t>(mode) & 0777;
+  // Never set-uid, set-gid or sticky; never group or other write (docs/security.md).
+  m.mode = static_cast<mode_t>(mode) & GuestPermissionMask();
   ASSIGN_OR_RETURN(m.mtime_ns, v.IntOr("mtime_ns", 0, 0));
   ASSIGN_OR_RETURN(m.size, v.IntOr("size", 0, 0));
   return m;

@@ -101,6 +101,7 @@ using testing::ModeOf;
 class GetPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    old_umask_ = ::umask(022);  // the usual one; what a copy keeps depends on it
     auto t = TempDir::Make("/tmp", "cp-out-");
     ASSERT_TRUE(t.ok());
     tmp_.emplace(std::move(*t));
@@ -126,6 +127,9 @@ class GetPathTest : public ::testing::Test {
     EXPECT_EQ(ModeOf(victim_) & 07777, 0600u);
   }
 
+  void TearDown() override { ::umask(old_umask_); }
+
+  mode_t old_umask_ = 022;
   Home home_;
   std::optional<TempDir> tmp_;
   std::string dir_, victim_;
@@ -208,11 +212,61 @@ TEST_F(GetPathTest, TreeLosesSpecialBitsEverywhere) {
   ASSERT_TRUE(Get("/root/tree", dst).ok());
   EXPECT_EQ(ModeOf(dst) & 07777, 0755u);
   EXPECT_EQ(ModeOf(dst + "/id") & 07777, 0755u);
-  EXPECT_EQ(ModeOf(dst + "/sticky") & 07777, 0777u);
+  EXPECT_EQ(ModeOf(dst + "/sticky") & 07777, 0755u);
   EXPECT_EQ(ModeOf(dst + "/sgid") & 07777, 0755u);
   EXPECT_EQ(ModeOf(dst + "/sgid/tool") & 07777, 0711u);
   EXPECT_EQ(ReadFileToString(dst + "/sgid/tool").value_or(""), "sgid");
   EXPECT_EQ(Entries(dir_), std::set<std::string>{"tree"});
+}
+
+// Issue 41.10: a guest's 0666 file and 1777 directory once landed writable by every user of
+// the host, in a destination root owns.
+TEST_F(GetPathTest, NothingFromAGuestLandsGroupOrWorldWritable) {
+  std::string tar = Tar()
+                        .Dir("./", 01777)
+                        .File("./open", 0666, "open")
+                        .File("./tool", 0777, "tool")
+                        .Dir("./shared", 0777)
+                        .Dir("./group", 02775)
+                        .File("./group/g", 0664, "g")
+                        .Finish();
+  auto file = ServeGet("file", 0666, "open");
+  auto tree = ServeGet("tar", 01777, tar);
+  Serve([=](std::shared_ptr<channel::Stream> s, const Json& req) {
+    (req.value("path", "") == "/root/f" ? file : tree)(std::move(s), req);
+  });
+  ASSERT_TRUE(Get("/root/f", dir_ + "/f").ok());
+  EXPECT_EQ(ModeOf(dir_ + "/f") & 07777, 0644u);
+  std::string dst = dir_ + "/tree";
+  ASSERT_TRUE(Get("/root/tree", dst).ok());
+  EXPECT_EQ(ModeOf(dst) & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/open") & 07777, 0644u);
+  EXPECT_EQ(ModeOf(dst + "/tool") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/shared") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/group") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(dst + "/group/g") & 07777, 0644u);
+}
+
+// A stricter umask takes more away, as cp(1) and tar(1) do for a user.
+TEST_F(GetPathTest, TheUsersUmaskTakesAwayMore) {
+  ::umask(077);
+  auto file = ServeGet("file", 0755, "x");
+  auto tree = ServeGet("tar", 0755, Tar().File("./a", 0644, "a").Finish());
+  Serve([=](std::shared_ptr<channel::Stream> s, const Json& req) {
+    (req.value("path", "") == "/root/f" ? file : tree)(std::move(s), req);
+  });
+  ASSERT_TRUE(Get("/root/f", dir_ + "/f").ok());
+  EXPECT_EQ(ModeOf(dir_ + "/f") & 07777, 0700u);
+  ASSERT_TRUE(Get("/root/tree", dir_ + "/tree").ok());
+  EXPECT_EQ(ModeOf(dir_ + "/tree") & 07777, 0700u);
+  EXPECT_EQ(ModeOf(dir_ + "/tree/a") & 07777, 0600u);
+}
+
+TEST(GuestPermissionMaskTest, NeverGroupOrOtherWriteAndTheUmaskOnTop) {
+  EXPECT_EQ(GuestPermissionMask(0), 0755u);
+  EXPECT_EQ(GuestPermissionMask(002), 0755u);
+  EXPECT_EQ(GuestPermissionMask(027), 0750u);
+  EXPECT_EQ(GuestPermissionMask(077), 0700u);
 }
 
 TEST_F(GetPathTest, TreeIntoAnExistingDirectoryLandsUnderItsOwnName) {

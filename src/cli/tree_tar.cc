@@ -54,7 +54,9 @@ Status PackWorkingDirectory(const std::function<Status(std::string_view)>& write
 Status ExtractTarSafely(const std::function<Result<std::string>()>& next_chunk,
                         const std::string& dest) {
   workspace::ExtractReport report;
-  RETURN_IF_ERROR(workspace::ExtractTar(next_chunk, dest, {}, &report));
+  workspace::ExtractOptions opts;
+  opts.perm_mask = GuestPermissionMask();
+  RETURN_IF_ERROR(workspace::ExtractTar(next_chunk, dest, opts, &report));
   // Devices, fifos and sockets are not copied; an entry that tried to leave the tree is an
   // error (it was not written).
   for (const auto& sk : report.skipped) {

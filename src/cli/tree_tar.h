@@ -13,6 +13,8 @@
 // entry stays kPermissionDenied across the process boundary.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <string>
 #include <string_view>
@@ -45,6 +47,14 @@ struct TreeTar {
 Result<TreeTar> StartTreeTar(const std::string& verb, const std::string& dir);
 // Waits for the helper and turns its verdict into a Status (closes `io` first).
 Status FinishTreeTar(TreeTar& t);
+
+// The permission bits a file or directory from a guest may keep on the host: never group or
+// other write (a guest's 0666 file or 1777 directory must not land writable by every user
+// of the host, in a directory root owns), and nothing the process's umask takes away either.
+// `umask` is the process's umask as read from /proc/self/status (read without changing it;
+// umask(2) cannot be read without setting it, which would race with other threads).
+mode_t GuestPermissionMask();
+mode_t GuestPermissionMask(mode_t umask);
 
 // The helper's side of the verdict: the line FinishTreeTar reads back.
 std::string TreeTarFailureLine(const Status& st);

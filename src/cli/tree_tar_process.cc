@@ -4,7 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "cli/tree_tar.h"
+#include "util/fd.h"
 
 namespace trybox::cli {
 namespace {
@@ -12,6 +15,20 @@ namespace {
 constexpr size_t kMaxVerdictBytes = 64 * 1024;
 
 }  // namespace
+
+mode_t GuestPermissionMask(mode_t umask) { return 0777 & ~(umask | 022); }
+
+mode_t GuestPermissionMask() {
+  // "Umask:\t0022" (Linux 4.7 on); if it cannot be read, the strictest common choice.
+  mode_t umask = 077;
+  if (auto status = ReadFileToString("/proc/self/status"); status.ok()) {
+    size_t at = status->find("\nUmask:");
+    if (at != std::string::npos) {
+      umask = static_cast<mode_t>(std::strtoul(status->c_str() + at + 7, nullptr, 8)) & 0777;
+    }
+  }
+  return GuestPermissionMask(umask);
+}
 
 std::string TreeTarFailureLine(const Status& st) {
   std::string msg = st.message();

@@ -137,10 +137,10 @@ Result<bool> NameDecisions::Decide(const std::string& name, const Ask& ask) {
     auto it = entries_.find(name);
     if (it == entries_.end()) {
       // Not reachable: an entry being asked never expires, so nothing removes it.
-    } else if (!answer.ok()) {
-      entries_.erase(it);
+    } else if (!answer.ok() || !*answer) {
+      entries_.erase(it);  // the questions that came meanwhile share it; the next one asks
     } else {
-      it->second.expires = Clock::now() + (*answer ? allowed_ttl_ : refused_ttl_);
+      it->second.expires = Clock::now() + allowed_ttl_;
     }
   }
   promise.set_value(answer);

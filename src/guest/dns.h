@@ -78,19 +78,19 @@ class NamePool {
   uint32_t next_ = kBase + 1;
 };
 
-// The host's answers about names, shared by concurrent questions and kept a short while: a
-// lookup's A and AAAA questions (sent together) cost one round trip to the host, and the
-// same name asked again within the TTL none. Allowed answers are kept `allowed_ttl` (the
-// host decides again at every connection anyway); refusals `refused_ttl`, short, so that
-// `trybox allow` shows at the next lookup; errors not at all. Thread-safe.
+// The host's answers about names, shared by concurrent questions: a lookup's A and AAAA
+// questions (sent together) cost one round trip to the host. Allowed answers are kept
+// `allowed_ttl` (the host decides again at every connection anyway, so a `trybox deny` is
+// not late); refusals and errors are kept only while being asked, never after: the lookup
+// after a `trybox allow` asks the host again and finds the name (issue 41.12: a refusal kept
+// one second made an agent's retry right after its approval fail). Thread-safe.
 class NameDecisions {
  public:
   using Clock = std::chrono::steady_clock;
   // Asks the host: true (allowed), false (refused), or why it could not be asked.
   using Ask = std::function<Result<bool>(const std::string& name)>;
 
-  NameDecisions(Clock::duration allowed_ttl, Clock::duration refused_ttl)
-      : allowed_ttl_(allowed_ttl), refused_ttl_(refused_ttl) {}
+  explicit NameDecisions(Clock::duration allowed_ttl) : allowed_ttl_(allowed_ttl) {}
   Result<bool> Decide(const std::string& name, const Ask& ask);
   // How many times `ask` ran (for tests and the benchmark).
   uint64_t asked() const;
@@ -101,7 +101,6 @@ class NameDecisions {
     Clock::time_point expires = Clock::time_point::max();  // max: still being asked
   };
   const Clock::duration allowed_ttl_;
-  const Clock::duration refused_ttl_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;
   uint64_t asked_ = 0;

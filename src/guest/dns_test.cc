@@ -143,7 +143,7 @@ TEST(NamePool, ConcurrentLookupsOfOneNameAgree) {
 }
 
 TEST(NameDecisions, QuestionsArrivingTogetherShareOneAskAndAllowedAnswersAreKept) {
-  NameDecisions d(std::chrono::hours(1), std::chrono::seconds(0));
+  NameDecisions d(std::chrono::hours(1));
   std::promise<void> asking, release;
   std::shared_future<void> go = release.get_future().share();
   auto slow_yes = [&](const std::string&) -> Result<bool> {
@@ -169,8 +169,10 @@ TEST(NameDecisions, QuestionsArrivingTogetherShareOneAskAndAllowedAnswersAreKept
   EXPECT_EQ(d.asked(), 1u);
 }
 
-TEST(NameDecisions, RefusalsAreKeptOnlyTheirTtlAndErrorsNotAtAll) {
-  NameDecisions d(std::chrono::hours(1), std::chrono::seconds(0));
+// Issue 41.12: a refusal was kept a second, so the lookup right after `trybox allow` still
+// answered NXDOMAIN without asking the host.
+TEST(NameDecisions, RefusalsAndErrorsAreNeverKept) {
+  NameDecisions d(std::chrono::hours(1));
   int asks = 0;
   auto no = [&](const std::string&) -> Result<bool> {
     ++asks;
@@ -178,15 +180,22 @@ TEST(NameDecisions, RefusalsAreKeptOnlyTheirTtlAndErrorsNotAtAll) {
   };
   EXPECT_FALSE(d.Decide("evil.test", no).value());
   EXPECT_FALSE(d.Decide("evil.test", no).value());
-  EXPECT_EQ(asks, 2);  // a refusal kept 0 s: the next lookup asks again (trybox allow shows)
+  EXPECT_EQ(asks, 2);  // the next lookup asks again
+  // Allowed meanwhile (trybox allow): the very next lookup finds it, and keeps it.
+  EXPECT_TRUE(d.Decide("evil.test", [&](const std::string&) -> Result<bool> {
+                 ++asks;
+                 return true;
+               }).value());
+  EXPECT_TRUE(d.Decide("evil.test", no).value());
+  EXPECT_EQ(asks, 3);
   auto broken = [&](const std::string&) -> Result<bool> {
     ++asks;
     return Unavailable("no host session");
   };
   EXPECT_EQ(d.Decide("x.test", broken).status().code(), Code::kUnavailable);
   EXPECT_TRUE(d.Decide("x.test", [](const std::string&) -> Result<bool> { return true; }).value());
-  EXPECT_EQ(asks, 3);
-  EXPECT_EQ(d.asked(), 4u);
+  EXPECT_EQ(asks, 4);
+  EXPECT_EQ(d.asked(), 5u);
 }
 
 }  // namespace

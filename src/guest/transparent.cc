@@ -28,7 +28,6 @@ using Kind = channel::Stream::Message::Kind;
 
 constexpr uint32_t kDnsTtl = 10;  // the host decides again at every connection anyway
 constexpr auto kAllowedTtl = std::chrono::seconds(kDnsTtl);
-constexpr auto kRefusedTtl = std::chrono::seconds(1);
 constexpr auto kResolveTimeout = std::chrono::seconds(5);
 constexpr int kMaxQueriesInFlight = 64;
 // Dropped datagrams are reported at most this often, with their counts by destination.
@@ -51,7 +50,7 @@ Result<UniqueFd> BindUdp(const char* ip, uint16_t port) {
 struct Shared {
   CurrentMux current;
   NamePool pool;
-  NameDecisions decisions{kAllowedTtl, kRefusedTtl};
+  NameDecisions decisions{kAllowedTtl};  // refusals are never kept (dns.h)
   std::atomic<int> queries{0};
 };
 

@@ -202,7 +202,8 @@ std::string OneLine(std::string_view s) {
     if (n == 2) cp = (cp & 0x1Fu) << 6 | (clean[i + 1] & 0x3Fu);
     if (n == 3) cp = (cp & 0x0Fu) << 12 | (clean[i + 1] & 0x3Fu) << 6 | (clean[i + 2] & 0x3Fu);
     bool unsafe = (cp < 0x20 && cp != '\t') || (cp >= 0x7F && cp <= 0x9F) || cp == 0x2028 ||
-                  cp == 0x2029 || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+                  cp == 0x2029 || (cp >= 0x202A && cp <= 0x202E) ||
+                  (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200E || cp == 0x200F || cp == 0x061C;
     if (unsafe) {
       char buf[16];
       std::snprintf(buf, sizeof buf, "\\u{%04X}", cp);

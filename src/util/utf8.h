@@ -50,10 +50,14 @@ std::string HexEncode(std::string_view bytes);
 // Hex digits (either case, an even number of them) back into bytes; nullopt otherwise.
 std::optional<std::string> HexDecode(std::string_view hex);
 
-// `s` made safe to print as (part of) one line of text, in a log or a commit message:
-// JsonSafe, then every character that could end a line, move the cursor or reorder the text
-// (C0 and C1 controls but tab, DEL, U+2028/U+2029, bidi embeddings, overrides and isolates)
-// written as \u{XXXX}.
+// `s` made safe to print as (part of) one line of text, in a log, a commit message or on a
+// terminal: JsonSafe (each byte of invalid UTF-8 as \xNN), then every character that could
+// end a line, move the cursor, start an escape sequence or reorder the text (C0 and C1
+// controls but tab, ESC and DEL included, U+2028/U+2029, bidi embeddings, overrides,
+// isolates and marks) written as \u{XXXX}; ordinary UTF-8 is kept. The one escaping function
+// for every string from a guest (or a model) that trybox itself prints: file names in diff,
+// collect and cp messages, audit hosts, ps commands, image names, error messages
+// (docs/security.md, "What the CLI prints").
 std::string OneLine(std::string_view s);
 
 // json.dump() that never throws: a string that is not valid UTF-8 (one that did not go

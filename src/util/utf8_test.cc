@@ -107,6 +107,18 @@ TEST(Utf8Test, OneLineCannotBreakOrReorderALine) {
   EXPECT_EQ(OneLine("bad\xff"), "bad\\xff");
 }
 
+// Bidi marks reorder neutral characters around them (a file name shown as another).
+TEST(Utf8Test, OneLineShowsBidiMarks) {
+  EXPECT_EQ(OneLine("a\xe2\x80\x8e"
+                    "b\xe2\x80\x8f"
+                    "c\xd8\x9c"
+                    "d"),
+            "a\\u{200E}b\\u{200F}c\\u{061C}d");
+  EXPECT_EQ(OneLine("\x7f\x1b]52;c;SGVsbG8=\x07"), "\\u{007F}\\u{001B}]52;c;SGVsbG8=\\u{0007}");
+  EXPECT_EQ(OneLine("\xd0\x96\xe6\x97\xa5\xf0\x9f\x98\x80"),
+            "\xd0\x96\xe6\x97\xa5\xf0\x9f\x98\x80");
+}
+
 TEST(Utf8Test, SafeDumpNeverThrows) {
   Json j = {{"name", std::string("bad\xff")}};
   EXPECT_THROW((void)j.dump(), Json::exception);

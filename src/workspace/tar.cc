@@ -334,7 +334,7 @@ Status ExtractTar(const std::function<Result<std::string>()>& next_chunk, const 
     }
     // Permission bits only: a guest must not plant set-uid, set-gid or sticky files on the
     // host (the daemon may run as root). Ownership is never restored (no EXTRACT_OWNER).
-    const uint32_t perm = archive_entry_perm(e) & 0777;
+    const uint32_t perm = archive_entry_perm(e) & 0777 & opts.perm_mask;
     archive_entry_set_perm(e, perm);
     // A file that came back as it went in is not written (ExtractOptions::unchanged_from).
     // Its content is read whole first; `stash` keeps it for writing if it differs.

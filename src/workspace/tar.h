@@ -59,6 +59,9 @@ struct ExtractOptions {
   // kMaxUnwrittenBytes are read whole to decide; larger ones are always written. Null:
   // everything is written (`collect --into`, where the user gets the tree).
   const Manifest* unchanged_from = nullptr;
+  // Permission bits kept from the tar (set-uid, set-gid and sticky are always dropped):
+  // `trybox cp` drops group and other write too (cli::GuestPermissionMask).
+  uint32_t perm_mask = 0777;
 
   // A workspace collect (docs/workspace.md): exclusions, both quotas, commit paths only, at
   // most kMaxListedSkipped entries listed.

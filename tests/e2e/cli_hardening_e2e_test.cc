@@ -15,13 +15,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <regex>
 #include <set>
 #include <thread>
 
 #include "cli/testing.h"
+#include "store/store.h"
 #include "tests/e2e/harness.h"
 #include "util/fd.h"
 #include "util/process.h"
@@ -138,8 +141,119 @@ TEST_F(CliHardeningE2E, SetUidCopyOfIdComesOutWithoutSpecialBitsAsAFileAndInATre
   cp = h_->Cli({"cp", Vm() + ":/root/tree", tree});
   ASSERT_EQ(cp.code, 0) << cp.err;
   EXPECT_EQ(ModeOf(tree + "/sub/id") & 07777, 0755u);
-  EXPECT_EQ(ModeOf(tree + "/shared") & 07777, 0777u);
+  EXPECT_EQ(ModeOf(tree + "/shared") & 07777, 0755u);  // nor group or other write (41.10)
   EXPECT_EQ(SpecialModes(tree), std::vector<std::string>{});
+}
+
+// Issue 41.10: a guest's 0666 file and 1777 directory kept their group and other write on the
+// host (the sticky bit alone was dropped: 0777), in a destination root owns.
+TEST_F(CliHardeningE2E, NothingFromAGuestLandsGroupOrWorldWritable) {
+  const mode_t old_umask = ::umask(022);
+  InGuest(
+      "printf open > /root/open && chmod 666 /root/open && mkdir -p /root/t/pub /root/t/grp && "
+      "chmod 1777 /root/t && chmod 777 /root/t/pub && chmod 2775 /root/t/grp && "
+      "printf x > /root/t/pub/f && chmod 666 /root/t/pub/f && printf y > /root/t/grp/g && "
+      "chmod 664 /root/t/grp/g && printf z > /root/t/run && chmod 777 /root/t/run");
+  std::string file = tmp_->path() + "/open";
+  CliResult cp = h_->Cli({"cp", Vm() + ":/root/open", file});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  EXPECT_EQ(ModeOf(file) & 07777, 0644u);
+  std::string tree = tmp_->path() + "/t";
+  cp = h_->Cli({"cp", Vm() + ":/root/t", tree});
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  EXPECT_EQ(ModeOf(tree) & 07777, 0755u);
+  EXPECT_EQ(ModeOf(tree + "/pub") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(tree + "/pub/f") & 07777, 0644u);
+  EXPECT_EQ(ModeOf(tree + "/grp") & 07777, 0755u);
+  EXPECT_EQ(ModeOf(tree + "/grp/g") & 07777, 0644u);
+  EXPECT_EQ(ModeOf(tree + "/run") & 07777, 0755u);
+  ::umask(old_umask);
+}
+
+// The bytes below 0x20 (but '\n'), DEL, C1 controls and U+202E found in `text`.
+std::string ControlsIn(const std::string& text) {
+  std::string found;
+  for (size_t i = 0; i < text.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\n') || c == 0x7f) found += "byte " + std::to_string(c) + " ";
+    if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      found += "C1 ";
+    }
+    if (text.compare(i, 3, "\xe2\x80\xae") == 0) found += "U+202E ";
+  }
+  return found;
+}
+
+bool HasLineStartingWith(const std::string& text, const std::string& prefix) {
+  size_t at = 0;
+  while (at < text.size()) {
+    if (text.compare(at, prefix.size(), prefix) == 0) return true;
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return false;
+}
+
+// Issue 41.3: a real guest's file names, chosen to erase the line before them, set the
+// window title, write the clipboard (OSC 52), forge a `trybox:` line and reverse the text,
+// reached the terminal raw through `run --workspace`'s collect summary and `diff`.
+TEST_F(CliHardeningE2E, AGuestsFileNamesAreEscapedInTheCollectSummaryAndDiff) {
+  std::string repo = tmp_->path() + "/repo";
+  ASSERT_TRUE(RunChecked({"sh", "-c",
+                          "git init -q -b main '" + repo + "' && cd '" + repo +
+                              "' && echo x > README && git add -A && git -c user.name=t -c "
+                              "user.email=t@t.test commit -qm init"})
+                  .ok());
+  // A name with ESC and BEL (git can hold it), and one with a newline (skipped and named).
+  const std::string work =
+      "touch \"$(printf "
+      "'a\\033[2K\\r\\033]0;owned\\007\\033]52;c;aGk=\\007\\342\\200\\256txt.sh')\" "
+      "\"$(printf 'b\\ntrybox: all clear')\" && echo done";
+  CliResult r = h_->Cli({"run", "--workspace", repo, "--", "sh", "-c", work});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "done\n");
+  EXPECT_EQ(ControlsIn(r.err), "") << r.err;
+  EXPECT_FALSE(HasLineStartingWith(r.err, "trybox: all clear")) << r.err;
+  // The summary counts the changes and names what it skipped: the name with a newline.
+  EXPECT_NE(r.err.find("skipped b\\u{000A}trybox: all clear: "), std::string::npos) << r.err;
+  std::smatch m;
+  std::regex re("of VM ([0-9a-f]{12})");
+  ASSERT_TRUE(std::regex_search(r.err, m, re)) << r.err;
+  const std::string vm = m[1].str();  // gone with the run; its collect stays in the record
+  CliResult d = h_->Cli({"diff", vm});
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(ControlsIn(d.out), "") << d.out;
+  EXPECT_FALSE(HasLineStartingWith(d.out, "trybox: all clear")) << d.out;
+  EXPECT_NE(d.out.find("A  a\\u{001B}[2K\\u{000D}\\u{001B}]0;owned\\u{0007}\\u{001B}]52;c;aGk="
+                       "\\u{0007}\\u{202E}txt.sh (0 bytes)\n"),
+            std::string::npos)
+      << d.out;
+}
+
+// Issue 41.9: `trybox audit` printed the host of a row raw. A default guest's proxy requests
+// cannot carry control bytes (the proxy refuses them before recording a host), but a
+// privileged guest can open an egress stream with any host, which is recorded as sent: here
+// the row is written to the daemon's store as that stream would have it.
+TEST_F(CliHardeningE2E, AGuestsHostIsEscapedInAudit) {
+  auto store = store::Store::Open(h_->home() + "/state/trybox.db");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  store::EgressRecord e;
+  e.vm_id = "hostile0vm01";
+  e.started_at = 1.7e9;
+  e.ended_at = 1.7e9;
+  e.method = "TCP";
+  e.host = "\x1b]52;c;aGk=\x07\x1b[2K\rok.test\ntrybox: all clear";
+  e.port = 443;
+  e.verdict = "refused";
+  e.reason = "not on the list";
+  ASSERT_TRUE((*store)->InsertEgress(e).ok());
+  CliResult r = h_->Cli({"audit", "--vm", "hostile0vm01"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ControlsIn(r.out), "") << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;  // header and row
+  EXPECT_NE(r.out.find("\\u{001B}]52;c;aGk="), std::string::npos) << r.out;
 }
 
 // The old CLI wrote DST.trybox-part-PID (O_CREAT|O_TRUNC, no O_NOFOLLOW) and chmod'ed it:

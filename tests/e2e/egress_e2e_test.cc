@@ -2,7 +2,9 @@
 // HTTP upstream this test serves on the host's loopback. Names resolve through the daemon's
 // resolver map and the upstream is reached through the operator's internal_allow override,
 // so nothing ever leaves loopback. Each isolation layer is then shown to hold on its own.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -531,6 +533,84 @@ TEST_P(EgressE2E, ProgramsThatIgnoreTheProxyReachAllowedNamesOnly) {
   ASSERT_NE(literal, nullptr) << rows.dump();
   EXPECT_EQ((*literal)["verdict"], "refused");
   EXPECT_NE((*literal)["reason"].get<std::string>().find("IP literal"), std::string::npos);
+}
+
+// Issue 41.12: after `trybox allow ID HOST`, the guest's next lookup of HOST once still
+// answered NXDOMAIN from trybox-init's resolver, which kept refusals a second; an agent that
+// retried right after its approval failed. The guest here looks the name up, waits for the
+// allow on its stdin, and looks it up again at once.
+TEST_P(EgressE2E, ALookupRightAfterAnAllowFindsTheName) {
+  CliResult c = h_->Cli(
+      run_.internet ? std::vector<std::string>{"create", "--internet", "--deny", "other.test"}
+                    : std::vector<std::string>{"create", "--allow", "upstream.test:" + port_});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string vm = c.out.substr(0, c.out.find('\n'));
+  const std::string script =
+      "import socket, sys\n"
+      "def look():\n"
+      "    try:\n"
+      "        socket.getaddrinfo('other.test', " +
+      port_ +
+      ", type=socket.SOCK_STREAM)\n"
+      "        return 'found'\n"
+      "    except socket.gaierror as e:\n"
+      "        return 'gaierror %d' % e.errno\n"
+      "print(look(), flush=True)\n"
+      "sys.stdin.readline()\n"
+      "print(look(), flush=True)\n";
+  int in[2], out[2];
+  ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
+  UniqueFd in_r(in[0]), in_w(in[1]);
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  UniqueFd out_r(out[0]), out_w(out[1]);
+  SpawnOptions o;
+  o.argv = {BinDir() + "/trybox", "exec", "-i", vm, "--", "python3", "-c", script};
+  o.env = h_->Env();
+  o.stdin_fd = in_r.get();
+  o.stdout_fd = out_w.get();
+  auto exec = ChildProcess::Spawn(o);
+  ASSERT_TRUE(exec.ok()) << exec.status().ToString();
+  in_r.Reset();
+  out_w.Reset();
+  // The guest's lines as they come (a minute at most for each).
+  std::string got;
+  auto read_line = [&]() -> std::string {
+    auto give_up = Clock::now() + std::chrono::seconds(60);
+    for (;;) {
+      size_t nl = got.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = got.substr(0, nl);
+        got.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
+      pollfd p = {out_r.get(), POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return "?";
+      char buf[256];
+      ssize_t n = ::read(out_r.get(), buf, sizeof buf);
+      if (n <= 0) return "?";
+      got.append(buf, static_cast<size_t>(n));
+    }
+  };
+  EXPECT_EQ(read_line(), "gaierror -2");  // EAI_NONAME: refused
+  // The verb `trybox allow` sends, straight through the socket.
+  auto a = h_->Call({{"verb", "egress"},
+                     {"vm", vm},
+                     {"allow", {"other.test:" + port_}},
+                     {"deny", Json::array()}});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(WriteFull(in_w.get(), "go\n").ok());
+  EXPECT_EQ(read_line(), "found");
+  in_w.Reset();
+  auto done = exec->WaitFor(std::chrono::seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->code, 0);
+  // The first lookup's refusal is in the record.
+  Json rows = AuditRows(*h_, vm);
+  const Json* dns = FindRow(rows, "DNS", "other.test");
+  ASSERT_NE(dns, nullptr) << rows.dump();
+  EXPECT_EQ((*dns)["verdict"], "refused");
+  EXPECT_EQ(h_->Cli({"rm", vm}).code, 0);
 }
 
 // UDP other than DNS goes nowhere: the datagram is taken in the guest, dropped, and counted
