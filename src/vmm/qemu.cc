@@ -554,6 +554,15 @@ Status Vm::SetClock(Clock::time_point deadline) {
   return Status::Ok();
 }
 
+Result<int64_t> Vm::StepClock(Clock::time_point deadline) {
+  ASSIGN_OR_RETURN(Json reply, Call({{"op", "clock"}, {"time_ns", HostTimeNs()}}, deadline));
+  if (!BoolOr(reply, "ok")) return Unavailable("the guest refused the clock: " + reply.dump());
+  if (!reply.contains("offset_ns") || !reply["offset_ns"].is_number_integer()) {
+    return Unavailable("the guest's clock reply has no offset_ns: " + reply.dump());
+  }
+  return reply["offset_ns"].get<int64_t>();
+}
+
 Status Vm::Warm(const Json& exec_request, Clock::time_point deadline) {
   auto start = Clock::now();
   ASSIGN_OR_RETURN(Json reply, Call(exec_request, deadline));
