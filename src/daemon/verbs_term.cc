@@ -1,5 +1,6 @@
 // The verbs of terminals, kept output and ports (docs/protocol/daemon.md): logs, ps, kill,
 // port. The exec verb itself (with its tty and detach fields) is in verbs_vm.cc.
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
