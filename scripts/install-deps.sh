@@ -15,6 +15,8 @@ PACKAGES=(
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs kmod xz-utils dpkg-dev
   # tests and benchmarks (tmux: the terminal tests drive `trybox shell` in it)
   procps clang-format git tmux curl
+  # the timekeeping e2e test steps the daemon's wall clock with libfaketime
+  faketime
   # egress tests: a local TLS upstream (openssl s_server), QEMU's namespace (nsenter, ip)
   openssl util-linux iproute2
   # the dashboard's e2e test and bench drive it in headless Chromium (tests/ui, puppeteer-core,

@@ -863,6 +863,9 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
            " cpu): " + OneLine(state);
     if (reason) out += " (" + OneLine(*reason) + ")";
     if (created) out += ", built " + OneLine(*created);
+    if (state == "broken") {
+      out += "; the next create rebuilds it, `trybox image rm-template " + name + "` removes it";
+    }
     out += "\n";
   }
   return out;
@@ -1118,6 +1121,9 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   ils->add_flag("--json", inv.json, "JSON output");
   auto* irm = image->add_subcommand("rm", "Remove an image (refused while a VM uses it)");
   irm->add_option("name", inv.image_name, "Image name")->required();
+  auto* irmt = image->add_subcommand(
+      "rm-template", "Remove an image's templates (a broken one, say); the next create rebuilds");
+  irmt->add_option("name", inv.image_name, "Image name")->required();
   auto* prune = image->add_subcommand("prune", "Remove unused templates and the rootfs cache");
   prune->add_flag("--json", inv.json, "JSON output");
   auto* commit = app.add_subcommand("commit", "Save a running VM's disk state as a new image");
@@ -1279,6 +1285,7 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   if (build->parsed()) inv.command = "image-build";
   if (ils->parsed()) inv.command = "image-ls";
   if (irm->parsed()) inv.command = "image-rm";
+  if (irmt->parsed()) inv.command = "image-rm-template";
   if (prune->parsed()) inv.command = "image-prune";
   if (commit->parsed()) inv.command = "commit";
   if (doctor->parsed()) inv.command = "doctor";
@@ -1369,6 +1376,7 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "approvals") return CmdApprovals(c, inv.json, out, err);
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
+  if (inv.command == "image-rm-template") return CmdImageRmTemplate(c, inv.image_name, out, err);
   if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);
   // The terminal's commands own the process's terminal and streams.
   if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);

@@ -107,6 +107,18 @@ int CmdImageRm(Client& c, const std::string& name, std::ostream& out, std::ostre
   return 0;
 }
 
+int CmdImageRmTemplate(Client& c, const std::string& name, std::ostream& out, std::ostream& err) {
+  auto r = c.Call({{"verb", "image_rm_template"}, {"name", name}});
+  if (!r.ok()) return Failed(err, r.status());
+  const Json removed = r->value("removed", Json::array());
+  for (const Json& d : removed) {
+    if (d.is_string()) out << d.get<std::string>() << "\n";
+  }
+  err << "trybox: removed " << removed.size() << " template(s) of " << name
+      << (removed.empty() ? "" : "; the next create rebuilds one") << "\n";
+  return 0;
+}
+
 int CmdImagePrune(Client& c, bool json, std::ostream& out, std::ostream& err) {
   auto r = c.Call({{"verb", "image_prune"}});
   if (!r.ok()) return Failed(err, r.status());

@@ -15,6 +15,8 @@ int CmdCommit(Client& c, const std::string& vm, const std::string& name, bool js
 // Needs no daemon: without one serving this images directory it reads the directory.
 int CmdImageLs(bool json, std::ostream& out, std::ostream& err);
 int CmdImageRm(Client& c, const std::string& name, std::ostream& out, std::ostream& err);
+// Removes the image's templates (every shape); prints each directory removed.
+int CmdImageRmTemplate(Client& c, const std::string& name, std::ostream& out, std::ostream& err);
 int CmdImagePrune(Client& c, bool json, std::ostream& out, std::ostream& err);
 
 }  // namespace trybox::cli

@@ -227,7 +227,7 @@ json ListedJson(const SandboxInfo& s) {
           {"sandboxID", s.id},
           {"clientID", "trybox"},
           {"startedAt", Rfc3339(s.started)},
-          {"endAt", Rfc3339(s.end)},
+          {"endAt", Rfc3339(EndAt(s.deadline, WallClock::now(), SteadyClock::now()))},
           {"cpuCount", s.cpus},
           {"memoryMB", s.memory_mib},
           {"diskSizeMB", 0},
@@ -259,7 +259,7 @@ void HttpApi::AddE2bRoutes() {
     s.env = std::move(n->env);
     s.access_token = RandomHex(20);
     s.started = WallClock::now();
-    s.end = s.started + std::chrono::seconds(n->timeout_s);
+    s.deadline = SteadyClock::now() + std::chrono::seconds(n->timeout_s);
     s.memory_mib = n->create.memory_mib;
     s.cpus = n->create.cpus;
     json reply = SandboxJson(s);
@@ -359,7 +359,7 @@ void HttpApi::AddE2bRoutes() {
                 auto t = TimeoutBody(req, settings_.max_sandbox_timeout_s);
                 if (!t.ok()) return FromStatus(t.status());
                 if (!live(book_.Get(req.principal, id)) ||
-                    !book_.SetEnd(req.principal, id, WallClock::now() + std::chrono::seconds(*t),
+                    !book_.SetEnd(req.principal, id, SteadyClock::now() + std::chrono::seconds(*t),
                                   /*extend_only=*/false)) {
                   return JsonError(404, "sandbox " + id + " not found");
                 }
@@ -375,7 +375,7 @@ void HttpApi::AddE2bRoutes() {
                 auto s = book_.Get(req.principal, id);
                 if (!live(s)) return JsonError(404, "sandbox " + id + " not found");
                 // Connect only ever extends the end, as E2B's does.
-                (void)book_.SetEnd(req.principal, id, WallClock::now() + std::chrono::seconds(*t),
+                (void)book_.SetEnd(req.principal, id, SteadyClock::now() + std::chrono::seconds(*t),
                                    /*extend_only=*/true);
                 WakeReaper();
                 return Reply(200, SandboxJson(*s));

@@ -1,5 +1,7 @@
 #include "daemon/heartbeat.h"
 
+#include <cstdlib>
+
 #include "util/log.h"
 
 namespace trybox::daemon {
@@ -10,6 +12,10 @@ using Clock = std::chrono::steady_clock;
 
 // QMP gets this long to answer; a stopped QEMU answers nothing.
 constexpr std::chrono::seconds kQmpDeadline{2};
+// The guest gets this long to set its clock.
+constexpr std::chrono::seconds kClockDeadline{5};
+// A step this large (1 s) is logged.
+constexpr int64_t kLogStepNs = 1000000000;
 
 std::string Seconds(std::chrono::milliseconds ms) {
   return std::to_string(ms.count() / 1000) + " s";
@@ -99,6 +105,10 @@ void Heartbeat::Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<S
     auto free = vm->HostFreeBytes();
     if (free && *free >= options_.resume_free_bytes) {
       Status st = vm->vm().Resume(Clock::now() + kQmpDeadline);
+      {
+        MutexLock lock(slot->mu);
+        slot->clock_due = true;  // it stood still while paused
+      }
       LogInfo("heartbeat", "VM " + vm->id() + ": its file system has room again (" +
                                std::to_string(*free >> 20) +
                                " MiB free); resumed: " + (st.ok() ? "ok" : st.message()));
@@ -110,10 +120,10 @@ void Heartbeat::Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<S
     slot->in_flight = true;
     slot->sent = Clock::now();
   }
-  std::thread(Ping, vm, slot).detach();
+  std::thread(Ping, vm, slot, options_.clock_every).detach();
 }
 
-void Heartbeat::Ping(std::shared_ptr<VmEntry> vm, std::shared_ptr<Slot> slot) {
+void Heartbeat::Ping(std::shared_ptr<VmEntry> vm, std::shared_ptr<Slot> slot, int clock_every) {
   bool answered = false;
   // Straight to the VM, not through the entry: the heartbeat's own stream is never among
   // those interrupted when the guest is declared unresponsive.
@@ -122,6 +132,35 @@ void Heartbeat::Ping(std::shared_ptr<VmEntry> vm, std::shared_ptr<Slot> slot) {
     auto m = (*s)->Next();
     answered = m.ok() && m->kind == channel::Stream::Message::Kind::kEnd && m->body.is_object() &&
                m->body.value("ok", Json(false)) == Json(true);
+  }
+  bool step = false;
+  {
+    MutexLock lock(slot->mu);
+    if (!answered) {
+      slot->clock_due = true;
+    } else if (clock_every > 0 &&
+               (slot->clock_due || ++slot->answered_since_clock >= clock_every)) {
+      step = true;
+    }
+  }
+  // Still in flight while the clock is set: the watch sends no second ping meanwhile, and a
+  // guest that stops answering here is seen as one that stopped answering the ping.
+  if (step) {
+    auto offset = vm->vm().StepClock(Clock::now() + kClockDeadline);
+    if (offset.ok() && (*offset >= kLogStepNs || *offset <= -kLogStepNs)) {
+      LogInfo("heartbeat", "VM " + vm->id() + ": its clock was " +
+                               std::to_string(std::llabs(*offset) / 1000000) + " ms " +
+                               (*offset > 0 ? "behind" : "ahead of") +
+                               " the host's; set to the host's");
+    } else if (!offset.ok() && vm->alive()) {
+      LogWarn("heartbeat",
+              "VM " + vm->id() + ": could not set its clock: " + offset.status().message());
+    }
+    MutexLock lock(slot->mu);
+    if (offset.ok()) {
+      slot->clock_due = false;
+      slot->answered_since_clock = 0;
+    }
   }
   MutexLock lock(slot->mu);
   slot->in_flight = false;

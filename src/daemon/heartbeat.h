@@ -47,6 +47,8 @@ class Heartbeat {
     std::chrono::milliseconds timeout{5000};
     // A paused VM is resumed only while its directory's file system has this much free.
     uint64_t resume_free_bytes = uint64_t{64} << 20;
+    // Every this many answered pings the guest's clock is set to the host's (0: never).
+    int clock_every = 5;
   };
 
   Heartbeat(VmRegistry& registry, OnChange on_change, Options options);
@@ -64,10 +66,12 @@ class Heartbeat {
     bool in_flight GUARDED_BY(mu) = false;
     bool answered GUARDED_BY(mu) = true;
     std::chrono::steady_clock::time_point sent GUARDED_BY(mu);
+    int answered_since_clock GUARDED_BY(mu) = 0;
+    bool clock_due GUARDED_BY(mu) = false;  // after an unanswered ping or a resume
   };
   void Loop() EXCLUDES(mu_);
   void Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<Slot>& slot);
-  static void Ping(std::shared_ptr<VmEntry> vm, std::shared_ptr<Slot> slot);
+  static void Ping(std::shared_ptr<VmEntry> vm, std::shared_ptr<Slot> slot, int clock_every);
 
   VmRegistry& registry_;
   const OnChange on_change_;

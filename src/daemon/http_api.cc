@@ -136,23 +136,19 @@ void HttpApi::EndSandbox(const std::string& id, const std::string& why) {
 
 void HttpApi::ReapLoop() {
   while (true) {
-    // The ends are times of day (E2B's endAt), the wait is on the steady clock, at most a
-    // minute at a time, so that a step of the wall clock is noticed within a minute.
-    WallClock::duration wait = std::chrono::minutes(1);
-    if (const auto next = book_.NextEnd()) {
-      wait = std::max(WallClock::duration::zero(), std::min(wait, *next - WallClock::now()));
-    }
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+    // The deadlines are on the monotonic clock (sandbox_book.h): a step of the wall clock
+    // neither ends a sandbox early nor keeps it late.
+    const auto until = book_.NextEnd().value_or(SteadyClock::time_point::max());
     {
       MutexLock lock(mu_);
-      while (!stopping_ && !book_changed_ && std::chrono::steady_clock::now() < until) {
-        (void)reaper_cv_.WaitUntil(mu_, until);
+      while (!stopping_ && !book_changed_ && SteadyClock::now() < until) {
+        (void)reaper_cv_.WaitUntil(mu_,
+                                   std::min(until, SteadyClock::now() + std::chrono::hours(1)));
       }
       if (stopping_) return;
       book_changed_ = false;
     }
-    for (const std::string& id : book_.TakeExpired(WallClock::now())) {
+    for (const std::string& id : book_.TakeExpired(SteadyClock::now())) {
       EndSandbox(id, "its timeout passed");
     }
   }

@@ -246,6 +246,10 @@ Result<RemovedImage> ImageService::Remove(const std::string& name, ImageError* e
   return out;
 }
 
+std::vector<std::string> ImageService::RemoveTemplates(const std::string& name) {
+  return templates_.RemoveImageTemplates(name);
+}
+
 Result<std::vector<Freed>> ImageService::Prune() {
   std::vector<Freed> out;
   ASSIGN_OR_RETURN(auto images, image::ListImages(images_root_));

@@ -60,6 +60,9 @@ class ImageService {
   Result<std::vector<ImageView>> List();
   Result<RemovedImage> Remove(const std::string& name, ImageError* error);
   Result<std::vector<Freed>> Prune();
+  // Removes the image's templates, whatever their state (a broken one included): the
+  // directory names removed. The image itself stays; the next create builds a template.
+  std::vector<std::string> RemoveTemplates(const std::string& name);
 
  private:
   // Running VMs per image name.

@@ -19,7 +19,7 @@ Json CommandJson(const store::ExecRecord& e, const std::string& tool) {
             {"argv", e.argv},
             {"cwd", e.cwd},
             {"outcome", e.outcome},
-            {"duration_ms", static_cast<int64_t>((e.ended_at - e.started_at) * 1000)},
+            {"duration_ms", e.Duration() ? Json(*e.Duration()) : Json(nullptr)},
             {"stdout_bytes", e.stdout_bytes},
             {"stderr_bytes", e.stderr_bytes}};
   if (e.exit_code) c["exit_code"] = *e.exit_code;

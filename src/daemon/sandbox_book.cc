@@ -68,12 +68,12 @@ SandboxPage SandboxBook::List(const std::string& owner,
   return page;
 }
 
-bool SandboxBook::SetEnd(const std::string& owner, const std::string& id, WallClock::time_point end,
-                         bool extend_only) {
+bool SandboxBook::SetEnd(const std::string& owner, const std::string& id,
+                         SteadyClock::time_point deadline, bool extend_only) {
   MutexLock lock(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.owner != owner) return false;
-  if (!extend_only || end > it->second.end) it->second.end = end;
+  if (!extend_only || deadline > it->second.deadline) it->second.deadline = deadline;
   return true;
 }
 
@@ -86,11 +86,11 @@ std::optional<SandboxInfo> SandboxBook::Remove(const std::string& id) {
   return s;
 }
 
-std::vector<std::string> SandboxBook::TakeExpired(WallClock::time_point now) {
+std::vector<std::string> SandboxBook::TakeExpired(SteadyClock::time_point now) {
   MutexLock lock(mu_);
   std::vector<std::string> out;
   for (auto it = by_id_.begin(); it != by_id_.end();) {
-    if (it->second.end <= now) {
+    if (it->second.deadline <= now) {
       out.push_back(it->first);
       it = by_id_.erase(it);
     } else {
@@ -100,13 +100,18 @@ std::vector<std::string> SandboxBook::TakeExpired(WallClock::time_point now) {
   return out;
 }
 
-std::optional<WallClock::time_point> SandboxBook::NextEnd() {
+std::optional<SteadyClock::time_point> SandboxBook::NextEnd() {
   MutexLock lock(mu_);
-  std::optional<WallClock::time_point> next;
+  std::optional<SteadyClock::time_point> next;
   for (const auto& [id, s] : by_id_) {
-    if (!next || s.end < *next) next = s.end;
+    if (!next || s.deadline < *next) next = s.deadline;
   }
   return next;
+}
+
+WallClock::time_point EndAt(SteadyClock::time_point deadline, WallClock::time_point wall_now,
+                            SteadyClock::time_point steady_now) {
+  return wall_now + std::chrono::duration_cast<WallClock::duration>(deadline - steady_now);
 }
 
 size_t SandboxBook::size() {

@@ -12,7 +12,7 @@ SandboxInfo Make(const std::string& id, const std::string& owner, int age_s,
   s.owner = owner;
   s.metadata = std::move(metadata);
   s.started = WallClock::now() - std::chrono::seconds(age_s);
-  s.end = WallClock::now() + std::chrono::hours(1);
+  s.deadline = SteadyClock::now() + std::chrono::hours(1);
   return s;
 }
 
@@ -21,7 +21,7 @@ TEST(SandboxBookTest, OnlyTheOwnerSeesASandbox) {
   book.Add(Make("a1", "key-a", 0));
   EXPECT_TRUE(book.Get("key-a", "a1").has_value());
   EXPECT_FALSE(book.Get("key-b", "a1").has_value());
-  EXPECT_FALSE(book.SetEnd("key-b", "a1", WallClock::now(), false));
+  EXPECT_FALSE(book.SetEnd("key-b", "a1", SteadyClock::now(), false));
   EXPECT_TRUE(book.List("key-b", {}, "", 100).items.empty());
   EXPECT_TRUE(book.Find("a1").has_value());
 }
@@ -56,16 +56,28 @@ TEST(SandboxBookTest, ListFiltersByMetadataAndPagesNewestFirst) {
 TEST(SandboxBookTest, EndsAreSetExtendedAndTaken) {
   SandboxBook book;
   book.Add(Make("a", "k", 0));
-  const auto soon = WallClock::now() + std::chrono::seconds(5);
+  const auto soon = SteadyClock::now() + std::chrono::seconds(5);
   ASSERT_TRUE(book.SetEnd("k", "a", soon, /*extend_only=*/false));
   // Connect's rule: only ever later.
-  ASSERT_TRUE(book.SetEnd("k", "a", WallClock::now(), /*extend_only=*/true));
-  EXPECT_EQ(book.Get("k", "a")->end, soon);
+  ASSERT_TRUE(book.SetEnd("k", "a", SteadyClock::now(), /*extend_only=*/true));
+  EXPECT_EQ(book.Get("k", "a")->deadline, soon);
   EXPECT_EQ(*book.NextEnd(), soon);
   EXPECT_TRUE(book.TakeExpired(soon - std::chrono::seconds(1)).empty());
   EXPECT_EQ(book.TakeExpired(soon), std::vector<std::string>{"a"});
   EXPECT_EQ(book.size(), 0u);
   EXPECT_FALSE(book.NextEnd().has_value());
+}
+
+// E2B's endAt is the deadline as a time of day by the wall clock as it reads when shown:
+// after a step of the wall clock, the time left is unchanged (issue 51.7).
+TEST(SandboxBookTest, EndAtFollowsTheWallClockButKeepsTheTimeLeft) {
+  const auto steady = SteadyClock::now();
+  const auto deadline = steady + std::chrono::seconds(600);
+  const WallClock::time_point wall(std::chrono::seconds(1764660000));
+  EXPECT_EQ(EndAt(deadline, wall, steady), wall + std::chrono::seconds(600));
+  // Two hours later by a stepped wall clock, one minute later by the monotonic one.
+  EXPECT_EQ(EndAt(deadline, wall + std::chrono::hours(2), steady + std::chrono::seconds(60)),
+            wall + std::chrono::hours(2) + std::chrono::seconds(540));
 }
 
 TEST(SandboxBookTest, MetadataQueryAndTimes) {

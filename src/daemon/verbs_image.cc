@@ -1,5 +1,5 @@
-// The image verbs (docs/protocol/daemon.md): commit, image_ls, image_rm, image_prune. Their
-// parsers, the ImageService calls, and their result writers.
+// The image verbs (docs/protocol/daemon.md): commit, image_ls, image_rm, image_rm_template,
+// image_prune. Their parsers, the ImageService calls, and their result writers.
 #include "daemon/image_service.h"
 #include "daemon/verbs.h"
 
@@ -53,6 +53,11 @@ void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
     if (!r.ok()) return ErrorReply(r.status(), error.kind);
     return {{"ok", true},
             {"removed", {{"name", r->name}, {"bytes", r->bytes}, {"templates", r->templates}}}};
+  });
+  t.AddUnary("image_rm_template", [&images](const Json& j, Connection&) -> Json {
+    auto req = ParseImageName(j);
+    if (!req.ok()) return ErrorReply(req.status());
+    return {{"ok", true}, {"removed", images.RemoveTemplates(req->name)}};
   });
   t.AddUnary("image_prune", [&images](const Json&, Connection&) -> Json {
     auto freed = images.Prune();

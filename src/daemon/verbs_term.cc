@@ -1,5 +1,6 @@
 // The verbs of terminals, kept output and ports (docs/protocol/daemon.md): logs, ps, kill,
 // port. The exec verb itself (with its tty and detach fields) is in verbs_vm.cc.
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -16,20 +17,26 @@ constexpr size_t kLogChunk = 256 * 1024;
 Json ExecJson(const store::ExecRecord& e, const std::optional<bool>& privileged) {
   const bool running = e.outcome == "running";
   const bool ended = e.ended_at > 0;
-  const double end = ended ? e.ended_at : store::NowSeconds();
-  Json j = {
-      {"id", e.id},
-      {"vm", e.vm_id},
-      {"argv", e.argv},
-      {"cwd", e.cwd},
-      {"state", running ? "running" : "ended"},
-      {"outcome", e.outcome},
-      {"started_at", e.started_at},
-      {"ended_at", ended ? Json(e.ended_at) : Json(nullptr)},
-      {"duration_ms",
-       running || ended ? Json(static_cast<int64_t>((end - e.started_at) * 1000)) : Json(nullptr)},
-      {"stdout_bytes", e.stdout_bytes},
-      {"stderr_bytes", e.stderr_bytes}};
+  // An ended exec's duration is the monotonic one the daemon kept (store.h); a running one's
+  // is its age on the wall clock, never below 0 (a step back may have passed since).
+  Json duration = nullptr;
+  if (ended) {
+    if (auto d = e.Duration()) duration = *d;
+  } else if (running) {
+    duration =
+        std::max<int64_t>(0, static_cast<int64_t>((store::NowSeconds() - e.started_at) * 1000));
+  }
+  Json j = {{"id", e.id},
+            {"vm", e.vm_id},
+            {"argv", e.argv},
+            {"cwd", e.cwd},
+            {"state", running ? "running" : "ended"},
+            {"outcome", e.outcome},
+            {"started_at", e.started_at},
+            {"ended_at", ended ? Json(e.ended_at) : Json(nullptr)},
+            {"duration_ms", duration},
+            {"stdout_bytes", e.stdout_bytes},
+            {"stderr_bytes", e.stderr_bytes}};
   if (e.exit_code) j["exit_code"] = *e.exit_code;
   if (e.signal) j["signal"] = *e.signal;
   if (!e.error.empty()) j["error"] = e.error;

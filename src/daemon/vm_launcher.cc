@@ -1,5 +1,7 @@
 #include "daemon/vm_launcher.h"
 
+#include <cstdio>
+
 #include "daemon/guest_ops.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -16,6 +18,32 @@ std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 
 // How many times a spare runs the warm-up exec (MakeSpare).
 constexpr int kWarmExecs = 2;
+
+// The timer check a new template's first clone runs (docs/timekeeping.md): the timer
+// interrupts taken so far (the local APIC timer's LOC line and the legacy timer's IRQ 0,
+// summed over the CPUs), a `sleep 1`, and the count again. A kernel that switched its
+// APIC timer off while calibrating on a busy host takes none, and its sleep never returns.
+constexpr const char* kTimerCheck =
+    "t() { awk '$1 == \"LOC:\" || $1 == \"0:\" { for (i = 2; i <= NF; i++) "
+    "if ($i ~ /^[0-9]+$/) s += $i } END { print s + 0 }' /proc/interrupts; }; "
+    "a=$(t); sleep 1; b=$(t); echo \"$a $b\"";
+// The sleep's bound, on the guest's clock; the host waits kHostGraceMs more (its own
+// clock). A sleep that does not return by then is a timer that does not work.
+constexpr int64_t kTimerCheckTimeoutMs = 10000;
+
+// A bare vmm::Vm as the channel guest_ops talks to (the timer check's clone is no VmEntry).
+class BareVm : public GuestChannel {
+ public:
+  explicit BareVm(vmm::Vm& vm) : vm_(vm) {}
+  Result<std::shared_ptr<channel::Stream>> Open(const Json& request) override {
+    return vm_.Open(request);
+  }
+  bool alive() const override { return vm_.alive(); }
+  std::string death_reason() const override { return vm_.death_reason(); }
+
+ private:
+  vmm::Vm& vm_;
+};
 
 }  // namespace
 
@@ -194,7 +222,52 @@ Result<vmm::TemplateStore::Lease> VmLauncher::GetTemplate(const vmm::TemplateSha
                                                           const Progress& progress) {
   ASSIGN_OR_RETURN(UidLease uid, uids_.Acquire());
   // The template VM, if one is booted, is gone when Get returns; the uid goes with `uid`.
-  return templates_.Get(shape, vmm::TemplateStore::Sandbox{opts_.netns, uid.uid()}, progress);
+  return templates_.Get(
+      shape, vmm::TemplateStore::Sandbox{opts_.netns, uid.uid()},
+      [this, &shape](const std::string& dir, int memory_fd) {
+        return ProveTimer(shape, dir, memory_fd);
+      },
+      progress);
+}
+
+Result<Json> VmLauncher::ProveTimer(const vmm::TemplateShape& shape, const std::string& dir,
+                                    int memory_fd) {
+  ASSIGN_OR_RETURN(UidLease uid, uids_.Acquire());
+  vmm::VmConfig cfg = BaseConfig(shape, NewId());
+  cfg.mode = vmm::StartMode::kRestore;
+  cfg.template_dir = dir;
+  cfg.memory_fd = memory_fd;
+  cfg.qemu_uid = uid.uid();
+  ASSIGN_OR_RETURN(auto vm, vmm::Vm::Restore(cfg, opts_.boot_timeout));
+  BareVm guest(*vm);
+  std::string output;
+  ExecIo io;
+  io.capture = &output;
+  const auto start = Clock::now();
+  ExecResult r = RunExec(
+      guest, ExecSpec{.argv = {"sh", "-c", kTimerCheck}, .timeout_ms = kTimerCheckTimeoutMs}, io);
+  const int64_t elapsed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  std::string console = vm->ConsoleTail(600);
+  vm->Destroy();
+  if (!r.Succeeded()) {
+    return Unavailable("its first clone's `sleep 1` did not return within " +
+                       std::to_string(kTimerCheckTimeoutMs / 1000) + " s (" +
+                       ExecOutcomeName(r.outcome) + (r.message.empty() ? "" : ": " + r.message) +
+                       ")" + (console.empty() ? "" : "; console: " + console));
+  }
+  long long before = -1, after = -1;
+  if (std::sscanf(output.c_str(), "%lld %lld", &before, &after) != 2) {
+    return Unavailable("the timer check printed no interrupt counts: " + output.substr(0, 200));
+  }
+  Json proof = {{"timer_interrupts_before", before},
+                {"timer_interrupts_after", after},
+                {"check_ms", elapsed_ms}};
+  if (after <= before) {
+    return Unavailable("its timer interrupts did not rise across a `sleep 1` (" +
+                       std::to_string(before) + " then " + std::to_string(after) + ")");
+  }
+  return proof;
 }
 
 std::optional<VmLauncher::Spare> VmLauncher::TakeSpare(const vmm::TemplateShape& shape) {

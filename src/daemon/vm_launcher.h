@@ -113,6 +113,9 @@ class VmLauncher {
   vmm::VmConfig BaseConfig(const vmm::TemplateShape& shape, const std::string& id) const;
   Result<vmm::TemplateStore::Lease> GetTemplate(const vmm::TemplateShape& shape,
                                                 const Progress& progress = {});
+  // Restores a clone of the template just built in `dir` and checks its timer
+  // (docs/timekeeping.md): what it measured, or why the template is broken.
+  Result<Json> ProveTimer(const vmm::TemplateShape& shape, const std::string& dir, int memory_fd);
   // A ready spare of `shape`'s current template (or one being prepared, waited for).
   std::optional<Spare> TakeSpare(const vmm::TemplateShape& shape);
   void RebuildLater(const vmm::TemplateShape& shape);

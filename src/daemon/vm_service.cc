@@ -268,6 +268,7 @@ Result<VmService::Recorded> VmService::Record(VmEntry& vm, const ExecSpec& spec)
   r.rec.argv = spec.argv;
   r.rec.cwd = spec.cwd.empty() ? "~" + spec.user : spec.cwd;  // "~user": that account's home
   r.rec.started_at = store::NowSeconds();
+  r.started = std::chrono::steady_clock::now();
   r.rec.outcome = "running";
   // Nothing runs unrecorded: its start is committed before the guest hears of it, and
   // without room for its end it does not start.
@@ -311,6 +312,11 @@ ExecResult VmService::RunRecorded(VmEntry& vm, const ExecSpec& spec, const ExecI
   running_.Remove(rec.id);
   if (result.outcome == ExecOutcome::kChannelLost) NoteDeath(vm);
   rec.ended_at = store::NowSeconds();
+  // On the monotonic clock: a step of the host's wall clock during the exec (NTP, an
+  // operator's `date -s`) changes ended_at - started_at, not how long it ran (issue 51.7).
+  rec.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - r.started)
+                        .count();
   rec.outcome = ExecOutcomeName(result.outcome);
   rec.exit_code = result.exit_code;
   rec.signal = result.signal;

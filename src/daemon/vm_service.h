@@ -161,6 +161,8 @@ class VmService {
   struct Recorded {
     store::ExecRecord rec;
     std::shared_ptr<ExecLog> log;
+    // rec.started_at is a time of day for the record; the duration is measured from this.
+    std::chrono::steady_clock::time_point started;
   };
   // `why` (RunningExecs' refusal) for an exec that is no longer running: how it ended.
   Status NotRunning(int64_t exec_id, const Status& why);

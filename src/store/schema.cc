@@ -186,6 +186,18 @@ Status SchemaV5(sqlite3* db) {
   return ExecSql(db, "ALTER TABLE vms ADD COLUMN privileged INTEGER");
 }
 
+// Version 6: an exec's duration as the daemon's monotonic clock measured it (issue 51.7):
+// ended_at - started_at is a difference of wall times, wrong by any step of the host's
+// clock between them. Rows recorded before it hold NULL: their duration is only that
+// difference.
+Status SchemaV6(sqlite3* db) {
+  Status st;
+  const bool present = HasColumn(db, "execs", "duration_ms", &st);
+  RETURN_IF_ERROR(st);
+  if (present) return Status::Ok();
+  return ExecSql(db, "ALTER TABLE execs ADD COLUMN duration_ms INTEGER");
+}
+
 struct Migration {
   int version;  // user_version once applied
   Status (*apply)(sqlite3*);
@@ -198,6 +210,7 @@ constexpr Migration kMigrations[] = {
     {3, SchemaV3},
     {4, SchemaV4},
     {5, SchemaV5},
+    {6, SchemaV6},
 };
 // clang-format on
 

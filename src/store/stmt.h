@@ -55,6 +55,14 @@ class Stmt {
     }
     return *this;
   }
+  Stmt& Bind(int i, std::optional<int64_t> v) {
+    if (v) {
+      sqlite3_bind_int64(st_, i, *v);
+    } else {
+      sqlite3_bind_null(st_, i);
+    }
+    return *this;
+  }
   Stmt& Bind(int i, std::optional<int> v) {
     if (v) {
       sqlite3_bind_int64(st_, i, *v);
@@ -85,6 +93,10 @@ class Stmt {
   }
   void OptIntInto(int col, Json& j, const char* field) {
     if (sqlite3_column_type(st_, col) != SQLITE_NULL) j[field] = sqlite3_column_int64(st_, col);
+  }
+  std::optional<int64_t> OptInt64(int col) {
+    if (sqlite3_column_type(st_, col) == SQLITE_NULL) return std::nullopt;
+    return sqlite3_column_int64(st_, col);
   }
   std::optional<int> OptInt(int col) {
     if (sqlite3_column_type(st_, col) == SQLITE_NULL) return std::nullopt;

@@ -3,6 +3,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "store/schema.h"
@@ -158,10 +159,11 @@ Status Store::FinishExec(const ExecRecord& e) {
   MutexLock lock(mu_);
   Stmt s(db_,
          "UPDATE execs SET ended_at = ?, outcome = ?, exit_code = ?, signal = ?, error = ?, "
-         "stdout_bytes = ?, stderr_bytes = ? WHERE id = ?");
+         "stdout_bytes = ?, stderr_bytes = ?, duration_ms = ? WHERE id = ?");
   RETURN_IF_ERROR(s.prepared());
   s.Bind(1, e.ended_at).Bind(2, e.outcome).Bind(3, e.exit_code).Bind(4, e.signal);
-  s.Bind(5, e.error).Bind(6, e.stdout_bytes).Bind(7, e.stderr_bytes).Bind(8, e.id);
+  s.Bind(5, e.error).Bind(6, e.stdout_bytes).Bind(7, e.stderr_bytes);
+  s.Bind(8, e.duration_ms).Bind(9, e.id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   (void)row;
   return Status::Ok();
@@ -171,7 +173,7 @@ namespace {
 
 constexpr const char* kExecColumns =
     "id, vm_id, argv, cwd, started_at, ended_at, outcome, exit_code, signal, error, "
-    "stdout_bytes, stderr_bytes";
+    "stdout_bytes, stderr_bytes, duration_ms";
 
 ExecRecord ReadExec(Stmt& s) {
   ExecRecord e;
@@ -187,10 +189,17 @@ ExecRecord ReadExec(Stmt& s) {
   e.error = s.Text(9);
   e.stdout_bytes = s.Int(10);
   e.stderr_bytes = s.Int(11);
+  e.duration_ms = s.OptInt64(12);
   return e;
 }
 
 }  // namespace
+
+std::optional<int64_t> ExecRecord::Duration() const {
+  if (duration_ms) return duration_ms;
+  if (ended_at <= 0) return std::nullopt;
+  return std::max<int64_t>(0, static_cast<int64_t>((ended_at - started_at) * 1000));
+}
 
 Result<std::vector<ExecRecord>> Store::ListExecs(const std::string& vm_id) {
   MutexLock lock(mu_);

@@ -55,6 +55,12 @@ struct ExecRecord {
   std::string error;
   int64_t stdout_bytes = 0;
   int64_t stderr_bytes = 0;
+  // From start to end on the daemon's monotonic clock, set when it ends. nullopt while it
+  // runs, and for an exec recorded before the store kept it (schema version 6).
+  std::optional<int64_t> duration_ms;
+  // The duration to show: duration_ms when kept, else the wall times' difference (never
+  // below 0); nullopt while it runs.
+  std::optional<int64_t> Duration() const;
 };
 
 // How many execs a running VM has had, and how many run now.

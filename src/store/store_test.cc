@@ -109,6 +109,42 @@ TEST_F(StoreTest, ExecWithoutExitCodeStoresNull) {
   EXPECT_EQ((*list)[0].argv[0], "sleep");
 }
 
+// Issue 51.7: the duration is the monotonic one the daemon measured, whatever the wall times
+// say (a step of the host's clock between them); a row without one (recorded before schema
+// version 6) falls back to their difference, never below 0.
+TEST_F(StoreTest, AnExecKeepsItsMonotonicDurationAcrossAWallClockStep) {
+  ASSERT_TRUE(store_->InsertVm(Vm("v")).ok());
+  ExecRecord e;
+  e.vm_id = "v";
+  e.argv = {"sleep", "20"};
+  e.started_at = 1000;
+  e.outcome = "running";
+  auto id = store_->InsertExec(e);
+  ASSERT_TRUE(id.ok());
+  auto running = store_->GetExec(*id);
+  ASSERT_TRUE(running.ok() && running->has_value());
+  EXPECT_FALSE((*running)->duration_ms.has_value());
+  EXPECT_FALSE((*running)->Duration().has_value());
+  e.id = *id;
+  e.outcome = "exited";
+  e.exit_code = 0;
+  e.ended_at = 1000 + 7220;  // the wall clock was stepped +2 h meanwhile
+  e.duration_ms = 20000;
+  ASSERT_TRUE(store_->FinishExec(e).ok());
+  auto done = store_->GetExec(*id);
+  ASSERT_TRUE(done.ok() && done->has_value());
+  EXPECT_EQ((*done)->duration_ms, std::optional<int64_t>(20000));
+  EXPECT_EQ((*done)->Duration(), std::optional<int64_t>(20000));
+  EXPECT_EQ((*done)->ended_at, 8220);  // the time of day stays as it was read
+
+  ExecRecord old;
+  old.started_at = 1000;
+  old.ended_at = 990;  // a step back, in a row without a kept duration
+  EXPECT_EQ(old.Duration(), std::optional<int64_t>(0));
+  old.ended_at = 1002.5;
+  EXPECT_EQ(old.Duration(), std::optional<int64_t>(2500));
+}
+
 // synchronous=NORMAL skips the fsync of each commit; what a daemon recorded must still be
 // there after it is killed without closing the database.
 TEST_F(StoreTest, CommitsSurviveADaemonKilledWithoutClosing) {

@@ -220,6 +220,13 @@ std::string KernelCmdline(const VmConfig& c) {
   if (c.accel == "tcg" && HostTscKhz() > 0) {
     line += " tsc_early_khz=" + std::to_string(HostTscKhz());
   }
+  // The guest's TSC under TCG is the host's own (invariant) TSC, but the kernel's clocksource
+  // watchdog checks it against jiffies, which a busy host delays: on a loaded host it marked
+  // the TSC unstable in most boots and the guest fell back to refined-jiffies, a clock that
+  // loses every tick the host delays (a VM's clock drifted tens of seconds behind) and on
+  // which hrtimers stall (docs/timekeeping.md, "How it was found"). tsc=reliable keeps the
+  // TSC as the clocksource, unwatched.
+  if (c.accel == "tcg") line += " tsc=reliable";
   // TCG caches translated code by virtual address; with ASLR every new process maps libc
   // somewhere new and is translated again. Measured in the guest: fork+exec of /bin/true
   // from bash 56 ms with ASLR, 30 ms without. Inside a single-tenant throwaway VM ASLR
@@ -552,6 +559,15 @@ Status Vm::SetClock(Clock::time_point deadline) {
     phases_["clock_offset_ms"] = reply["offset_ns"].get<int64_t>() / 1e6;
   }
   return Status::Ok();
+}
+
+Result<int64_t> Vm::StepClock(Clock::time_point deadline) {
+  ASSIGN_OR_RETURN(Json reply, Call({{"op", "clock"}, {"time_ns", HostTimeNs()}}, deadline));
+  if (!BoolOr(reply, "ok")) return Unavailable("the guest refused the clock: " + reply.dump());
+  if (!reply.contains("offset_ns") || !reply["offset_ns"].is_number_integer()) {
+    return Unavailable("the guest's clock reply has no offset_ns: " + reply.dump());
+  }
+  return reply["offset_ns"].get<int64_t>();
 }
 
 Status Vm::Warm(const Json& exec_request, Clock::time_point deadline) {

@@ -149,6 +149,10 @@ class Vm {
   // spare). Records how far off it was (phases: clock_offset_ms) and the round trip
   // (clock_ms).
   Status SetClock(std::chrono::steady_clock::time_point deadline);
+  // The same step for a running VM (the heartbeat's, docs/timekeeping.md): how far the
+  // guest's wall clock was from the host's, in ns (positive: the guest was behind). Records
+  // nothing in phases(), so it may run beside anything.
+  Result<int64_t> StepClock(std::chrono::steady_clock::time_point deadline);
   // Runs `exec_request` (an exec request as the daemon sends one for a caller) to its end,
   // which must be exit code 0, so that the emulator has translated that exec's whole path,
   // the guest kernel's included, before a caller's first exec (see docs/templates.md).

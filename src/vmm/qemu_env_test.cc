@@ -53,5 +53,19 @@ TEST(QemuEnvironmentTest, TheVmDirectoryIsOursNotInherited) {
   EXPECT_EQ(Value(env, "TRYBOX_VM_DIR"), "/mine");
 }
 
+// Issue 51.1: under TCG the guest keeps the TSC as its clocksource (docs/timekeeping.md);
+// under KVM the kernel picks kvm-clock itself and nothing is forced.
+TEST(KernelCmdlineTest, TcgGuestsKeepTheTscAsTheirClocksource) {
+  VmConfig c;
+  c.id = "abc";
+  c.accel = "tcg";
+  c.mode = StartMode::kTemplate;
+  const std::string tcg = KernelCmdline(c);
+  EXPECT_NE((" " + tcg + " ").find(" tsc=reliable "), std::string::npos) << tcg;
+  c.accel = "kvm";
+  const std::string kvm = KernelCmdline(c);
+  EXPECT_EQ(kvm.find("tsc="), std::string::npos) << kvm;
+}
+
 }  // namespace
 }  // namespace trybox::vmm

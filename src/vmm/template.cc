@@ -1,5 +1,6 @@
 #include "vmm/template.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -7,7 +8,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <ctime>
+#include <regex>
 
 #include "util/fd.h"
 #include "util/json.h"
@@ -23,6 +26,8 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kMetaFormat = 1;
+// How Check() begins the reason for a template whose timer proof failed.
+constexpr const char* kTimerBroken = "it failed its timer check: ";
 
 int64_t FileSize(const std::string& path) {
   struct stat st;
@@ -53,6 +58,20 @@ std::vector<std::string> CanonicalArgv(const TemplateShape& shape) {
   c.qemu = shape.qemu;
   c.mode = StartMode::kTemplate;
   return QemuArgv(c);
+}
+
+// Why a template's recorded timer proof does not let it be used ("" if it does).
+std::string TimerProblem(const Json& meta) {
+  if (!meta.contains("timer") || !meta["timer"].is_object()) {
+    return "it never proved a working timer (built before templates were checked)";
+  }
+  const Json& t = meta["timer"];
+  if (t.value("ok", false) == true) return "";
+  return std::string(kTimerBroken) + StrOr(t, "reason", "no reason recorded");
+}
+
+Status WriteMeta(const std::string& dir, const Json& meta) {
+  return WriteFileAtomic(dir + "/meta.json", meta.dump(2) + "\n", 0600);
 }
 
 }  // namespace
@@ -148,7 +167,7 @@ std::string TemplateStore::Check(const std::string& dir, const TemplateKey& key,
   if (FileSize(dir + kTemplateState) <= 0) return "its saved state is missing";
   if (FileSize(dir + kTemplateDisk) <= 0) return "its disk layer is missing";
   if (FileSize(dir + kTemplateCloneDisk) <= 0) return "its clone overlay is missing";
-  return "";
+  return TimerProblem(meta);
 }
 
 Result<int64_t> FreeBytes(const std::string& path) {
@@ -234,7 +253,7 @@ Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
                {"boot_ms", boot_ms},
                {"build_ms", *build_ms},
                {"state_bytes", FileSize(building + kTemplateState)}};
-  st = WriteFileAtomic(building + "/meta.json", meta.dump(2) + "\n", 0600);
+  st = WriteMeta(building, meta);
   if (!st.ok()) return cleanup(st);
   // Swap it in. Running clones keep the old files open; unlinking them is safe.
   (void)RemoveTree(dir);
@@ -245,7 +264,7 @@ Status TemplateStore::Build(const TemplateShape& shape, const Sandbox& sandbox,
 }
 
 Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape, const Sandbox& sandbox,
-                                                const Progress& progress) {
+                                                const Prover& prove, const Progress& progress) {
   ASSIGN_OR_RETURN(TemplateKey key, ComputeTemplateKey(shape));
   const std::string dir = DirFor(shape);
   std::shared_mutex& m = LockFor(dir);
@@ -274,11 +293,76 @@ Result<TemplateStore::Lease> TemplateStore::Get(const TemplateShape& shape, cons
     RETURN_IF_ERROR(Build(shape, sandbox, key, dir, &lease.build_ms));
     LogInfo("templates",
             "built " + dir + " in " + std::to_string(static_cast<int>(lease.build_ms)) + " ms");
+    // Not handed out before it proved its timer: a guest kernel that calibrated its APIC
+    // timer on a busy host may have switched it off, and every clone of it would hang on
+    // its first sleep (issue 51.1).
+    if (progress) progress("template", "checking the new template's timer and clock");
+    Status proven = Prove(dir, key.hash, prove);
+    if (!proven.ok()) return proven;
     lease.built = true;
     lease.built_why = why;
     // Downgrade: nobody can rebuild between here and the shared lock but another Get,
     // which would find this one valid.
   }
+}
+
+Status TemplateStore::Prove(const std::string& dir, const std::string& key, const Prover& prove) {
+  auto text = ReadFileToString(dir + "/meta.json");
+  Json meta = text.ok() ? Json::parse(*text, nullptr, false) : Json();
+  if (!meta.is_object()) return Internal("the new template's meta.json is unreadable");
+  Result<Json> proof = Internal("no timer check was given");
+  if (prove) {
+    auto memory = MemoryFd(dir, key, {});
+    proof = memory.ok() ? prove(dir, *memory) : Result<Json>(memory.status());
+  }
+  if (proof.ok()) {
+    Json timer = proof->is_object() ? *proof : Json::object();
+    timer["ok"] = true;
+    meta["timer"] = timer;
+  } else {
+    meta["timer"] = {{"ok", false}, {"reason", proof.status().message()}};
+    Forget(dir);
+  }
+  Status written = WriteMeta(dir, meta);
+  if (!proof.ok()) {
+    LogWarn("templates", dir + " failed its timer check: " + proof.status().message());
+    return Unavailable("the new template failed its timer check (" + proof.status().message() +
+                       "); it is kept as broken (`trybox image ls`) and rebuilt by the next "
+                       "create, or removed by `trybox image rm-template`");
+  }
+  if (!written.ok()) return written.Annotate("record the template's timer check");
+  LogInfo("templates", dir + " proved its timer: " + meta["timer"].dump());
+  return Status::Ok();
+}
+
+std::vector<std::string> TemplateStore::RemoveImageTemplates(const std::string& image_name) {
+  std::vector<std::string> removed;
+  DIR* d = ::opendir(root_.c_str());
+  if (d == nullptr) return removed;
+  std::vector<std::string> names;
+  // <image>-<mem>m-<cpus>c-<accel>: the image's own, not those of an image whose name
+  // merely begins the same ("debian-12" and "debian-12-dev").
+  static const std::regex kName("^(.+)-([0-9]+)m-([0-9]+)c-(kvm|tcg)$");
+  while (struct dirent* e = ::readdir(d)) {
+    std::smatch m;
+    std::string n = e->d_name;
+    if (std::regex_match(n, m, kName) && m[1] == image_name) names.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    const std::string dir = root_ + "/" + n;
+    std::unique_lock<std::shared_mutex> exclusive(LockFor(dir));
+    Forget(dir);
+    Status st = RemoveTree(dir);
+    if (!st.ok()) {
+      LogWarn("templates", st.message());
+      continue;
+    }
+    LogInfo("templates", "removed " + dir + " (trybox image rm-template)");
+    removed.push_back(n);
+  }
+  return removed;
 }
 
 void TemplateStore::Discard(const TemplateShape& shape, const std::string& why) {
@@ -362,8 +446,14 @@ Json TemplateStore::Describe(const TemplateShape& shape) {
       out["build_ms"] = NumOr(m, "build_ms");
     }
   } else {
-    out["state"] = FileSize(dir + "/meta.json") < 0 ? "none" : "stale";
+    out["state"] = FileSize(dir + "/meta.json") < 0 ? "none"
+                   : why.starts_with(kTimerBroken)  ? "broken"
+                                                    : "stale";
     out["reason"] = why;
+  }
+  if (auto meta = ReadFileToString(dir + "/meta.json"); meta.ok()) {
+    Json m = Json::parse(*meta, nullptr, false);
+    if (m.is_object() && m.contains("timer")) out["timer"] = m["timer"];
   }
   return out;
 }

@@ -9,6 +9,13 @@
 // accelerator, kernel and kernel command line). A template is never used across a
 // mismatch: Get() rebuilds it and says why.
 //
+// A template is accepted only once it proved a working timer (docs/timekeeping.md): after
+// it is built, a clone restored from it must see its timer interrupts rise and a `sleep`
+// return within a bound (the Prover, given by the caller, which knows how to restore and
+// run a clone). The proof is recorded in meta.json; a template without a passing one is
+// never handed out, and one whose proof failed is `broken` (Describe) until it is rebuilt
+// or removed.
+//
 // Thread-safe. Builds are serialised per shape; restores share the template with each
 // other but never with a rebuild or a discard.
 #pragma once
@@ -22,6 +29,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "util/fd.h"
 #include "util/mutex.h"
@@ -87,16 +95,27 @@ class TemplateStore {
   // What a caller is told before a step that may take seconds: ("template", words) before
   // a build, ("memory", words) before the template's RAM is first loaded into a memfd.
   using Progress = std::function<void(const std::string& stage, const std::string& message)>;
-  // Returns the valid template for `shape`, building it first when there is none or the
-  // one on disk does not match (image, QEMU, argv). kUnavailable etc. if the build fails.
-  Result<Lease> Get(const TemplateShape& shape, const Sandbox& sandbox,
+  // Proves a freshly built template in `dir` (its RAM in `memory_fd`) by restoring a clone
+  // and checking its timer: what was measured, or why it failed. Called with the template's
+  // exclusive lock held.
+  using Prover = std::function<Result<nlohmann::json>(const std::string& dir, int memory_fd)>;
+  // Returns the valid template for `shape`, building and proving it first when there is
+  // none, the one on disk does not match (image, QEMU, argv) or never proved its timer.
+  // kUnavailable etc. if the build or the proof fails (a template that failed its proof
+  // stays on disk, marked broken, for `image ls` and doctor to show).
+  Result<Lease> Get(const TemplateShape& shape, const Sandbox& sandbox, const Prover& prove,
                     const Progress& progress = {});
 
   // Removes a template that failed to restore, so that the next Get rebuilds it. Call
   // without holding a Lease on it.
   void Discard(const TemplateShape& shape, const std::string& why);
 
-  // For doctor and `image ls`: {"state": "valid"|"stale"|"none", "reason", "dir", ...}.
+  // Removes every template of image `image_name` (any shape) under the root: the names of
+  // the directories removed. Call without holding a Lease on them.
+  std::vector<std::string> RemoveImageTemplates(const std::string& image_name);
+
+  // For doctor and `image ls`: {"state": "valid"|"stale"|"broken"|"none", "reason", "dir",
+  // "timer"?...}. "broken": it failed its timer proof (reason says how).
   nlohmann::json Describe(const TemplateShape& shape);
 
   // Directory of the template for `shape` (whether or not it exists).
@@ -110,6 +129,9 @@ class TemplateStore {
   void Forget(const std::string& dir);
   // With the exclusive lock held: "" if the template in `dir` fits `key`, else why not.
   std::string Check(const std::string& dir, const TemplateKey& key, int memory_mib);
+  // Runs `prove` on the template just built in `dir` and records the result in its
+  // meta.json. Exclusive lock held.
+  Status Prove(const std::string& dir, const std::string& key, const Prover& prove);
   Status Build(const TemplateShape& shape, const Sandbox& sandbox, const TemplateKey& key,
                const std::string& dir, double* build_ms);
 
