@@ -77,6 +77,7 @@ struct InterceptLimits {
 struct InterceptResult {
   int requests = 0;                          // requests forwarded upstream
   std::map<std::string, int> substitutions;  // secret name -> requests it was put into
+  int scrubbed = 0;            // occurrences of a bound value taken out of responses (scrub.h)
   int refused_status = 0;      // 0, or the status made up for the guest (400/403/408/431/502)
   std::string refused_reason;  // names the rule, and a secret by NAME only
   int64_t bytes_up = 0;        // bytes written upstream
