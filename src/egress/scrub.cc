@@ -138,6 +138,16 @@ Esc Escape(std::string_view s, size_t q, bool eof, Unit* u) {
     u->b[0] = static_cast<unsigned char>(v);
     u->n = 1;
     u->consumed = 3;
+    if (v != '%') return kGot;
+    // "%25XX": percent-encoded twice, as a URL is when it rides in another's query (a login
+    // redirect's next=).
+    uint32_t twice;
+    e = Hex(s, q + 3, 2, eof, &twice);
+    if (e == kShort) return kShort;
+    if (e == kGot) {
+      u->b[0] = static_cast<unsigned char>(twice);
+      u->consumed = 5;
+    }
     return kGot;
   }
   if (c == '+') {
@@ -249,7 +259,7 @@ Scrubber::Match Scrubber::ValueAt(const Secret& sec, std::string_view s, size_t 
       bool same = u.n == 1 ? SameByte(u.b[0], static_cast<unsigned char>(v[i]))
                            : memcmp(u.b, v.data() + i, u.n) == 0;
       if (same) {
-        if (s[q] == '%') {
+        if (s[q] == '%' && u.consumed == 3) {
           saw(kPercent);
           lower_hex = lower_hex || (s[q + 1] >= 'a' && s[q + 1] <= 'f') ||
                       (s[q + 2] >= 'a' && s[q + 2] <= 'f');

@@ -5,8 +5,9 @@
 // response text and writes the secret's placeholder instead:
 //
 //  - the value itself, or written with escapes, each byte as it came or escaped, in any mix:
-//    percent-encoding (either hex case), `+` for a space, JSON escapes (`\uXXXX`, surrogate
-//    pairs, `\/` and the other one-letter escapes), HTML character references (`&#NN;`,
+//    percent-encoding (either hex case, once or twice: `%252F`), `+` for a space, JSON escapes
+//    (`\uXXXX`, surrogate pairs, `\/` and the other one-letter escapes), HTML character references
+//    (`&#NN;`,
 //    `&#xHH;`, `&amp;` `&lt;` `&gt;` `&quot;` `&apos;`); ASCII letters compared without regard
 //    to case (a host that changes a value's case has still handed it over);
 //  - its base64 (standard or url-safe alphabet, with or without padding) at each of the three
@@ -22,7 +23,8 @@
 // replaces but for mixed escapes and short values; ScrubStream can make it so always.
 //
 // What it cannot find: a value the host transformed (hashed, reversed, encrypted, split with
-// other bytes between its parts, encoded twice, hex-encoded). docs/secrets.md says so.
+// other bytes between its parts, escaped twice in any way but percent-encoding, hex-encoded).
+// docs/secrets.md says so.
 //
 // ScrubStream does the same to a stream in pieces without holding it whole: it releases every
 // byte that cannot be the start of an occurrence, so it holds back at most the longest

@@ -126,6 +126,7 @@ class ScrubTest : public ::testing::Test {
             Percent(v, false, false),
             Percent(v, true, false),
             Percent(v, true, true),
+            Percent(Percent(v, false, false), false, false),  // twice: %252F
             Json(v, false, false),
             Json(v, false, true),
             Json(v, true, false),
