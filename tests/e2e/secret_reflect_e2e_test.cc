@@ -6,6 +6,7 @@
 // and HTTP/1.1) and Python; what it receives must hold the placeholder and never the value,
 // in any form, and after it all the value is nowhere in the guest's memory or disk.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <zlib.h>
 
 #include <csignal>
