@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 namespace trybox::egress {
@@ -128,9 +129,12 @@ Esc HtmlRef(std::string_view s, size_t q, bool eof, Unit* u) {
   return PutUtf8(cp, u) ? kGot : kNone;
 }
 
+bool MayEscape(char c) { return c == '%' || c == '+' || c == '&' || c == '\\'; }
+
 // The escape at s[q], if there is one.
 Esc Escape(std::string_view s, size_t q, bool eof, Unit* u) {
   char c = s[q];
+  if (!MayEscape(c)) return kNone;
   if (c == '%') {
     uint32_t v;
     Esc e = Hex(s, q + 1, 2, eof, &v);
@@ -195,6 +199,16 @@ size_t Lead(int align) { return static_cast<size_t>(8 * align) % 6; }
 
 // Which bits of character `j` of an occurrence at `lead` the value fixes (care) and to what.
 void Want(std::string_view v, size_t lead, size_t j, int* want, int* care) {
+  // The common case: all six bits inside the value, read from the two bytes that hold them.
+  const size_t first = 6 * j;
+  if (first >= lead && first - lead + 6 <= 8 * v.size()) {
+    const size_t bit = first - lead, byte = bit / 8;
+    unsigned w = static_cast<unsigned>(static_cast<unsigned char>(v[byte])) << 8;
+    if (byte + 1 < v.size()) w |= static_cast<unsigned char>(v[byte + 1]);
+    *want = static_cast<int>((w >> (10 - bit % 8)) & 63);
+    *care = 63;
+    return;
+  }
   *want = 0;
   *care = 0;
   const size_t end = lead + 8 * v.size();
@@ -215,15 +229,19 @@ constexpr size_t kMinBase64Value = 3;
 }  // namespace
 
 Scrubber::Scrubber(std::vector<const Secret*> secrets) : secrets_(std::move(secrets)) {
-  for (unsigned char c : std::string_view("%+&\\")) start_[c] = true;
-  for (const Secret* s : secrets_) {
-    std::string_view v = s->value.view();
+  starts_.resize(secrets_.size());
+  for (size_t i = 0; i < secrets_.size(); ++i) {
+    std::array<uint8_t, 256>& m = starts_[i];
+    m.fill(0);
+    std::string_view v = secrets_[i]->value.view();
     if (v.empty()) continue;
+    // Bit 0: the value as text may start with the byte; bit 1 + align: its base64.
+    for (unsigned char c : std::string_view("%+&\\")) m[c] = 0x0F;
     auto first = static_cast<unsigned char>(v[0]);
-    start_[first] = true;
+    m[first] |= 1;
     if ((first | 0x20) >= 'a' && (first | 0x20) <= 'z') {
-      start_[first | 0x20] = true;
-      start_[first & ~0x20] = true;
+      m[first | 0x20] |= 1;
+      m[first & ~0x20] |= 1;
     }
     size_t longest = v.size();
     if (v.size() >= kMinBase64Value) {
@@ -232,12 +250,13 @@ Scrubber::Scrubber(std::vector<const Secret*> secrets) : secrets_(std::move(secr
         Want(v, Lead(align), 0, &want, &care);
         for (int x = 0; x < 64; ++x) {
           if ((x & care) != want) continue;
-          start_[static_cast<unsigned char>(kStd[x])] = true;
-          start_[static_cast<unsigned char>(kUrl[x])] = true;
+          m[static_cast<unsigned char>(kStd[x])] |= static_cast<uint8_t>(2 << align);
+          m[static_cast<unsigned char>(kUrl[x])] |= static_cast<uint8_t>(2 << align);
         }
         longest = std::max(longest, Base64Chars(v.size(), align));
       }
     }
+    for (int c = 0; c < 256; ++c) start_[c] = start_[c] || m[c] != 0;
     max_encoded_ = std::max(max_encoded_, kMaxEscape * longest);
   }
 }
@@ -355,16 +374,21 @@ Scrubber::Match Scrubber::At(std::string_view s, size_t p, bool eof, size_t* len
   bool partial = false;
   size_t best = 0;
   std::string b64;
-  for (const Secret* sec : secrets_) {
+  const auto c = static_cast<unsigned char>(s[p]);
+  for (size_t i = 0; i < secrets_.size(); ++i) {
+    const uint8_t may = starts_[i][c];
+    if (may == 0) continue;
+    const Secret* sec = secrets_[i];
     size_t n = 0;
-    Match m = ValueAt(*sec, s, p, eof, &n, &b64);
+    Match m = Match::kNo;
+    if (may & 1) m = ValueAt(*sec, s, p, eof, &n, &b64);
     if (m == Match::kPartial) partial = true;
     if (m == Match::kFull && n > best) {
       best = n;
       replacement->swap(b64);
     }
-    if (sec->value.view().size() < kMinBase64Value) continue;
     for (int align = 0; align < 3; ++align) {
+      if ((may & (2 << align)) == 0) continue;
       m = Base64At(*sec, align, s, p, eof, &n, &b64);
       if (m == Match::kPartial) partial = true;
       if (m == Match::kFull && n > best) {

@@ -35,7 +35,9 @@
 // Thread-safety: a Scrubber is immutable (shared read-only); a ScrubStream is one thread's.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,7 +77,10 @@ class Scrubber {
 
   std::vector<const Secret*> secrets_;
   size_t max_encoded_ = 0;
-  bool start_[256] = {};  // bytes an occurrence can start with
+  bool start_[256] = {};  // bytes an occurrence of any value can start with
+  // Per secret, which of its forms can start with each byte (bit 0: as text; 1 << (1 +
+  // align): base64 at that alignment). Holds no more of a value than its first byte.
+  std::vector<std::array<uint8_t, 256>> starts_;
 };
 
 class ScrubStream {
