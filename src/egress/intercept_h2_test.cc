@@ -418,7 +418,8 @@ TEST_F(InterceptH2Test, AStreamTheGuestResetsEndsItsUpstreamConnectionOnly) {
   int32_t a = client().Submit("GET", "/slow");
   int up_a = NextUpstream();
   ReadHead(up_a);
-  Write(up_a, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart");
+  // ".:.:" cannot begin a secret's value, so the scrubber holds none of it back.
+  Write(up_a, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n.:.:");
   client().WaitForBody(a, 4);
   client().Reset(a);
   EXPECT_EQ(ReadUntilEof(up_a), "");  // the relay closed that connection
