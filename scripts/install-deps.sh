@@ -9,7 +9,7 @@ PACKAGES=(
   cmake ninja-build g++ clang libclang-rt-dev pkg-config ccache
   # libraries
   nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev libarchive-dev nettle-dev libcurl4-openssl-dev
-  libmicrohttpd-dev libext2fs-dev libnghttp2-dev
+  libmicrohttpd-dev libext2fs-dev libnghttp2-dev zlib1g-dev
   libgtest-dev libgmock-dev libseccomp-dev
   # running VMs and building images
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs kmod xz-utils dpkg-dev

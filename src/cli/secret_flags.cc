@@ -14,8 +14,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr char kUsage[] =
-    "--secret takes NAME=SOURCE@HOST[,HOST...] (SOURCE: env:VAR or file:PATH), or the NAME of "
-    "a secret in secrets.json";
+    "--secret takes NAME=SOURCE@HOST[,HOST...][+target] (SOURCE: env:VAR or file:PATH; "
+    "+target: put the value into request paths and queries too), or the NAME of a secret in "
+    "secrets.json";
 
 Status CheckName(const std::string& name) {
   bool ok = !name.empty() && !(name[0] >= '0' && name[0] <= '9') &&
@@ -62,8 +63,8 @@ Result<std::string> ReadValue(const std::string& name, const std::string& source
 }
 
 // secrets.json: {"NAME": {"source": "env:VAR", "hosts": ["api.example.com"],
-// "body": false, "keep_cookies": false}}. Every entry is checked, so a mistake is found the
-// first time any secret is used.
+// "body": false, "keep_cookies": false, "target": false}}. Every entry is checked, so a mistake is
+// found the first time any secret is used.
 Result<Json> ReadNamedSecrets(const Paths& paths) {
   const std::string path = paths.config + "/secrets.json";
   auto text = ReadFileToString(path);
@@ -77,9 +78,9 @@ Result<Json> ReadNamedSecrets(const Paths& paths) {
     RETURN_IF_ERROR(CheckName(name).Annotate(path));
     if (!e.is_object()) return InvalidArgument(path + ": " + name + " must be an object");
     for (const auto& [key, v] : e.items()) {
-      bool known = key == "source" || key == "hosts" || key == "body" || key == "keep_cookies";
+      bool flag = key == "body" || key == "keep_cookies" || key == "target";
+      bool known = key == "source" || key == "hosts" || flag;
       if (!known) return InvalidArgument(path + ": " + name + ": unknown key '" + key + "'");
-      bool flag = key == "body" || key == "keep_cookies";
       if (flag && !v.is_boolean()) {
         return InvalidArgument(path + ": " + name + "." + key + " must be true or false");
       }
@@ -116,6 +117,12 @@ Result<SecretFlag> ParseSecretFlag(const std::string& text) {
   f.source = text.substr(eq + 1, at - eq - 1);
   RETURN_IF_ERROR(CheckSource(f.name, f.source));
   std::string hosts = text.substr(at + 1);
+  static constexpr std::string_view kTarget = "+target";
+  if (hosts.size() > kTarget.size() &&
+      hosts.compare(hosts.size() - kTarget.size(), kTarget.size(), kTarget) == 0) {
+    f.target = true;
+    hosts.resize(hosts.size() - kTarget.size());
+  }
   for (size_t i = 0; i <= hosts.size();) {
     size_t comma = std::min(hosts.find(',', i), hosts.size());
     std::string h = hosts.substr(i, comma - i);
@@ -145,8 +152,10 @@ Result<Json> ResolveSecrets(const Paths& paths, const std::vector<std::string>& 
       entry["hosts"] = e["hosts"];
       entry["body"] = e.value("body", false);
       entry["keep_cookies"] = e.value("keep_cookies", false);
+      entry["target"] = e.value("target", false);
     } else {
       entry["hosts"] = f.hosts;
+      entry["target"] = f.target;
     }
     ASSIGN_OR_RETURN(std::string value, ReadValue(f.name, f.source));
     entry["value"] = std::move(value);

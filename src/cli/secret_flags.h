@@ -13,13 +13,15 @@
 
 namespace trybox::cli {
 
-// One --secret: `NAME=SOURCE@HOST[,HOST...]`, or `NAME` alone for a named secret of
-// secrets.json. SOURCE is env:VAR (this process's environment) or file:PATH (one trailing
+// One --secret: `NAME=SOURCE@HOST[,HOST...][+target]`, or `NAME` alone for a named secret of
+// secrets.json. `+target` puts the value into request targets (path and query) as well as
+// headers. SOURCE is env:VAR (this process's environment) or file:PATH (one trailing
 // newline dropped). Only the syntax is checked here; no value is read.
 struct SecretFlag {
   std::string name;
   std::string source;              // "" for a named secret
   std::vector<std::string> hosts;  // empty for a named secret
+  bool target = false;             // "+target"
 };
 Result<SecretFlag> ParseSecretFlag(const std::string& text);
 

@@ -19,12 +19,19 @@ TEST(SecretFlagsTest, AFlagNamesTheVariableTheSourceAndTheHosts) {
   auto at = ParseSecretFlag("K=file:/tmp/a@b/token@x.test");
   ASSERT_TRUE(at.ok());
   EXPECT_EQ(at->source, "file:/tmp/a@b/token");
+  EXPECT_FALSE(at->target);
+  // +target: the value goes into request targets too.
+  auto target = ParseSecretFlag("K=env:V@a.test,b.test+target");
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  EXPECT_TRUE(target->target);
+  EXPECT_EQ(target->hosts, (std::vector<std::string>{"a.test", "b.test"}));
   auto named = ParseSecretFlag("NAMED_ONE");
   ASSERT_TRUE(named.ok());
   EXPECT_TRUE(named->source.empty());
-  for (const char* bad : {"GH_TOKEN=env:X", "=env:X@a.test", "1X=env:X@a.test", "X=plain@a.test",
-                          "X=env:@a.test", "X=file:@a.test", "X=env:V@", "X=env:V@a.test:443",
-                          "X=env:V@127.0.0.1", "X=env:V@a.test,", "A-B"}) {
+  for (const char* bad :
+       {"GH_TOKEN=env:X", "=env:X@a.test", "1X=env:X@a.test", "X=plain@a.test", "X=env:@a.test",
+        "X=file:@a.test", "X=env:V@", "X=env:V@a.test:443", "X=env:V@127.0.0.1", "X=env:V@a.test,",
+        "A-B", "X=env:V@+target", "X=env:V@a.test+body", "X=env:V@a.test+target+target"}) {
     EXPECT_FALSE(ParseSecretFlag(bad).ok()) << bad;
   }
 }
@@ -50,6 +57,11 @@ TEST_F(ResolveSecretsTest, ValuesComeFromTheEnvironmentOrAFile) {
   EXPECT_EQ((*j)[0]["value"], "value-from-env-123");
   EXPECT_EQ((*j)[1]["value"], "value-from-file-456");  // the trailing newline dropped
   EXPECT_EQ((*j)[1]["hosts"], (Json{"b.test", "*.c.test"}));
+  EXPECT_EQ((*j)[0]["target"], false);
+  auto t = ResolveSecrets(paths_, {"A=env:TRYBOX_TEST_SECRET_VALUE@a.test+target"});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ((*t)[0]["target"], true);
+  EXPECT_EQ((*t)[0]["hosts"], (Json{"a.test"}));
 }
 
 TEST_F(ResolveSecretsTest, AMissingSourceIsNamedAndNoValueIsQuoted) {
@@ -67,7 +79,8 @@ TEST_F(ResolveSecretsTest, ANamedSecretComesFromSecretsJsonWithItsHostsAndOption
   Json config = {{"GH",
                   {{"source", "env:TRYBOX_TEST_SECRET_VALUE"},
                    {"hosts", {"api.github.test"}},
-                   {"body", true}}},
+                   {"body", true},
+                   {"target", true}}},
                  {"NPM",
                   {{"source", "file:" + tmp_.path() + "/token"},
                    {"hosts", {"*.npm.test"}},
@@ -80,6 +93,8 @@ TEST_F(ResolveSecretsTest, ANamedSecretComesFromSecretsJsonWithItsHostsAndOption
   EXPECT_EQ((*j)[0]["body"], true);
   EXPECT_EQ((*j)[1]["value"], "value-from-file-456");
   EXPECT_EQ((*j)[1]["keep_cookies"], true);
+  EXPECT_EQ((*j)[0]["target"], true);
+  EXPECT_EQ((*j)[1]["target"], false);
   auto unknown = ResolveSecrets(paths_, {"NOPE"});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), Code::kNotFound);
@@ -100,6 +115,8 @@ TEST_F(ResolveSecretsTest, AMistakeInSecretsJsonIsRefusedNamingTheEntry) {
           "unknown key 'value'");
   refused({{"GH", {{"source", "env:X"}, {"hosts", {"a.test"}}, {"body", "yes"}}}},
           "GH.body must be true or false");
+  refused({{"GH", {{"source", "env:X"}, {"hosts", {"a.test"}}, {"target", 1}}}},
+          "GH.target must be true or false");
   refused({{"1GH", {{"source", "env:X"}, {"hosts", {"a.test"}}}}}, "not a valid");
 }
 

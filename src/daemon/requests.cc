@@ -49,7 +49,8 @@ Status NoNul(const std::string& s, const char* what) {
   return Status::Ok();
 }
 
-// [{"name": N, "value": V, "hosts": [H...], "body": false, "keep_cookies": false}]. Errors
+// [{"name": N, "value": V, "hosts": [H...], "body": false, "keep_cookies": false,
+// "target": false}]. Errors
 // name the secret by its index and name, never by its value. `what`: the prefix of the
 // field's name in messages. The values go into pages of their own; every string copy made
 // here is wiped, parsed or not.
@@ -71,6 +72,7 @@ Result<std::shared_ptr<const egress::HeldSecrets>> Secrets(const Json& j, const 
       ASSIGN_OR_RETURN(in.hosts, f.StringList("hosts"));
       ASSIGN_OR_RETURN(in.body, f.Bool("body", false));
       ASSIGN_OR_RETURN(in.keep_cookies, f.Bool("keep_cookies", false));
+      ASSIGN_OR_RETURN(in.target, f.Bool("target", false));
     }
     return Status::Ok();
   };

@@ -40,7 +40,7 @@ TEST(DaemonRequestsTest, CreateAndAgentTakeHttpRulesAsTheirTexts) {
 TEST(DaemonRequestsTest, CreateTakesSecretsAndItsErrorsNeverQuoteAValue) {
   auto r = ParseCreate(J(R"({"secrets":[{"name":"GH","value":"v-123","hosts":["a.test"]},
                          {"name":"B","value":"w","hosts":["*.b.test"],"body":true,
-                          "keep_cookies":true}]})"));
+                          "keep_cookies":true,"target":true}]})"));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_NE(r->secrets, nullptr);
   const auto& held = r->secrets->entries();
@@ -51,6 +51,8 @@ TEST(DaemonRequestsTest, CreateTakesSecretsAndItsErrorsNeverQuoteAValue) {
   EXPECT_FALSE(held[0].body);
   EXPECT_TRUE(held[1].body);
   EXPECT_TRUE(held[1].keep_cookies);
+  EXPECT_FALSE(held[0].target);
+  EXPECT_TRUE(held[1].target);
   EXPECT_EQ(ParseCreate(J("{}"))->secrets, nullptr);
   ExpectInvalid(ParseCreate(J(R"({"secrets":{}})")).status(), "'secrets' must be an array");
   ExpectInvalid(ParseCreate(J(R"({"secrets":[1]})")).status(), "secrets[0]");

@@ -44,6 +44,8 @@ const char* StatusText(int status) {
       return "Forbidden";
     case 408:
       return "Request Timeout";
+    case 405:
+      return "Method Not Allowed";
     case 431:
       return "Request Header Fields Too Large";
     case 502:

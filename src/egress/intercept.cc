@@ -1,6 +1,7 @@
 #include "egress/intercept.h"
 
 #include <string.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "egress/hostname.h"
+#include "egress/scrub.h"
 #include "util/ascii.h"
 #include "util/mutex.h"
 #include "util/utf8.h"
@@ -56,6 +58,24 @@ std::vector<std::string> Elements(const Headers& h, std::string_view name) {
 bool HasElement(const Headers& h, std::string_view name, std::string_view element) {
   auto e = Elements(h, name);
   return std::find(e.begin(), e.end(), element) != e.end();
+}
+
+// An Accept-Encoding value with only the codings the relay can decode to scrub a response
+// (gzip, deflate, identity), each element as it came; "identity" if none is left.
+std::string InspectableCodings(std::string_view value) {
+  std::string out;
+  std::string_view rest = value;
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view e = TrimOws(rest.substr(0, comma));
+    std::string coding = AsciiLower(TrimOws(e.substr(0, e.find(';'))));
+    if (coding == "gzip" || coding == "x-gzip" || coding == "deflate" || coding == "identity") {
+      if (!out.empty()) out += ", ";
+      out.append(e);
+    }
+    rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
+  }
+  return out.empty() ? "identity" : out;
 }
 
 void Wipe(std::string& s) {
@@ -310,6 +330,83 @@ class Input {
   Status failed_;
 };
 
+// A gzip or deflate body decoded as it comes (RFC 9110 section 8.4.1). "deflate" is the
+// zlib format, or raw deflate as some servers send it (told apart by the zlib header).
+class Inflater {
+ public:
+  enum class Kind { kGzip, kDeflate };
+  explicit Inflater(Kind kind) : kind_(kind) {}
+  ~Inflater() {
+    if (init_) ::inflateEnd(&z_);
+  }
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+
+  // Decodes `in`, handing each piece of output to `emit`.
+  Status Feed(std::string_view in, const std::function<Status(std::string_view)>& emit) {
+    if (ended_ || in.empty()) return Status::Ok();  // bytes after the end are dropped
+    if (!init_) {
+      start_.append(in);
+      if (kind_ == Kind::kDeflate && start_.size() < 2) return Status::Ok();
+      int bits = 15 + 32;  // gzip (or zlib) by its header
+      if (kind_ == Kind::kDeflate) {
+        auto cmf = static_cast<unsigned char>(start_[0]),
+             flg = static_cast<unsigned char>(start_[1]);
+        bool zlib = (cmf & 0x0F) == 8 && ((cmf << 8) | flg) % 31 == 0;
+        bits = zlib ? 15 : -15;
+      }
+      if (::inflateInit2(&z_, bits) != Z_OK) return Internal("inflateInit2 failed");
+      init_ = true;
+      std::string first = std::move(start_);
+      return Run(first, emit);
+    }
+    return Run(in, emit);
+  }
+
+  // The body ended: an error if the compressed stream had not.
+  Status Finish() {
+    if (!ended_) return Unavailable("the compressed body ended before its compressed stream did");
+    return Status::Ok();
+  }
+
+ private:
+  Status Run(std::string_view in, const std::function<Status(std::string_view)>& emit) {
+    z_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+    z_.avail_in = static_cast<uInt>(in.size());
+    std::string out(64 * 1024, '\0');
+    while (z_.avail_in > 0 && !ended_) {
+      z_.next_out = reinterpret_cast<Bytef*>(out.data());
+      z_.avail_out = static_cast<uInt>(out.size());
+      int rc = ::inflate(&z_, Z_NO_FLUSH);
+      size_t got = out.size() - z_.avail_out;
+      if (got > 0) RETURN_IF_ERROR(emit(std::string_view(out.data(), got)));
+      if (rc == Z_STREAM_END) {
+        // gzip may have members one after another; anything else after the end is dropped.
+        bool member = kind_ == Kind::kGzip && z_.avail_in >= 2 && z_.next_in[0] == 0x1f &&
+                      z_.next_in[1] == 0x8b;
+        if (!member) {
+          ended_ = true;
+          break;
+        }
+        if (::inflateReset(&z_) != Z_OK) return Internal("inflateReset failed");
+        continue;
+      }
+      if (rc == Z_BUF_ERROR && got == 0) break;
+      if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        return InvalidArgument("the compressed body does not decode (zlib error " +
+                               std::to_string(rc) + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  const Kind kind_;
+  z_stream z_{};
+  bool init_ = false;
+  bool ended_ = false;
+  std::string start_;
+};
+
 // Where a body goes: to the output as it came, or, while capturing, into memory (the bytes
 // as they came in raw(), the payload in data()) up to a cap; past it `spill` sends what was
 // held and the rest goes to the output.
@@ -330,7 +427,26 @@ class BodySink {
   std::string& raw() { return raw_; }
   std::string& data() { return data_; }
 
+  // A response body for the guest, scrubbed of secret values (and decoded first by `inflate`,
+  // if given): the incoming framing is dropped, and the payload goes out in chunks of its own
+  // when `chunk`, else as it is (the scrubbing keeps its length when nothing decodes it).
+  void Scrub(ScrubStream* scrub, Inflater* inflate, bool chunk) {
+    scrub_ = scrub;
+    inflate_ = inflate;
+    chunk_ = chunk;
+  }
+  // The end of a scrubbed body: what the scrubber held, and the last chunk.
+  Status End() {
+    if (scrub_ == nullptr) return Status::Ok();
+    if (inflate_) RETURN_IF_ERROR(inflate_->Finish());
+    std::string rest;
+    scrub_->Finish(&rest);
+    RETURN_IF_ERROR(Put(rest));
+    return chunk_ ? out_.Add("0\r\n\r\n") : Status::Ok();
+  }
+
   Status Framing(std::string_view b) {
+    if (scrub_) return Status::Ok();
     if (!capturing_) return out_.Add(b);
     raw_.append(b);
     return Status::Ok();
@@ -345,6 +461,10 @@ class BodySink {
     return s;
   }
   Status Data(std::string_view b) {
+    if (scrub_) {
+      if (!inflate_) return Scrubbed(b);
+      return inflate_->Feed(b, [this](std::string_view d) { return Scrubbed(d); });
+    }
     if (!capturing_) return out_.Add(b);
     raw_.append(b);
     data_.append(b);
@@ -352,7 +472,25 @@ class BodySink {
   }
 
  private:
+  Status Scrubbed(std::string_view b) {
+    std::string out;
+    scrub_->Feed(b, &out);
+    return Put(out);
+  }
+  Status Put(std::string_view b) {
+    if (b.empty()) return Status::Ok();
+    if (!chunk_) return out_.Add(b);
+    char size[24];
+    std::snprintf(size, sizeof size, "%zx\r\n", b.size());
+    RETURN_IF_ERROR(out_.Add(size));
+    RETURN_IF_ERROR(out_.Add(b));
+    return out_.Add("\r\n");
+  }
+
   Output& out_;
+  ScrubStream* scrub_ = nullptr;
+  Inflater* inflate_ = nullptr;
+  bool chunk_ = false;
   bool capturing_ = false;
   size_t cap_ = 0;
   std::function<Status(std::string_view)> spill_;
@@ -476,6 +614,7 @@ struct Pending {
   bool refusal = false;
   std::string response;  // a refusal's bytes
   std::string method;
+  std::string version;  // the request's
   uint64_t seq = 0;
   bool upgrade = false;  // asked to switch protocols: the request thread waits for the answer
   bool last = false;     // asked to close the connection after its response
@@ -501,12 +640,16 @@ class Relay {
         limits_(limits),
         guest_out_(guest, bytes_down_, guest_mu_, false, "the guest"),
         up_out_(upstream, bytes_up_, up_mu_, true, "the upstream") {
+    std::vector<const Secret*> bound;
     for (const auto& s : secrets.secrets()) {
       if (!s.BoundTo(host)) continue;
       head_subst_.Add(&s);
+      if (s.target) target_subst_.Add(&s);
       if (s.body) body_subst_.Add(&s);
       keep_cookies_ = keep_cookies_ || s.keep_cookies;
+      bound.push_back(&s);
     }
+    scrubber_ = Scrubber(std::move(bound));
     MutexLock l(mu_);
     last_response_ = Clock::now();
   }
@@ -521,6 +664,7 @@ class Relay {
     r.bytes_up = bytes_up_.load();
     r.bytes_down = bytes_down_.load();
     MutexLock l(mu_);
+    r.scrubbed = scrubbed_;
     r.refused_status = refused_status_;
     r.refused_reason = refused_reason_;
     r.upgraded = raw_;
@@ -625,6 +769,11 @@ class Relay {
   }
 
   After Forward(Input& in, const RequestHead& head, const std::string& raw) {
+    if (head.method == "TRACE" || head.method == "TRACK") {
+      return Refuse(405, head.method +
+                             " is refused inside an intercepted tunnel: its answer echoes the "
+                             "request, secrets and all");
+    }
     if (head.target.front() != '/' && !(head.target == "*" && head.method == "OPTIONS")) {
       return Refuse(400,
                     "the request target must be origin-form (/path) inside the tunnel to " + host_);
@@ -659,6 +808,7 @@ class Relay {
 
     Pending p;
     p.method = head.method;
+    p.version = head.version;
     p.upgrade = CountHeaders(head.headers, "upgrade") > 0;
     p.last = HasElement(head.headers, "connection", "close") ||
              (head.version == "HTTP/1.0" && !HasElement(head.headers, "connection", "keep-alive"));
@@ -741,9 +891,13 @@ class Relay {
   // carry another secret's placeholder.
   EditedHead Edit(const RequestHead& head, std::set<std::string>* used, const Secret** foreign) {
     EditedHead e;
-    e.target = head_subst_.Apply(head.target, Into::kTarget, used).value_or(head.target);
+    e.target = target_subst_.Apply(head.target, Into::kTarget, used).value_or(head.target);
     for (const auto& [name, value] : head.headers) {
       std::optional<std::string> v = head_subst_.Apply(value, Into::kText, used);
+      // Only codings the relay can decode, so that it can scrub what comes back.
+      if (!scrubber_.empty() && AsciiEqualsIgnoreCase(name, "accept-encoding")) {
+        v = InspectableCodings(v ? *v : value);
+      }
       if (!v && (AsciiEqualsIgnoreCase(name, "authorization") ||
                  AsciiEqualsIgnoreCase(name, "proxy-authorization"))) {
         if (auto basic = DecodeBasic(value)) {
@@ -968,19 +1122,28 @@ class Relay {
         }
       }
       std::string_view raw = in.buffered();
-      std::string out(raw.substr(0, raw.find("\r\n") + 2));  // the status line as it came
+      // The status line as it came (its reason phrase scrubbed).
+      std::string out(raw.substr(0, raw.find("\r\n") + 2));
+      if (!scrubber_.empty()) out = scrubber_.ScrubAll(out, &scrubbed_);
+      Headers fields;
       for (const auto& [name, value] : head->headers) {
         // A session won with the secret would let the guest act with it, without it.
         if (!keep_cookies_ && (AsciiEqualsIgnoreCase(name, "set-cookie") ||
                                AsciiEqualsIgnoreCase(name, "set-cookie2"))) {
           continue;
         }
-        out.append(name).append(": ").append(value).append("\r\n");
+        fields.emplace_back(name,
+                            scrubber_.empty() ? value : scrubber_.ScrubAll(value, &scrubbed_));
       }
-      out.append("\r\n");
+      auto serialize = [&]() {
+        for (const auto& [name, value] : fields)
+          out.append(name).append(": ").append(value).append("\r\n");
+        out.append("\r\n");
+      };
       in.Consume(head->size);
       const int status = head->status;
       if (status / 100 == 1 && status != 101) {
+        serialize();
         Status s = guest_out_.Add(out);
         if (!s.ok()) {
           FailResponse(what + ": " + s.message(), Answer::kAbort);
@@ -994,6 +1157,7 @@ class Relay {
           FailResponse(what + " is a 101, but the request asked for no upgrade", Answer::k502);
           return After::kStop;
         }
+        serialize();
         Status s = guest_out_.Add(out);
         if (s.ok()) s = guest_out_.Flush();
         if (!s.ok()) {
@@ -1027,6 +1191,58 @@ class Relay {
           HasElement(head->headers, "connection", "close") ||
           (head->version == "HTTP/1.0" && !HasElement(head->headers, "connection", "keep-alive"));
       BodySink sink(guest_out_);
+      ScrubStream scrub(scrubber_, /*fit=*/true);
+      std::optional<Inflater> inflate;
+      std::optional<ScrubStream> decoded;
+      if (!scrubber_.empty() && framing.kind != Framing::kNone) {
+        // A body is scrubbed only once it can be read: decoded when gzip or deflate, refused
+        // when coded any other way.
+        std::string cannot;
+        bool transfer_coded = CountHeaders(head->headers, "transfer-encoding") > 0 &&
+                              !(framing.kind == Framing::kChunked && framing.only_chunked);
+        std::vector<std::string> codings = Elements(head->headers, "content-encoding");
+        codings.erase(std::remove(codings.begin(), codings.end(), "identity"), codings.end());
+        if (transfer_coded) {
+          cannot = "a transfer coding besides chunked";
+        } else if (codings.size() > 1) {
+          cannot = "more than one content coding";
+        } else if (codings.size() == 1 && codings[0] != "gzip" && codings[0] != "x-gzip" &&
+                   codings[0] != "deflate") {
+          cannot = "the content coding '" + codings[0].substr(0, 32) + "'";
+        }
+        if (!cannot.empty()) {
+          FailResponse(what + " from " + host_ + " comes with " + cannot +
+                           ", which the relay cannot read to take secret values out of it "
+                           "(it asks only for gzip, deflate or identity)",
+                       Answer::k502);
+          return After::kStop;
+        }
+        if (codings.empty()) {
+          // Each occurrence is replaced by as many bytes: the framing stays as it came.
+          sink.Scrub(&scrub, nullptr, framing.kind == Framing::kChunked);
+        } else {
+          // Decoded, the body has another length: chunked where both sides speak HTTP/1.1,
+          // else delimited by the connection's end.
+          inflate.emplace(codings[0] == "deflate" ? Inflater::Kind::kDeflate
+                                                  : Inflater::Kind::kGzip);
+          bool chunk = p.version == "HTTP/1.1" && head->version == "HTTP/1.1";
+          Headers kept;
+          for (auto& [name, value] : fields) {
+            bool drop = false;
+            for (std::string_view n : {"content-encoding", "content-length", "transfer-encoding",
+                                       "content-md5", "digest", "content-digest", "repr-digest"}) {
+              drop = drop || AsciiEqualsIgnoreCase(name, n);
+            }
+            if (!drop) kept.emplace_back(std::move(name), std::move(value));
+          }
+          fields = std::move(kept);
+          if (chunk) fields.emplace_back("Transfer-Encoding", "chunked");
+          close = close || !chunk;
+          decoded.emplace(scrubber_, /*fit=*/false);
+          sink.Scrub(&*decoded, &*inflate, chunk);
+        }
+      }
+      serialize();
       bool trailers = false;
       Status s = guest_out_.Add(out);
       if (s.ok() && framing.kind == Framing::kLength) s = RelayLength(in, sink, framing.length);
@@ -1034,7 +1250,10 @@ class Relay {
         s = RelayChunked(in, sink, limits_.max_head, &trailers);
       }
       if (s.ok() && framing.kind == Framing::kUntilClose) s = RelayUntilEof(in, sink);
+      if (s.ok()) s = sink.End();
       if (s.ok()) s = guest_out_.Flush();
+      scrubbed_ += scrub.replaced();
+      if (decoded) scrubbed_ += decoded->replaced();
       if (!s.ok()) {
         FailResponse(what + ": " + s.message(), Answer::kAbort);
         return After::kStop;
@@ -1124,8 +1343,10 @@ class Relay {
   const HttpRules* rules_;  // may be null
   const std::string host_;
   const InterceptLimits limits_;
-  Substituter head_subst_;  // secrets bound to host_
-  Substituter body_subst_;  // ... that have `body`
+  Substituter head_subst_;    // secrets bound to host_
+  Substituter target_subst_;  // ... that have `target`
+  Substituter body_subst_;    // ... that have `body`
+  Scrubber scrubber_;         // their values, taken out of responses
   bool keep_cookies_ = false;
 
   std::atomic<int64_t> bytes_up_{0};
@@ -1134,6 +1355,9 @@ class Relay {
   Mutex up_mu_;     // upstream writes (the request thread's only)
   Output guest_out_;
   Output up_out_;
+
+  // The response thread's own.
+  int scrubbed_ = 0;
 
   // The request thread's own.
   int requests_ = 0;

@@ -3,9 +3,11 @@
 // guest's decrypted side and the upstream's and parses both directions:
 //
 //  - each request head (strict, capped, with a deadline) gets the real value of every secret
-//    bound to the tunnel's host in place of its placeholder: in the request target, in every
-//    header value, and inside `Authorization: Basic` credentials (decoded, substituted,
-//    re-encoded). Header names are never rewritten; headers are otherwise passed as they came.
+//    bound to the tunnel's host in place of its placeholder: in every header value, inside
+//    `Authorization: Basic` credentials (decoded, substituted, re-encoded), and in the request
+//    target only for secrets with `target`. Header names are never rewritten; headers are
+//    otherwise passed as they came, but for `Accept-Encoding`, narrowed to the codings the
+//    response side can decode (gzip, deflate, identity).
 //  - a request carrying the placeholder of a secret NOT bound to the host (anywhere in its
 //    head, in decoded Basic credentials, or in a buffered body) is refused with 403 and the
 //    connection ends; nothing of that request reaches the upstream.
@@ -14,10 +16,15 @@
 //    InterceptLimits::max_buffered_body bytes buffered, substituted and sent with a corrected
 //    Content-Length. Larger bodies, and chunked bodies with a coding besides chunked or with
 //    trailer fields, are relayed unmodified and unscanned.
-//  - responses are parsed (ParseResponseHead) only to find where each ends; Set-Cookie and
+//  - responses are parsed (ParseResponseHead) to find where each ends and to take every bound
+//    value back out (scrub.h): from the status line, every header value and the body. A body
+//    without a content coding is streamed through a ScrubStream that keeps its length (its
+//    framing goes as it came; a chunked one is cut into chunks anew, trailers dropped); a
+//    gzip or deflate body is decoded, scrubbed and sent decoded and chunked (or up to the
+//    connection's end for HTTP/1.0); any other coding is answered 502. Set-Cookie and
 //    Set-Cookie2 are dropped unless a secret bound to the host has keep_cookies, so that a
 //    session won with the secret does not reach the guest. A 101 turns the connection into
-//    raw bytes both ways.
+//    raw bytes both ways (not scrubbed).
 //
 // Rules the relay adds, each refused with a status and an X-Trybox-Reason header:
 //  - the VM's HTTP rules for the host (http_rules.h), checked on each request's method
@@ -28,7 +35,8 @@
 //  - exactly one Host header, naming the tunnel's host (any port): a different Host could reach
 //    another site served by the same upstream (domain fronting) with the secret in it (403);
 //  - Content-Length together with Transfer-Encoding, a Transfer-Encoding whose last coding is
-//    not chunked, or differing Content-Length values are refused with 400.
+//    not chunked, or differing Content-Length values are refused with 400;
+//  - TRACE and TRACK are refused with 405 (the answer would be the request, values and all).
 //
 // In the request target a value is written percent-encoded where its bytes would change the
 // target's structure or are not allowed in it (everything but letters, digits and
@@ -77,6 +85,7 @@ struct InterceptLimits {
 struct InterceptResult {
   int requests = 0;                          // requests forwarded upstream
   std::map<std::string, int> substitutions;  // secret name -> requests it was put into
+  int scrubbed = 0;            // occurrences of a bound value taken out of responses (scrub.h)
   int refused_status = 0;      // 0, or the status made up for the guest (400/403/408/431/502)
   std::string refused_reason;  // names the rule, and a secret by NAME only
   int64_t bytes_up = 0;        // bytes written upstream

@@ -771,6 +771,7 @@ class Session {
     const InterceptResult& r = lane.result;
     result_.requests += r.requests;
     for (const auto& [name, n] : r.substitutions) result_.substitutions[name] += n;
+    result_.scrubbed += r.scrubbed;
     result_.bytes_up += r.bytes_up;
     if (r.refused_status != 0) Refused(r.refused_status, r.refused_reason);
   }

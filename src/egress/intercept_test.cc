@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <memory>
 #include <thread>
@@ -103,7 +104,7 @@ TEST_F(InterceptTest, APlaceholderInABearerHeaderReachesTheBoundHostAsTheRealVal
 }
 
 TEST_F(InterceptTest, APlaceholderInTheQueryIsReplacedWithReservedBytesPercentEncoded) {
-  Start({Declare("KEY", "k3y/with+reserved=chars&more", {kHost})});
+  Start({Declare("KEY", "k3y/with+reserved=chars&more", {kHost}, false, false, /*target=*/true)});
   Write(guest(),
         "GET /search?key=" + Placeholder("KEY") + "&q=1 HTTP/1.1\r\nHost: api.test\r\n\r\n");
   EXPECT_EQ(ReadHead(upstream()),
@@ -241,7 +242,7 @@ TEST_F(InterceptTest, TwoRequestsOnAKeptAliveConnectionAreBothSubstitutedAndAnsw
 }
 
 TEST_F(InterceptTest, PipelinedRequestsGetTheirResponsesInOrder) {
-  Start({Declare("API_KEY", kValue, {kHost})});
+  Start({Declare("API_KEY", kValue, {kHost}, false, false, /*target=*/true)});
   std::string ph = Placeholder("API_KEY");
   Write(guest(), "GET /a?k=" + ph + " HTTP/1.1\r\nHost: api.test\r\n\r\nHEAD /b?k=" + ph +
                      " HTTP/1.1\r\nHost: api.test\r\n\r\n");
@@ -518,7 +519,7 @@ TEST_F(InterceptTest, A101UpgradeTurnsTheConnectionIntoRawBytesBothWays) {
 }
 
 TEST_F(InterceptTest, ADeclinedUpgradeKeepsTheConnectionHttp) {
-  Start({Declare("API_KEY", kValue, {kHost})});
+  Start({Declare("API_KEY", kValue, {kHost}, false, false, /*target=*/true)});
   Write(guest(), "GET /ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\n\r\n");
   ReadHead(upstream());
   Write(upstream(), "HTTP/1.1 426 Upgrade Required\r\nContent-Length: 0\r\n\r\n");
@@ -552,9 +553,10 @@ TEST_F(InterceptTest, AResponseBodyCutShortAbortsTheGuest) {
   Start({Declare("API_KEY", kValue, {kHost})});
   Write(guest(), "GET / HTTP/1.1\r\nHost: api.test\r\n\r\n");
   ReadHead(upstream());
-  Write(upstream(), "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc");
+  // ".:." cannot begin a secret's value, so the scrubber holds none of it back.
+  Write(upstream(), "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n.:.");
   ::shutdown(upstream(), SHUT_WR);
-  EXPECT_EQ(ReadUntilEof(guest()), "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc");
+  EXPECT_EQ(ReadUntilEof(guest()), "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n.:.");
   InterceptResult r = Join();
   EXPECT_NE(r.error.find("closed in the middle of a body"), std::string::npos) << r.error;
   EXPECT_EQ(r.refused_status, 0);
@@ -649,11 +651,247 @@ TEST_F(InterceptTest, LargeBodiesAreRelayedIntactBothWays) {
   chunked += "0\r\n\r\n";
   std::string response = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked;
   std::thread upstream_writer([&] { EXPECT_TRUE(WriteFull(upstream(), response).ok()); });
-  EXPECT_EQ(ReadN(guest(), response.size()), response);
+  // The body is scrubbed on its way (nothing to take out here), and chunked anew.
+  const std::string head_down = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  EXPECT_EQ(ReadN(guest(), head_down.size()), head_down);
+  std::string got;
+  while (got.size() < 5 || got.compare(got.size() - 5, 5, "0\r\n\r\n") != 0 ||
+         Dechunk(got).size() < down.size()) {
+    std::string b = ReadSomeBytes(guest(), 1 << 20);
+    if (b.empty()) break;
+    got += b;
+  }
+  EXPECT_TRUE(Dechunk(got) == down) << "the payload changed on its way down";
   upstream_writer.join();
   InterceptResult r = CloseAndJoin();
-  EXPECT_EQ(r.bytes_down, static_cast<int64_t>(response.size()));
+  EXPECT_EQ(r.bytes_down, static_cast<int64_t>(head_down.size() + got.size()));
+  EXPECT_EQ(r.scrubbed, 0);
   EXPECT_EQ(r.bytes_up, static_cast<int64_t>(head.size() + up.size()));
+}
+
+// ---- What comes back (issue 41.2): a host that reflects the request hands back nothing of
+// the value. Each response below repeats the value the relay put in; the guest must get the
+// placeholder in its place.
+
+constexpr char kReflected[] = "sk-live-R3fl3ct/ed+0123456789abcdef";
+
+class ReflectTest : public InterceptTest {
+ protected:
+  // One request carrying the placeholder in a header; returns what the upstream got.
+  std::string Ask(const std::string& extra = "") {
+    Write(guest(), "GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " +
+                       Placeholder("KEY") + "\r\n" + extra + "\r\n");
+    return ReadHead(upstream());
+  }
+  void StartReflecting() {
+    Start({Declare("KEY", kReflected, {kHost}, false, false, /*target=*/true)});
+  }
+  // Every form of the value a reflecting host could use.
+  static std::vector<std::string> Forms() {
+    std::string v = kReflected;
+    std::string pct, json;
+    for (unsigned char c : v) {
+      char b[8];
+      std::snprintf(b, sizeof b, "%%%02X", c);
+      pct += b;
+    }
+    for (char c : v) json += c == '/' ? std::string("\\/") : std::string(1, c);
+    return {v, pct, json, Base64Encode(v), Base64Encode("user:" + v)};
+  }
+  static void ExpectNoForm(const std::string& got) {
+    for (const std::string& f : Forms()) EXPECT_EQ(got.find(f), std::string::npos) << got;
+  }
+};
+
+TEST_F(ReflectTest, ARedirectRepeatingTheValueInItsLocationGetsThePlaceholder) {
+  StartReflecting();
+  std::string ph = Placeholder("KEY");
+  Write(guest(), "GET /old?token=" + ph + " HTTP/1.1\r\nHost: api.test\r\n\r\n");
+  std::string up = ReadHead(upstream());
+  ASSERT_NE(up.find(std::string("token=") + "sk-live-R3fl3ct%2Fed%2B0123456789abcdef"),
+            std::string::npos)
+      << "the value was not put into the query";
+  Write(upstream(),
+        "HTTP/1.1 301 Moved sk-live-R3fl3ct/ed+0123456789abcdef\r\n"
+        "Location: https://api.test/new?token=sk-live-R3fl3ct%2Fed%2B0123456789abcdef\r\n"
+        "Content-Length: 0\r\n\r\n");
+  std::string got = ReadHead(guest());
+  ExpectNoForm(got);
+  EXPECT_EQ(got.find("sk-live-R3fl3ct"), std::string::npos) << got;
+  EXPECT_NE(got.find("Location: https://api.test/new?token=" + ph + "\r\n"), std::string::npos)
+      << got;
+  EXPECT_EQ(got.rfind("HTTP/1.1 301 Moved " + ph + "\r\n", 0), 0u) << got;
+  InterceptResult r = CloseAndJoin();
+  EXPECT_EQ(r.scrubbed, 2);
+  ExpectNoValue(r, kReflected);
+}
+
+// A 404 page and a JSON error, each with a Content-Length that must stay true.
+TEST_F(ReflectTest, BodiesWithALengthKeepItAndLoseEveryFormOfTheValue) {
+  StartReflecting();
+  std::string ph = Placeholder("KEY");
+  Ask();
+  std::string body = "<h1>Not Found</h1><p>" + std::string(kReflected) + "</p> and " +
+                     Base64Encode("user:" + std::string(kReflected)) +
+                     " {\"error\":\"bad token sk-live-R3fl3ct\\/ed\\u002B0123456789abcdef\"}";
+  Write(upstream(), "HTTP/1.1 404 Not Found\r\nContent-Length: " + std::to_string(body.size()) +
+                        "\r\n\r\n" + body);
+  std::string got = ReadMessage(guest());
+  ExpectNoForm(got);
+  EXPECT_EQ(got.find("R3fl3ct"), std::string::npos) << got;
+  EXPECT_NE(got.find("<p>" + ph + "</p>"), std::string::npos) << got;
+  EXPECT_NE(got.find(Base64Encode("user:" + ph)), std::string::npos) << got;
+  EXPECT_EQ(got.size(), got.find("\r\n\r\n") + 4 + body.size()) << "the length changed";
+  InterceptResult r = CloseAndJoin();
+  EXPECT_EQ(r.scrubbed, 3);
+}
+
+// A chunked body split inside the value, at every byte of it: the guest's payload never holds
+// it, and comes out the same wherever the split fell.
+TEST_F(ReflectTest, AChunkedBodySplitInsideTheValueAtEveryByteIsScrubbed) {
+  StartReflecting();
+  std::string ph = Placeholder("KEY");
+  const std::string payload = "data: {\"echo\": \"" + std::string(kReflected) + "\"}\n\n";
+  for (size_t cut = 0; cut <= payload.size(); ++cut) {
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    Ask();
+    std::string first = payload.substr(0, cut), second = payload.substr(cut);
+    std::string chunks;
+    if (!first.empty()) chunks += Hex(first.size()) + "\r\n" + first + "\r\n";
+    if (!second.empty()) chunks += Hex(second.size()) + "\r\n" + second + "\r\n";
+    Write(upstream(), "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks);
+    Write(upstream(), "0\r\n\r\n");
+    std::string head = ReadHead(guest());
+    ASSERT_EQ(head, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+    std::string got;
+    while (got.size() < 5 || got.compare(got.size() - 5, 5, "0\r\n\r\n") != 0) {
+      std::string b = ReadSomeBytes(guest(), 4096);
+      if (b.empty()) break;
+      got += b;
+    }
+    ASSERT_EQ(got.find(kReflected), std::string::npos);
+    EXPECT_EQ(Dechunk(got), "data: {\"echo\": \"" + ph + "\"}\n\n");
+  }
+  EXPECT_EQ(CloseAndJoin().scrubbed, static_cast<int>(payload.size() + 1));
+}
+
+// A stream is not held whole: what cannot be the start of the value reaches the guest while
+// the upstream still sends.
+TEST_F(ReflectTest, AStreamedBodyReachesTheGuestAsItComes) {
+  StartReflecting();
+  Ask();
+  Write(upstream(), "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+  EXPECT_EQ(ReadHead(guest()), "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+  const std::string event = Hex(17) + "\r\nevent: one\ndata:\n\r\n";
+  Write(upstream(), event);
+  EXPECT_EQ(ReadN(guest(), event.size()), event);
+  Write(upstream(), "0\r\n\r\n");
+  EXPECT_EQ(ReadN(guest(), 5), "0\r\n\r\n");
+  CloseAndJoin();
+}
+
+std::string Compress(const std::string& text, int bits) {
+  z_stream z{};
+  EXPECT_EQ(::deflateInit2(&z, 6, Z_DEFLATED, bits, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(::deflateBound(&z, text.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(::deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(out.size() - z.avail_out);
+  ::deflateEnd(&z);
+  return out;
+}
+
+// gzip, zlib-wrapped and raw deflate bodies are decoded, scrubbed and sent decoded, chunked,
+// with the coding and the length gone.
+TEST_F(ReflectTest, ACompressedBodyIsDecodedScrubbedAndSentDecoded) {
+  StartReflecting();
+  std::string ph = Placeholder("KEY");
+  const std::string text = std::string(5000, 'x') + "{\"token\": \"" + kReflected + "\"}";
+  for (auto [coding, bits] : std::vector<std::pair<std::string, int>>{
+           {"gzip", 15 + 16}, {"deflate", 15}, {"deflate", -15}}) {
+    SCOPED_TRACE(coding + " " + std::to_string(bits));
+    std::string up = Ask("Accept-Encoding: br, gzip;q=0.8, zstd, deflate\r\n");
+    EXPECT_NE(up.find("Accept-Encoding: gzip;q=0.8, deflate\r\n"), std::string::npos)
+        << "only codings the relay can read are asked for: " << up;
+    std::string z = Compress(text, bits);
+    ASSERT_EQ(z.find(kReflected), std::string::npos);
+    Write(upstream(), "HTTP/1.1 200 OK\r\nContent-Encoding: " + coding + "\r\nContent-Length: " +
+                          std::to_string(z.size()) + "\r\nX-A: b\r\n\r\n" + z);
+    std::string head = ReadHead(guest());
+    EXPECT_EQ(head, "HTTP/1.1 200 OK\r\nX-A: b\r\nTransfer-Encoding: chunked\r\n\r\n");
+    std::string got;
+    while (got.size() < 5 || got.compare(got.size() - 5, 5, "0\r\n\r\n") != 0) {
+      std::string b = ReadSomeBytes(guest(), 65536);
+      if (b.empty()) break;
+      got += b;
+    }
+    EXPECT_EQ(Dechunk(got), std::string(5000, 'x') + "{\"token\": \"" + ph + "\"}");
+  }
+  EXPECT_EQ(CloseAndJoin().scrubbed, 3);
+}
+
+// A body the relay cannot read is not passed on unread: a 502 naming why, and the audit's
+// refusal.
+TEST_F(ReflectTest, ABodyInACodingTheRelayCannotReadIsRefusedWith502) {
+  for (const std::string coding : {"br", "zstd", "gzip, gzip", "x-unknown"}) {
+    SCOPED_TRACE(coding);
+    StartReflecting();
+    Ask();
+    Write(upstream(), "HTTP/1.1 200 OK\r\nContent-Encoding: " + coding +
+                          "\r\nContent-Length: 4\r\n\r\n\x01\x02\x03\x04");
+    std::string got = ReadUntilEof(guest());
+    EXPECT_EQ(got.rfind("HTTP/1.1 502 ", 0), 0u) << got;
+    EXPECT_NE(got.find("cannot read to take secret values out"), std::string::npos) << got;
+    EXPECT_EQ(got.find("\x01\x02\x03\x04"), std::string::npos);
+    InterceptResult r = Join();
+    EXPECT_EQ(r.refused_status, 502);
+    EXPECT_NE(r.refused_reason.find("cannot read"), std::string::npos) << r.refused_reason;
+    TearDown();
+  }
+}
+
+// A body cut short in the middle of the value: the part that came is held back, never
+// released (it is a piece of the value), and the guest sees the body break off.
+TEST_F(ReflectTest, ABodyCutShortInsideTheValueReleasesNoneOfIt) {
+  StartReflecting();
+  Ask();
+  const std::string half = std::string(kReflected).substr(0, 20);
+  Write(upstream(), "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n.:." + half);
+  ::shutdown(upstream(), SHUT_WR);
+  std::string got = ReadUntilEof(guest());
+  EXPECT_EQ(got, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n.:.");
+  InterceptResult r = Join();
+  EXPECT_NE(r.error.find("closed in the middle of a body"), std::string::npos) << r.error;
+}
+
+TEST_F(ReflectTest, TraceIsRefusedWith405AndNeverReachesTheUpstream) {
+  StartReflecting();
+  Write(guest(), "TRACE / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " +
+                     Placeholder("KEY") + "\r\n\r\n");
+  std::string got = ReadUntilEof(guest());
+  EXPECT_EQ(got.rfind("HTTP/1.1 405 ", 0), 0u) << got;
+  EXPECT_NE(got.find("TRACE is refused"), std::string::npos) << got;
+  ::shutdown(upstream(), SHUT_WR);
+  EXPECT_EQ(ReadUntilEof(upstream()), "");
+  InterceptResult r = Join();
+  EXPECT_EQ(r.requests, 0);
+  EXPECT_EQ(r.refused_status, 405);
+}
+
+// Without `target`, a placeholder in the path or query goes as it is: only headers get the
+// value.
+TEST_F(InterceptTest, ASecretWithoutTargetIsNotPutIntoTheRequestTarget) {
+  Start({Declare("KEY", kValue, {kHost})});
+  std::string ph = Placeholder("KEY");
+  Write(guest(), "GET /q?key=" + ph + " HTTP/1.1\r\nHost: api.test\r\nX-Key: " + ph + "\r\n\r\n");
+  EXPECT_EQ(ReadHead(upstream()),
+            "GET /q?key=" + ph + " HTTP/1.1\r\nHost: api.test\r\nX-Key: " + kValue + "\r\n\r\n");
+  Write(upstream(), "HTTP/1.1 204 No Content\r\n\r\n");
+  EXPECT_EQ(ReadHead(guest()), "HTTP/1.1 204 No Content\r\n\r\n");
+  CloseAndJoin();
 }
 
 TEST(ParseResponseHeadTest, AcceptsStatusLinesAndHeadersAsSent) {

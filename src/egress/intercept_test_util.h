@@ -83,11 +83,30 @@ inline std::string Hex(size_t n) {
   return buf;
 }
 
+// The payload of a chunked body (chunk extensions and trailers dropped); "" and a test
+// failure when it is not one.
+inline std::string Dechunk(std::string_view body) {
+  std::string out;
+  for (;;) {
+    size_t eol = body.find("\r\n");
+    if (eol == std::string_view::npos) {
+      ADD_FAILURE() << "not a chunked body";
+      return "";
+    }
+    size_t n = std::stoul(std::string(body.substr(0, eol)), nullptr, 16);
+    body.remove_prefix(eol + 2);
+    if (n == 0) return out;
+    out.append(body.substr(0, n));
+    body.remove_prefix(std::min(body.size(), n + 2));
+  }
+}
+
 inline void Write(int fd, std::string_view data) { ASSERT_TRUE(WriteFull(fd, data).ok()); }
 
 inline SecretInput Declare(std::string name, std::string value, std::vector<std::string> hosts,
-                           bool body = false, bool keep_cookies = false) {
+                           bool body = false, bool keep_cookies = false, bool target = false) {
   SecretInput in;
+  in.target = target;
   in.name = std::move(name);
   in.value = std::move(value);
   in.hosts = std::move(hosts);

@@ -401,6 +401,9 @@ class Connection {
     for (const auto& [name, n] : r.substitutions) {
       d_.reason += ", " + name + " put into " + std::to_string(n);
     }
+    if (r.scrubbed > 0) {
+      d_.reason += ", " + std::to_string(r.scrubbed) + " secret value(s) taken out of responses";
+    }
     if (r.refused_status != 0) {
       d_.verdict = "refused";
       d_.status = r.refused_status;

@@ -122,6 +122,7 @@ struct Declared {
   const std::vector<std::string>& hosts;
   bool body;
   bool keep_cookies;
+  bool target;
 };
 
 Status MakeSet(const std::vector<Declared>& inputs, std::vector<Secret>* out) {
@@ -166,6 +167,7 @@ Status MakeSet(const std::vector<Declared>& inputs, std::vector<Secret>* out) {
              s.value.view().find(s.placeholder) != std::string_view::npos);
     s.body = in.body;
     s.keep_cookies = in.keep_cookies;
+    s.target = in.target;
     out->push_back(std::move(s));
   }
   // A placeholder that contains another's would let one substitution expose the other.
@@ -199,7 +201,8 @@ Result<std::shared_ptr<const HeldSecrets>> HeldSecrets::Hold(std::vector<SecretI
       st = value.status().Annotate("hold secret " + in.name.substr(0, 64));
       break;
     }
-    held->entries_.push_back({in.name, std::move(*value), in.hosts, in.body, in.keep_cookies});
+    held->entries_.push_back(
+        {in.name, std::move(*value), in.hosts, in.body, in.keep_cookies, in.target});
   }
   WipeSecretInputs(inputs);
   if (!st.ok()) return st;
@@ -210,7 +213,7 @@ Result<std::shared_ptr<const SecretSet>> SecretSet::Make(std::vector<SecretInput
   std::vector<Declared> declared;
   declared.reserve(inputs.size());
   for (const auto& in : inputs) {
-    declared.push_back({in.name, in.value, in.hosts, in.body, in.keep_cookies});
+    declared.push_back({in.name, in.value, in.hosts, in.body, in.keep_cookies, in.target});
   }
   auto set = std::make_shared<SecretSet>();
   Status made = MakeSet(declared, &set->secrets_);
@@ -223,7 +226,7 @@ Result<std::shared_ptr<const SecretSet>> SecretSet::Make(const HeldSecrets& held
   std::vector<Declared> declared;
   declared.reserve(held.size());
   for (const auto& e : held.entries()) {
-    declared.push_back({e.name, e.value.view(), e.hosts, e.body, e.keep_cookies});
+    declared.push_back({e.name, e.value.view(), e.hosts, e.body, e.keep_cookies, e.target});
   }
   auto set = std::make_shared<SecretSet>();
   RETURN_IF_ERROR(MakeSet(declared, &set->secrets_));

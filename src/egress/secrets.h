@@ -60,6 +60,7 @@ struct SecretInput {
   std::vector<std::string> hosts;  // "api.example.com", "*.example.com"; at least one
   bool body = false;               // substitute in request bodies too
   bool keep_cookies = false;       // pass Set-Cookie from its hosts through to the guest
+  bool target = false;             // substitute in the request target (path and query) too
 };
 
 // Wipes every input's value (its whole buffer) and empties it.
@@ -77,6 +78,7 @@ class HeldSecrets {
     std::vector<std::string> hosts;
     bool body = false;
     bool keep_cookies = false;
+    bool target = false;
   };
   // Copies each input's value into pages of its own and wipes the inputs' values, whether
   // it succeeds or not.
@@ -97,6 +99,7 @@ struct Secret {
   std::vector<AllowEntry> hosts;  // only host and wildcard are used; the port is not
   bool body = false;
   bool keep_cookies = false;
+  bool target = false;  // put into the request target too, not only into headers
 
   bool BoundTo(const std::string& canonical_host) const;
 };

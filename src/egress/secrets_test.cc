@@ -125,6 +125,7 @@ TEST(SecretsTest, HoldingSecretsMovesTheirValuesIntoPagesOutOfCoreDumpsAndWipesT
                                      Input("PW", "short", {"*.b.test"})};
   inputs[1].body = true;
   inputs[1].keep_cookies = true;
+  inputs[1].target = true;
   const char* long_bytes = inputs[0].value.data();
   const size_t long_capacity = inputs[0].value.capacity();
   auto held = HeldSecrets::Hold(&inputs);
@@ -143,6 +144,8 @@ TEST(SecretsTest, HoldingSecretsMovesTheirValuesIntoPagesOutOfCoreDumpsAndWipesT
   EXPECT_EQ(e[1].hosts, std::vector<std::string>{"*.b.test"});
   EXPECT_TRUE(e[1].body);
   EXPECT_TRUE(e[1].keep_cookies);
+  EXPECT_TRUE(e[1].target);
+  EXPECT_FALSE(e[0].target);
   for (const auto& entry : e) {
     std::string flags = VmFlagsOf(entry.value.view().data()).value_or("");
     EXPECT_NE(flags.find(" dd"), std::string::npos) << flags;
@@ -154,6 +157,7 @@ TEST(SecretsTest, HoldingSecretsMovesTheirValuesIntoPagesOutOfCoreDumpsAndWipesT
 TEST(SecretsTest, ASetMadeFromHeldSecretsCopiesPagesToPagesAndChecksAsFromInputs) {
   const std::string value = "0123456789abcdef0123456789abcdef";
   std::vector<SecretInput> inputs = {Input("TOKEN", value, {"api.example.com"})};
+  inputs[0].target = true;
   auto held = HeldSecrets::Hold(&inputs);
   ASSERT_TRUE(held.ok());
   for (int vm = 0; vm < 2; ++vm) {
@@ -165,6 +169,7 @@ TEST(SecretsTest, ASetMadeFromHeldSecretsCopiesPagesToPagesAndChecksAsFromInputs
     EXPECT_NE(VmFlagsOf(s.value.view().data()).value_or("").find(" dd"), std::string::npos);
     EXPECT_EQ(s.placeholder.size(), value.size());
     EXPECT_TRUE(s.BoundTo("api.example.com"));
+    EXPECT_TRUE(s.target);
   }
   EXPECT_EQ((*held)->entries()[0].value.view(), value);
   // Held secrets are checked when a set is made, with the same errors, never quoting a value.

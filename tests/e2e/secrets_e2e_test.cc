@@ -60,7 +60,7 @@ class SecretsE2E : public ::testing::Test {
     CliResult r = h_->Cli(
         {"create", "--memory", "256", "--allow", "api.secret.test:" + api, "--allow",
          "other.secret.test:" + other, "--allow", "rogue.secret.test:" + rogue, "--secret",
-         "GH_TOKEN=file:" + h_->home() + "/gh.token@api.secret.test", "--secret",
+         "GH_TOKEN=file:" + h_->home() + "/gh.token@api.secret.test+target", "--secret",
          "OTHER_TOKEN=file:" + h_->home() + "/other.token@other.secret.test,rogue.secret.test"});
     ASSERT_EQ(r.code, 0) << r.err;
     id_ = r.out.substr(0, r.out.find('\n'));
