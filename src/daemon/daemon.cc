@@ -270,7 +270,7 @@ void Daemon::CheckStore() {
   if (!st.ok() && was_ok) {
     LogError("store", st.message() +
                           ". The daemon keeps serving from what it can read; stop it and see "
-                          "docs/store.md (\"Recovering\") before the next start");
+                          "docs/store.md (\"The file and its guard\") before the next start");
   } else if (st.ok() && !was_ok) {
     LogInfo("store", "the store passes its integrity check again");
   }

@@ -4,6 +4,8 @@
 #include <ftw.h>
 #include <sys/stat.h>
 
+#include <cstdio>
+
 #include "store/store.h"
 #include "util/fd.h"
 #include "util/log.h"

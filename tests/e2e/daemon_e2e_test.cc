@@ -186,8 +186,8 @@ TEST(DaemonE2E, ADeadDaemonIsDescribedOneWayAndEveryVerbExits125) {
   exec.join();
   follow.join();
   ASSERT_TRUE(running);
-  const std::string said = "cannot reach tryboxd at " + (*h)->socket() +
-                           ": it went away during the request";
+  const std::string said =
+      "cannot reach tryboxd at " + (*h)->socket() + ": it went away during the request";
   for (const CliResult* r : {&ex, &logs}) {
     EXPECT_EQ(r->code, 125) << r->err;
     EXPECT_NE(r->err.find(said), std::string::npos) << r->err;
