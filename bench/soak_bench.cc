@@ -21,10 +21,12 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -153,6 +155,37 @@ struct ClientShare {
 
 int main(int argc, char** argv) {
   int64_t cycles = 1000, clients = 1, every = 100, warmup = 200, keep_vms = 100, prune_s = 60;
+  static const char* kUsage =
+      "usage: soak_bench [--cycles N] [--clients K] [--sample-every S] [--warmup W]\n"
+      "                  [--retention-vms V] [--prune-interval SECONDS]\n"
+      "N cycles of create / mixed execs / destroy against a private daemon (defaults: 1000\n"
+      "cycles, 1 client, a sample every 100, warm-up 200, 100 ended VMs kept, a prune every\n"
+      "60 s; the interval is 0 or at least 60). Prints the growth of fds, threads, RSS, state\n"
+      "entries and the store per 1,000 cycles. SIGINT stops it with the figures so far.\n";
+  static const std::set<std::string> kFlags = {"--cycles", "--clients",       "--sample-every",
+                                               "--warmup", "--retention-vms", "--prune-interval"};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (!kFlags.count(a)) {
+      std::fprintf(stderr, "soak_bench: unknown argument %s\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "soak_bench: %s needs a value\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    char* end = nullptr;
+    const long long n = std::strtoll(argv[i + 1], &end, 10);
+    if (end == argv[i + 1] || *end != '\0' || n < 0) {
+      std::fprintf(stderr, "soak_bench: %s needs a number, not '%s'\n", a.c_str(), argv[i + 1]);
+      return 2;
+    }
+    ++i;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
@@ -162,6 +195,13 @@ int main(int argc, char** argv) {
     if (a == "--warmup") warmup = v;
     if (a == "--retention-vms") keep_vms = v;
     if (a == "--prune-interval") prune_s = v;
+  }
+  if (prune_s > 0 && prune_s < 60) {
+    std::fprintf(stderr,
+                 "soak_bench: --prune-interval must be 0 or at least 60 seconds (tryboxd "
+                 "refuses less), not %lld\n",
+                 static_cast<long long>(prune_s));
+    return 2;
   }
   std::printf("load: %s\n", trybox::bench::LoadAverage().c_str());
   auto h = trybox::e2e::Harness::Start({"TRYBOX_RETENTION_VMS=" + std::to_string(keep_vms),

@@ -29,7 +29,7 @@ Result<Json> CallAgentVerb(Client& client, const Json& request,
   ASSIGN_OR_RETURN(auto s, client.Open(request));
   for (;;) {
     auto m = s->Next();
-    if (!m.ok()) return m.status().Annotate("lost tryboxd during the run");
+    if (!m.ok()) return client.Explain(m.status());
     switch (m->kind) {
       case Kind::kEvent:
         if (on_event) {

@@ -268,7 +268,7 @@ int StreamExec(Client& client, const std::string& vm, const std::vector<std::str
   }
   for (;;) {
     auto m = (*s)->Next();
-    if (!m.ok()) return Fail(err, m.status().Annotate("lost tryboxd"));
+    if (!m.ok()) return Fail(err, client.Explain(m.status()));
     switch (m->kind) {
       case Kind::kData: {
         int fd = m->channel == channel::kChanErr ? 2 : 1;
@@ -400,7 +400,7 @@ int InjectWorkspace(Client& client, const std::string& vm, const VmOptions& opts
   if (!s.ok()) return Fail(err, s.status());
   for (;;) {
     auto m = (*s)->Next();
-    if (!m.ok()) return Fail(err, m.status().Annotate("lost tryboxd"));
+    if (!m.ok()) return Fail(err, client.Explain(m.status()));
     if (m->kind == Kind::kData) {
       err.flush();
       (void)WriteFull(2, m->data);
@@ -764,7 +764,7 @@ int CmdCp(Client& client, const std::string& src, const std::string& dst, std::o
   Status st = ValidateName("VM id", vm);
   if (!st.ok()) return Fail(err, st);
   auto r = src_vm.empty() ? PutPath(client, vm, src, dst_path) : GetPath(client, vm, src_path, dst);
-  if (!r.ok()) return Fail(err, r.status());
+  if (!r.ok()) return Fail(err, client.Explain(r.status()));
   return 0;
 }
 

@@ -4,7 +4,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <thread>
 
 #include "cli/agent_settings.h"
@@ -122,12 +124,38 @@ Result<std::string> RenderDaemonStatus(const Json& reply) {
                     "\n";
   out += "VMs: " + std::to_string(vms) + " live, " + std::to_string(spares) + " spare clones\n";
   out += "store: " + db + ", " + Bytes(db_bytes) + " (+ " + Bytes(wal_bytes) + " WAL)\n";
+  ASSIGN_OR_RETURN(auto check, store.OptionalObject("check"));
+  if (check) {
+    ASSIGN_OR_RETURN(bool ok, check->Bool("ok"));
+    ASSIGN_OR_RETURN(std::string detail, check->StringOr("detail", ""));
+    ASSIGN_OR_RETURN(int64_t at, check->IntOr("at", 0, 0));
+    const int64_t ago = std::max<int64_t>(0, static_cast<int64_t>(std::time(nullptr)) - at);
+    out += std::string("store check: ") + (ok ? "ok" : "DAMAGED") + ", " + Duration(ago) + " ago" +
+           (ok ? "" : ": " + detail) + "\n";
+  }
+  ASSIGN_OR_RETURN(std::string log, r.StringOr("log_file", ""));
+  out += "log: " + (log.empty() ? std::string("standard error (no --log-file)") : log) + "\n";
   ASSIGN_OR_RETURN(auto limits, r.OptionalObject("limits"));
   if (limits) {
     ASSIGN_OR_RETURN(int64_t reserve, limits->IntOr("memory_reserve_mib", 0, 0));
     ASSIGN_OR_RETURN(int64_t max_vms, limits->IntOr("max_vms", 0, 0));
     out += "admission: " + std::to_string(reserve) + " MiB memory reserve, " +
            (max_vms > 0 ? "at most " + std::to_string(max_vms) + " VMs" : "no VM cap") + "\n";
+    ASSIGN_OR_RETURN(int64_t budget, limits->IntOr("disk_budget_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t disk_reserve, limits->IntOr("disk_reserve_mib", 0, 0));
+    out += "disk: " + std::to_string(budget) + " MiB budget for the VMs' disks, " +
+           std::to_string(disk_reserve) + " MiB kept free for creates\n";
+  }
+  ASSIGN_OR_RETURN(auto retention, r.OptionalObject("retention"));
+  if (retention) {
+    ASSIGN_OR_RETURN(int64_t age, retention->IntOr("max_age_s", 0, 0));
+    ASSIGN_OR_RETURN(int64_t keep_vms, retention->IntOr("max_vms", 0, 0));
+    ASSIGN_OR_RETURN(int64_t keep_runs, retention->IntOr("max_runs", 0, 0));
+    ASSIGN_OR_RETURN(int64_t every, retention->IntOr("prune_interval_s", 0, 0));
+    out += "retention: ended VMs " + (age > 0 ? "for " + Duration(age) : "with no age limit") +
+           ", " + (keep_vms > 0 ? "the newest " + std::to_string(keep_vms) : "any number") +
+           "; agent runs " + (keep_runs > 0 ? "the newest " + std::to_string(keep_runs) : "any") +
+           "; " + (every > 0 ? "pruned every " + Duration(every) : "pruned only by hand") + "\n";
   }
   return out;
 }

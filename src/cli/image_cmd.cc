@@ -16,6 +16,13 @@ int Failed(std::ostream& err, const Status& st) {
   return 1;
 }
 
+// What trybox itself failed to do (the daemon refused, or went away): 125, like every other
+// verb that asks the daemon (docs/daemon.md).
+int DaemonFailed(std::ostream& err, const Status& st) {
+  err << "trybox: " << st.message() << "\n";
+  return 125;
+}
+
 std::string Size(uint64_t bytes) {
   char buf[32];
   if (bytes >= (uint64_t{1} << 30)) {
@@ -45,7 +52,7 @@ uint64_t Num(const Json& j, const char* key) {
 int CmdCommit(Client& c, const std::string& vm, const std::string& name, bool json,
               std::ostream& out, std::ostream& err) {
   auto r = c.Call({{"verb", "commit"}, {"vm", vm}, {"name", name}});
-  if (!r.ok()) return Failed(err, r.status());
+  if (!r.ok()) return DaemonFailed(err, r.status());
   const Json& im = (*r)["image"];
   if (json) {
     out << im.dump(2) << "\n";

@@ -88,7 +88,7 @@ int CmdLogs(Client& client, const TerminalOptions& t) {
   char last = '\n';
   for (;;) {
     auto m = (*s)->Next();
-    if (!m.ok()) return Failed(m.status().Annotate("lost tryboxd"));
+    if (!m.ok()) return Failed(client.Explain(m.status()));
     if (m->kind == Kind::kData) {
       if (!WriteFull(1, m->data).ok()) return Failed(Unavailable("stdout closed"));
       if (!m->data.empty()) last = m->data.back();

@@ -174,7 +174,7 @@ int RunOnTerminal(Client& client, const std::string& vm, const std::vector<std::
     auto m = (*s)->Next();
     if (!m.ok()) {
       (*raw)->Restore();
-      return Failed(m.status().Annotate("lost tryboxd"));
+      return Failed(client.Explain(m.status()));
     }
     if (m->kind == Kind::kData) {
       if (!WriteFull(1, m->data).ok()) {

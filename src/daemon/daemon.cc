@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "store/schema.h"
 #include "util/fd.h"
 #include "util/log.h"
 #include "util/private_dir.h"
@@ -41,6 +42,22 @@ Status Daemon::Init() {
   }
   ASSIGN_OR_RETURN(store_, store::Store::Open(p.db()));
   if (std::string w = store_->info().warning; !w.empty()) LogError("store", w);
+  // Open checked the store (quick_check); later checks come from the housekeeping.
+  {
+    MutexLock lock(check_mu_);
+    store_check_ = {{"ok", true},
+                    {"at", static_cast<int64_t>(store::NowSeconds())},
+                    {"detail", "checked at start"}};
+  }
+  // Execs a dead daemon was running never ended in its record: they are interrupted, by name.
+  if (auto n = store_->MarkInterruptedExecs(
+          store::NowSeconds(), "interrupted: the daemon that ran it ended before it did");
+      !n.ok()) {
+    LogError("store", "could not mark the execs of a previous daemon: " + n.status().message());
+  } else if (*n > 0) {
+    LogInfo("daemon",
+            "marked " + std::to_string(*n) + " execs a previous daemon was running as interrupted");
+  }
   ASSIGN_OR_RETURN(egress_, EgressGateway::Make(p.config + "/egress.json", *store_));
   auto egress_at_start = egress_->settings();
   const egress::Config& eg = egress_at_start->config;
@@ -93,6 +110,26 @@ Status Daemon::Init() {
   // A collect's object quarantine in the user's repository is named by a marker there.
   if (::access((p.state + "/collect").c_str(), F_OK) == 0) {
     auto names = ListDir(p.state + "/collect");
+    // A collect cut off by the dead daemon left its marker: its row says so.
+    for (const auto& name : names.ok() ? *names : std::vector<std::string>{}) {
+      size_t at = name.find(kCollectMarker);
+      if (at == std::string::npos || at == 0) continue;
+      store::CollectRecord rec;
+      rec.vm_id = name.substr(0, at);
+      rec.collected_at = store::NowSeconds();
+      rec.outcome = "interrupted";
+      rec.error =
+          "interrupted: the daemon ended during this collect; it committed nothing it would "
+          "have reported (see the workspace repository's trybox/ branch)";
+      if (auto text = ReadFileToString(p.state + "/collect/" + name); text.ok() && !text->empty()) {
+        rec.exec_id = std::atoi(text->c_str());
+      }
+      auto id = store_->InsertCollect(rec);
+      LogInfo("daemon", id.ok() ? "recorded the collect of VM " + rec.vm_id +
+                                      " a previous daemon left unfinished as interrupted"
+                                : "could not record the interrupted collect of VM " + rec.vm_id +
+                                      ": " + id.status().message());
+    }
     for (const auto& name : names.ok() ? *names : std::vector<std::string>{}) {
       if (!workspace::IsQuarantineMarker(name)) continue;
       Status q = workspace::RemoveAbandonedQuarantine(p.state + "/collect/" + name);
@@ -135,7 +172,18 @@ Status Daemon::Init() {
                      {"max_vms", opts_.max_vms},
                      {"disk_budget_mib", budget >> 20},
                      {"disk_reserve_mib", opts_.disk_reserve_mib}};
-  control_.stop = [this] { Stop(); };
+  control_.settings = {{"log_file", opts_.log_file},
+                       {"retention",
+                        {{"max_age_s", opts_.retention.max_age.count()},
+                         {"max_vms", opts_.retention.max_vms},
+                         {"max_runs", opts_.retention.max_runs},
+                         {"prune_interval_s", opts_.retention.interval.count()}}},
+                       {"store_check_interval_s", opts_.store_check_interval.count()}};
+  control_.store_check = [this] {
+    MutexLock lock(check_mu_);
+    return store_check_;
+  };
+  control_.stop = [this](const std::string& why) { Stop(why); };
   AddDaemonVerbs(verbs_, *services_, control_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {
     if (vms_->Destroy(id).ok())
@@ -148,6 +196,16 @@ Status Daemon::Init() {
   if (!opts_.http_listen.empty()) {
     ASSIGN_OR_RETURN(api::ListenAddress where, api::ParseListenAddress(opts_.http_listen));
     RETURN_IF_ERROR(http_->Serve(where).status());
+  } else if (std::string kept = RememberedListen(p.state); !kept.empty()) {
+    // `trybox serve` asked a previous daemon: the HTTP API comes back on the same address.
+    auto where = api::ParseListenAddress(kept);
+    auto url = where.ok() ? http_->Serve(*where) : Result<std::string>(where.status());
+    if (url.ok()) {
+      LogInfo("http", "serving again where `trybox serve` asked before: " + *url);
+    } else {
+      LogError("http", "could not serve again on " + kept +
+                           " (`trybox serve` takes another): " + url.status().message());
+    }
   }
   housekeeping_ = std::thread([this] { Housekeeping(); });
   LogInfo("daemon", "listening on " + p.socket());
@@ -159,14 +217,23 @@ Status Daemon::Serve() { return server_->Serve(); }
 void Daemon::Housekeeping() {
   MutexLock lock(mu_);
   auto last_prune = std::chrono::steady_clock::now();
+  auto last_check = std::chrono::steady_clock::now();
+  const auto check_every = opts_.store_check_interval;
+  const auto tick = check_every.count() > 0
+                        ? std::min<std::chrono::seconds>(kHousekeepingEvery, check_every)
+                        : std::chrono::seconds(kHousekeepingEvery);
   for (;;) {
-    auto next = std::chrono::steady_clock::now() + kHousekeepingEvery;
+    auto next = std::chrono::steady_clock::now() + tick;
     while (!stopping_ && housekeeping_cv_.WaitUntil(mu_, next)) {
     }
     if (stopping_) return;
     mu_.Unlock();
     egress_->Housekeeping();
     vms_->EnforceDiskBudget();
+    if (check_every.count() > 0 && std::chrono::steady_clock::now() - last_check >= check_every) {
+      last_check = std::chrono::steady_clock::now();
+      CheckStore();
+    }
     const auto every = opts_.retention.interval;
     // Measured from before the previous prune, so that a prune every tick stays every tick.
     if (every.count() > 0 && std::chrono::steady_clock::now() - last_prune >= every) {
@@ -193,7 +260,43 @@ void Daemon::PruneAndLog() {
   }
 }
 
-void Daemon::Stop() {
+void Daemon::CheckStore() {
+  Status st = store::QuickCheck(opts_.paths.db());
+  MutexLock lock(check_mu_);
+  const bool was_ok = store_check_.value("ok", true);
+  store_check_ = {{"ok", st.ok()},
+                  {"at", static_cast<int64_t>(store::NowSeconds())},
+                  {"detail", st.ok() ? "quick_check: ok" : st.message()}};
+  if (!st.ok() && was_ok) {
+    LogError("store", st.message() +
+                          ". The daemon keeps serving from what it can read; stop it and see "
+                          "docs/store.md (\"The file and its guard\") before the next start");
+  } else if (st.ok() && !was_ok) {
+    LogInfo("store", "the store passes its integrity check again");
+  }
+}
+
+Status Daemon::Reload() {
+  const size_t running = vms_ ? vms_->LiveVms() : 0;
+  auto r = egress_->Reload();
+  if (!r.ok()) {
+    LogError("daemon", "reload refused, the settings in force stay: " + r.status().message());
+    return r.status();
+  }
+  LogInfo("daemon", "reloaded egress.json: " + std::to_string(r->changed.size()) + " changes; " +
+                        std::to_string(running) +
+                        " running VMs keep the settings they were created with");
+  for (const auto& key : r->restart_required) {
+    LogInfo("daemon", "egress.json: " + key + " takes effect only after a restart");
+  }
+  return Status::Ok();
+}
+
+void Daemon::Stop(const std::string& why) {
+  {
+    MutexLock lock(mu_);
+    if (stop_reason_.empty()) stop_reason_ = why;
+  }
   if (server_) server_->Stop();
 }
 
@@ -212,7 +315,15 @@ Daemon::~Daemon() {
   background_.reset();
   agents_.reset();
   if (launcher_) launcher_->DestroySpares();
-  if (vms_) vms_->DestroyAll();
+  std::string why;
+  {
+    MutexLock lock(mu_);
+    why = stop_reason_;
+  }
+  if (vms_) {
+    vms_->DestroyAll("tryboxd was stopped" + (why.empty() ? std::string() : " (" + why + ")") +
+                     " and destroyed every VM");
+  }
   // Detached execs end with their VMs; they use the services below until they have.
   if (running_) running_->WaitDetached();
   // Egress handlers end with their VMs' streams; the gateway waits for them.

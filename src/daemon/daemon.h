@@ -90,6 +90,11 @@ struct Options {
   // Serve the HTTP API on this loopback address from the start ("" : only when `serve` asks;
   // docs/protocol/http.md).
   std::string http_listen;
+  // The log file (--log-file); empty: standard error. Shown by `daemon status`.
+  std::string log_file;
+  // How often the housekeeping checks the store's integrity (quick_check); 0: never after
+  // the check at start.
+  std::chrono::seconds store_check_interval{600};
 };
 
 class Daemon {
@@ -103,8 +108,12 @@ class Daemon {
   Status Init();
   // Accepts clients until Stop().
   Status Serve();
-  // Safe from any thread.
-  void Stop();
+  // Safe from any thread. `why` ("trybox daemon stop", "SIGTERM") is what the execs it cuts
+  // off report.
+  void Stop(const std::string& why = "");
+  // Reads egress.json again for new VMs, as `trybox daemon reload` does (SIGHUP); the
+  // outcome, good or bad, is logged. Safe from any thread.
+  Status Reload();
 
  private:
   Options opts_;
@@ -135,9 +144,14 @@ class Daemon {
   // Now and then: audit summaries and retention.
   void Housekeeping() EXCLUDES(mu_);
   void PruneAndLog();
+  // Runs the store's integrity check; logs a change of verdict; the verdict goes to status.
+  void CheckStore();
   Mutex mu_;
   CondVar housekeeping_cv_;
   bool stopping_ GUARDED_BY(mu_) = false;
+  std::string stop_reason_ GUARDED_BY(mu_);
+  Mutex check_mu_;
+  Json store_check_ GUARDED_BY(check_mu_);
   std::thread housekeeping_;
 };
 

@@ -112,6 +112,8 @@ Result<std::shared_ptr<const EgressSettings>> ReadSettings(const std::string& pa
 
 }  // namespace
 
+Status CheckEgressConfig(const std::string& path) { return ReadSettings(path).status(); }
+
 Result<std::unique_ptr<EgressGateway>> EgressGateway::Make(const std::string& config_path,
                                                            store::Store& store) {
   ASSIGN_OR_RETURN(auto settings, ReadSettings(config_path));

@@ -89,6 +89,10 @@ struct AuditPage {
   std::optional<int64_t> next_before_id;  // set when older rows remain past this page
 };
 
+// Reads and checks the egress.json at `path` as a daemon starting, or a reload, would,
+// without applying it: the error either would give.
+Status CheckEgressConfig(const std::string& path);
+
 class EgressGateway {
  public:
   // Reads `config_path` (egress.json; defaults when missing).

@@ -1,9 +1,12 @@
 #include "daemon/http_api.h"
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include "api/connect.h"
 #include "daemon/envd.h"
+#include "util/fd.h"
 #include "util/log.h"
 
 namespace trybox::daemon {
@@ -304,6 +307,46 @@ api::HttpResponse HttpApi::Finish(const api::HttpRequest& req, api::HttpResponse
   LogInfo("http", req.method + " " + req.path + " " + std::to_string(resp.status) + " " + took +
                       " ms key=" + who + " peer=" + req.peer);
   return resp;
+}
+
+std::string RememberedListen(const std::string& state_dir) {
+  auto text = ReadFileToString(state_dir + "/http-listen");
+  if (!text.ok()) return "";
+  std::string t = *text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  return api::ParseListenAddress(t).ok() ? t : "";
+}
+
+void RememberListen(const std::string& state_dir, const std::string& listen) {
+  const std::string path = state_dir + "/http-listen";
+  if (listen.empty()) {
+    (void)::unlink(path.c_str());
+    return;
+  }
+  Status st = WriteFileAtomic(path, listen + "\n", 0600);
+  if (!st.ok()) LogWarn("http", "could not remember the address served: " + st.message());
+}
+
+Result<std::string> ServeRemembering(HttpApi& http, const std::string& state_dir,
+                                     const api::ListenAddress& where) {
+  Result<std::string> url = Unavailable("not served");
+  if (where.port == 0) {
+    const std::string kept = RememberedListen(state_dir);
+    auto old = api::ParseListenAddress(kept);
+    if (!kept.empty() && old.ok() && old->host == where.host) {
+      url = http.Serve(*old);
+      if (!url.ok()) {
+        LogInfo("http", "the port served before (" + kept + ") is not free (" +
+                            url.status().message() + "); taking another");
+      }
+    }
+  }
+  if (!url.ok()) url = http.Serve(where);
+  if (!url.ok()) return url;
+  std::string hostport = *url;
+  if (hostport.rfind("http://", 0) == 0) hostport = hostport.substr(7);
+  RememberListen(state_dir, hostport);
+  return url;
 }
 
 }  // namespace trybox::daemon

@@ -147,4 +147,14 @@ bool SameSecret(const std::string& a, const std::string& b);
 // The HTTP status for a service error: 400, 404, 409, 503, 504 or 500.
 int HttpStatusFor(const Status& st);
 
+// The address `trybox serve` last served on, kept in $state/http-listen so that the HTTP API
+// comes back on the same port after a daemon restart (docs/protocol/http.md). "" when none
+// is kept; `listen` "" forgets it.
+std::string RememberedListen(const std::string& state_dir);
+void RememberListen(const std::string& state_dir, const std::string& listen);
+// Serves on `where`, but a request for any port (0) on the host last served takes that
+// port again when it is free. Remembers the address served.
+Result<std::string> ServeRemembering(HttpApi& http, const std::string& state_dir,
+                                     const api::ListenAddress& where);
+
 }  // namespace trybox::daemon

@@ -4,6 +4,8 @@
 #include <ftw.h>
 #include <sys/stat.h>
 
+#include <cstdio>
+
 #include "store/store.h"
 #include "util/fd.h"
 #include "util/log.h"
@@ -92,11 +94,30 @@ Result<PruneReport> RecordKeeper::Prune(bool dry_run) {
   r.workspaces = vms.workspaces;
   r.collects = vms.collects;
   r.file_changes = vms.file_changes;
+  // Logs whose VM has no record: after a lost write-ahead log they are the only trace of
+  // what ran, so they are never deleted here but moved aside, to execs-unrecorded/ (only a
+  // person removes them; docs/store.md, "Exec logs").
+  const std::string aside_dir = state_dir_ + "/execs-unrecorded";
   for (const auto& name : Entries(logs_dir)) {
     if (pruned_vms.count(name) || registry_.Find(name)) continue;
     auto rec = store_.GetVm(name);
     if (!rec.ok() || rec->has_value()) continue;
-    RemoveDir(logs_dir + "/" + name, dry_run, r.exec_logs, r);
+    if (!IsDir(logs_dir + "/" + name)) continue;
+    ++r.logs_moved_aside;
+    if (dry_run) continue;
+    Status st = MakeDirs(aside_dir, 0700);
+    if (st.ok() &&
+        ::rename((logs_dir + "/" + name).c_str(), (aside_dir + "/" + name).c_str()) != 0) {
+      st = ErrnoError("move the exec logs of unrecorded VM " + name + " to " + aside_dir);
+    }
+    if (!st.ok()) {
+      r.errors.push_back(st.message());
+    } else {
+      LogWarn("store", "the exec logs of VM " + name +
+                           " have no record in the store (a lost "
+                           "write-ahead log?): kept in " +
+                           aside_dir + "/" + name);
+    }
   }
 
   // Finished agent runs and their directories; collect leftovers of runs not in flight.

@@ -49,7 +49,9 @@ struct PruneReport {
   int64_t agent_runs = 0;
   int64_t egress = 0;
   // Directories under the state directory, and the bytes their files held.
-  int64_t exec_logs = 0;          // execs/<vm>/ of pruned (or unrecorded) VMs
+  int64_t exec_logs = 0;  // execs/<vm>/ of pruned VMs
+  // execs/<vm>/ of VMs with no record (a lost WAL): moved to execs-unrecorded/, not deleted.
+  int64_t logs_moved_aside = 0;
   int64_t run_dirs = 0;           // runs/<run>/ of pruned (or unrecorded, a day old) runs
   int64_t collect_leftovers = 0;  // collect/<vm>-*/ of VMs gone, runs/<run>/collected/
   int64_t bytes = 0;

@@ -119,6 +119,13 @@ int main(int argc, char** argv) {
                  "Seconds between the daemon's own prunes (at start, then from its "
                  "housekeeping); 0: only `trybox prune` (env TRYBOX_PRUNE_INTERVAL_S)")
       ->check(CLI::NonNegativeNumber);
+  int64_t store_check_s = opts.store_check_interval.count();
+  if (const char* n = std::getenv("TRYBOX_STORE_CHECK_S"); n && *n) store_check_s = std::atoll(n);
+  app.add_option("--store-check-interval", store_check_s,
+                 "Seconds between checks of the store's integrity (PRAGMA quick_check on a "
+                 "connection of its own) while the daemon runs; 0: only at start (env "
+                 "TRYBOX_STORE_CHECK_S)")
+      ->check(CLI::NonNegativeNumber);
   if (const char* n = std::getenv("TRYBOX_DISK_BUDGET_MIB"); n && *n) {
     opts.disk_budget_mib = std::atoll(n);
   }
@@ -172,6 +179,19 @@ int main(int argc, char** argv) {
                  "TRYBOX_SPARE_DEMAND_WINDOW_S from 1 to 2^30\n";
     return 2;
   }
+  // The daemon's housekeeping runs once a minute: a shorter interval would silently be 60.
+  if (prune_every_s > 0 && prune_every_s < 60) {
+    std::cerr << "tryboxd: --prune-interval (TRYBOX_PRUNE_INTERVAL_S) must be 0 (prune only "
+                 "by hand) or at least 60 seconds, not "
+              << prune_every_s << "\n";
+    return 2;
+  }
+  if (store_check_s < 0) {
+    std::cerr << "tryboxd: TRYBOX_STORE_CHECK_S must not be negative\n";
+    return 2;
+  }
+  opts.store_check_interval = std::chrono::seconds(store_check_s);
+  opts.log_file = log_file;
   opts.retention.max_age = std::chrono::seconds(retention_s);
   opts.retention.interval = std::chrono::seconds(prune_every_s);
   opts.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
@@ -204,11 +224,21 @@ int main(int argc, char** argv) {
     std::cerr << "tryboxd: " << st.ToString() << "\n";
     return st.code() == trybox::Code::kAlreadyExists ? 3 : 1;
   }
+  // SIGHUP reloads the configuration, as `trybox daemon reload` does; SIGTERM and SIGINT
+  // stop the daemon (its VMs are destroyed).
   std::thread([&d, set] {
-    int sig;
-    sigwait(&set, &sig);
-    trybox::LogInfo("daemon", std::string("stopping on ") + strsignal(sig));
-    d.Stop();
+    for (;;) {
+      int sig;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (sig == SIGHUP) {
+        trybox::LogInfo("daemon", "SIGHUP: reloading the configuration");
+        (void)d.Reload();
+        continue;
+      }
+      trybox::LogInfo("daemon", std::string("stopping on ") + strsignal(sig));
+      d.Stop(std::string(strsignal(sig)));
+      return;
+    }
   }).detach();
   st = d.Serve();
   if (!st.ok()) {

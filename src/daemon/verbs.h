@@ -55,8 +55,12 @@ struct DaemonControl {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   int64_t started_at = 0;  // seconds since the epoch
   Json limits;             // the admission and disk settings in force, for status
-  // Stops serving; the daemon then ends its VMs and exits. Called after the reply is sent.
-  std::function<void()> stop;
+  Json settings;           // the log file and retention, for status
+  // The last integrity check of the store (Daemon::CheckStore), for status.
+  std::function<Json()> store_check;
+  // Stops serving; the daemon then ends its VMs and exits. Called after the reply is sent,
+  // with what asked ("trybox daemon stop"): execs cut off by the stop report it.
+  std::function<void(const std::string&)> stop;
 };
 // daemon_status, daemon_stop, daemon_reload.
 void AddDaemonVerbs(VerbTable& table, Services& s, const DaemonControl& control);

@@ -26,6 +26,8 @@ Json StatusJson(Services& s, const DaemonControl& c) {
   const char* invocation = std::getenv("INVOCATION_ID");
   Json profiles = Json::array();
   for (const auto& [name, entries] : s.egress.settings()->config.profiles) profiles.push_back(name);
+  Json store = {{"path", db}, {"bytes", db_bytes}, {"wal_bytes", wal_bytes}};
+  if (c.store_check) store["check"] = c.store_check();
   return {{"ok", true},
           {"pid", ::getpid()},
           {"version", Version()},
@@ -33,8 +35,10 @@ Json StatusJson(Services& s, const DaemonControl& c) {
           {"uptime_s", std::chrono::duration_cast<std::chrono::seconds>(up).count()},
           {"vms", s.vms.LiveVms()},
           {"spares", s.launcher.SpareCounts()},
-          {"store", {{"path", db}, {"bytes", db_bytes}, {"wal_bytes", wal_bytes}}},
+          {"store", store},
           {"limits", c.limits},
+          {"log_file", c.settings.value("log_file", std::string())},
+          {"retention", c.settings.value("retention", Json::object())},
           {"egress_profiles", profiles},
           {"managed_by", invocation && *invocation ? "systemd" : "none"},
           {"socket", s.paths.socket()}};
@@ -56,12 +60,25 @@ void AddDaemonVerbs(VerbTable& t, Services& s, const DaemonControl& control) {
       return;
     }
     size_t vms = s.vms.LiveVms();
+    // A restart starts a daemon that reads egress.json again: one that would refuse it is
+    // refused here, before anything is stopped, and the running daemon and VMs stay.
+    if (req->restart) {
+      Status check = CheckEgressConfig(s.paths.config + "/egress.json");
+      if (!check.ok()) {
+        LogError("daemon", "restart refused: " + check.message());
+        (void)client.End(ErrorReply(FailedPrecondition(
+            "not restarted: a new daemon would refuse its configuration: " + check.message() +
+            ". The running daemon and its " + std::to_string(vms) +
+            " VMs were left alone; fix the file (`trybox daemon reload` checks it)")));
+        return;
+      }
+    }
     LogInfo("daemon", std::string("stopping on request") + (req->restart ? " (a restart)" : "") +
                           "; " + std::to_string(vms) + " VMs will be destroyed");
     // The reply goes first: after stop() the daemon tears down while this thread may still
     // be running. The client waits for the daemon's lock to be released.
     (void)client.End({{"ok", true}, {"pid", ::getpid()}, {"vms", vms}});
-    control.stop();
+    control.stop(req->restart ? "trybox daemon restart" : "trybox daemon stop");
   });
   t.AddUnary("daemon_reload", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseDaemonReload(j);
@@ -69,6 +86,7 @@ void AddDaemonVerbs(VerbTable& t, Services& s, const DaemonControl& control) {
     size_t running = s.vms.LiveVms();
     auto r = s.egress.Reload();
     if (!r.ok()) {
+      LogError("daemon", "reload refused, the settings in force stay: " + r.status().message());
       return ErrorReply(
           r.status().Annotate("egress.json was not reloaded; the settings in "
                               "force stay"));

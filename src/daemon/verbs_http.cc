@@ -9,10 +9,13 @@ void AddHttpVerbs(VerbTable& t, Services& s) {
   t.AddUnary("serve", [&s](const Json& j, Connection&) -> Json {
     auto req = ParseServe(j);
     if (!req.ok()) return ErrorReply(req.status());
-    if (req->stop) return {{"ok", true}, {"stopped", s.http.StopServing()}};
+    if (req->stop) {
+      RememberListen(s.paths.state, "");  // a stop is not undone by a restart
+      return {{"ok", true}, {"stopped", s.http.StopServing()}};
+    }
     auto where = api::ParseListenAddress(req->listen);
     if (!where.ok()) return ErrorReply(where.status());
-    auto url = s.http.Serve(*where);
+    auto url = ServeRemembering(s.http, s.paths.state, *where);
     if (!url.ok()) return ErrorReply(url.status());
     return {{"ok", true}, {"url", *url}};
   });

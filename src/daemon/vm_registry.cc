@@ -70,8 +70,8 @@ bool VmEntry::MarkDead(const std::string& why) {
   return true;
 }
 
-vmm::DestroyReport VmEntry::Destroy() {
-  vmm::DestroyReport report = vm_->Destroy();
+vmm::DestroyReport VmEntry::Destroy(const std::string& why) {
+  vmm::DestroyReport report = vm_->Destroy(why);
   uid_.Release();
   return report;
 }

@@ -86,7 +86,7 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   void set_workspace_on_disk() { workspace_on_disk_ = true; }
 
   // Kills QEMU and releases its uid. Idempotent: later calls return the first report.
-  vmm::DestroyReport Destroy();
+  vmm::DestroyReport Destroy(const std::string& why = "");
 
  private:
   // TransferDiskPort over the VM's transfer disk.

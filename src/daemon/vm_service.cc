@@ -500,9 +500,9 @@ void VmService::ReapLeftovers(const std::string& vms_dir, const std::string& tem
   }
 }
 
-void VmService::DestroyAll() {
+void VmService::DestroyAll(const std::string& why) {
   for (auto& e : registry_.TakeAll()) {
-    auto report = e->Destroy();
+    auto report = e->Destroy(why);
     (void)store_.UpdateVmState(e->id(), "destroyed", report.ToJson().dump());
   }
 }

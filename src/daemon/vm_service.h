@@ -143,8 +143,8 @@ class VmService {
 
   // At start: kills QEMUs and removes directories a dead daemon left (docs/store.md).
   void ReapLeftovers(const std::string& vms_dir, const std::string& templates_dir);
-  // At stop: destroys every VM.
-  void DestroyAll();
+  // At stop: destroys every VM; `why` is what an exec cut off by it reports.
+  void DestroyAll(const std::string& why = "");
 
  private:
   store::Store& store_;

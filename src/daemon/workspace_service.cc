@@ -1,6 +1,9 @@
 #include "daemon/workspace_service.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "daemon/workspace_disk.h"
 #include "util/fd.h"
@@ -278,6 +281,17 @@ Result<CollectOutcome> WorkspaceService::Collect(VmEntry& vm, const CollectOptio
   const std::string collect_dir = state_dir_ + "/collect";
   Status made = MakeDirs(collect_dir, 0700);
   if (!made.ok()) return failed_before_into(made);
+  // A collect in flight is named by a marker: a daemon killed during it leaves the marker,
+  // and the next one records the collect as `interrupted` (Daemon::Init), so that a collect
+  // cut off by a crash still has its row.
+  static std::atomic<uint64_t> markers{0};
+  const std::string marker = collect_dir + "/" + id + std::string(kCollectMarker) +
+                             std::to_string(::getpid()) + "." + std::to_string(++markers);
+  (void)WriteFileAtomic(marker, rec.exec_id ? std::to_string(*rec.exec_id) : "", 0600);
+  struct Unmark {
+    const std::string& path;
+    ~Unmark() { (void)::unlink(path.c_str()); }
+  } unmark{marker};
   std::optional<TempDir> temp;
   std::string staging = opts.into;
   if (!opts.into.empty()) {

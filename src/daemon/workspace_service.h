@@ -32,6 +32,10 @@ struct CallerHook {
   std::string sha256;  // of the content, as the daemon took it at inject time
 };
 
+// The marker of a collect in flight: $state/collect/<vm>.collecting.<pid>.<n>, holding the
+// VM's last exec id. What a killed daemon left is recorded as an `interrupted` collect.
+inline constexpr const char* kCollectMarker = ".collecting.";
+
 // Where the verification VM gets its copy of the caller's hook: root's, outside /workspace,
 // so nothing in the collected tree stands in for it.
 inline constexpr const char* kHookCopyPath = "/run/trybox/setup.sh";

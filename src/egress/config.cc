@@ -1,5 +1,7 @@
 #include "egress/config.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "egress/proxy.h"
@@ -42,6 +44,93 @@ Result<RequestRule> ParseRequestRule(const nlohmann::json& j) {
   return r;
 }
 
+const char* TypeName(const nlohmann::json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number with a fraction";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+// Each key's JSON type, checked before any is read: a wrong one is named with the type it
+// must be, never as a JSON library's exception.
+Status CheckTypes(const nlohmann::json& j) {
+  enum Want { kObject, kInteger, kBool, kString, kStringArray, kArray };
+  static const std::map<std::string, Want> kTypes = {{"profiles", kObject},
+                                                     {"max_tunnels_per_vm", kInteger},
+                                                     {"head_timeout_ms", kInteger},
+                                                     {"connect_timeout_ms", kInteger},
+                                                     {"internal_allow", kStringArray},
+                                                     {"resolve", kObject},
+                                                     {"qemu_netns", kBool},
+                                                     {"qemu_drop_uid", kBool},
+                                                     {"qemu_uid_base", kInteger},
+                                                     {"audit_max_age_days", kInteger},
+                                                     {"audit_max_rows", kInteger},
+                                                     {"upstream_ca_file", kString},
+                                                     {"network_requests", kArray},
+                                                     {"model_route", kString}};
+  auto strings = [](const nlohmann::json& v) {
+    if (!v.is_array()) return false;
+    for (const auto& e : v) {
+      if (!e.is_string()) return false;
+    }
+    return true;
+  };
+  for (const auto& [key, want] : kTypes) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;
+    const nlohmann::json& v = *it;
+    bool ok = false;
+    const char* name = "";
+    switch (want) {
+      case kObject:
+        ok = v.is_object();
+        name = "an object";
+        break;
+      case kInteger:
+        ok = v.is_number_integer();
+        name = "an integer";
+        break;
+      case kBool:
+        ok = v.is_boolean();
+        name = "true or false";
+        break;
+      case kString:
+        ok = v.is_string();
+        name = "a string";
+        break;
+      case kStringArray:
+        ok = strings(v);
+        name = "an array of strings";
+        break;
+      case kArray:
+        ok = v.is_array();
+        name = "an array";
+        break;
+    }
+    if (!ok) {
+      return InvalidArgument("egress config: '" + key + "' must be " + name + ", not " +
+                             (want == kStringArray && v.is_array() ? std::string("an array with "
+                                                                                 "other values")
+                                                                   : std::string(TypeName(v))));
+    }
+  }
+  if (auto p = j.find("profiles"); p != j.end()) {
+    for (const auto& [name, entries] : p->items()) {
+      if (!strings(entries)) {
+        return InvalidArgument("egress config: 'profiles." + name +
+                               "' must be an array of strings (allow entries), not " +
+                               (entries.is_array() ? std::string("an array with other values")
+                                                   : std::string(TypeName(entries))));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Config> ParseConfig(const nlohmann::json& j) {
@@ -56,6 +145,7 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.count(key)) return InvalidArgument("egress config: unknown key '" + key + "'");
   }
+  RETURN_IF_ERROR(CheckTypes(j));
   try {
     if (j.contains("profiles")) {
       for (const auto& [name, entries] : j.at("profiles").items()) {
@@ -120,7 +210,12 @@ Result<Config> ParseConfig(const nlohmann::json& j) {
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument(std::string("egress config: ") + e.what());
+    // CheckTypes covers every key; what is left is said without the library's prefix.
+    std::string what = e.what();
+    if (size_t at = what.find("] "); what.rfind("[json.exception.", 0) == 0 && at != what.npos) {
+      what = what.substr(at + 2);
+    }
+    return InvalidArgument("egress config: " + what);
   }
   return c;
 }
@@ -146,9 +241,29 @@ Result<nlohmann::json> LoadConfigJson(const std::string& path) {
     if (text.status().code() == Code::kNotFound) return nlohmann::json::object();
     return text.status();
   }
-  auto j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded()) return InvalidArgument(path + ": not valid JSON");
-  return j;
+  try {
+    return nlohmann::json::parse(*text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // Where it broke, as line and column (1-based) of the byte the parser stopped at.
+    const size_t at = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text->size());
+    size_t line = 1, column = 1;
+    for (size_t i = 0; i < at; ++i) {
+      if ((*text)[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    std::string what = e.what();
+    if (size_t s = what.find("syntax error"); s != what.npos) {
+      what = what.substr(s);
+    } else if (size_t c = what.find(": "); c != what.npos) {
+      what = what.substr(c + 2);
+    }
+    return InvalidArgument(path + ": not valid JSON at line " + std::to_string(line) + ", column " +
+                           std::to_string(column) + ": " + what);
+  }
 }
 
 Result<Config> LoadConfig(const std::string& path) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "util/fd.h"
+
 namespace trybox::egress {
 namespace {
 
@@ -55,6 +57,42 @@ TEST(EgressRequestRulesTest, TheFirstMatchingRuleDecidesAndNoneMeansAsk) {
   }
   EXPECT_FALSE(ParseConfig({{"network_requests", "allow *"}}).ok());
   EXPECT_FALSE(ParseConfig({{"network_requests", {{{"allow", "x.test"}}}}}).ok());
+}
+
+// Reload errors a person can act on (issue 51.17): where truncated JSON broke, and which key
+// has the wrong type and what it must be, never a JSON library's exception text.
+TEST(EgressConfigErrorsTest, TruncatedJsonGivesItsLineAndColumn) {
+  auto dir = TempDir::Make("/tmp", "egress-config-");
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir->path() + "/egress.json";
+  ASSERT_TRUE(WriteFileAtomic(path, "{\n  \"profiles\": {\n    \"p\": [\"a.test\"").ok());
+  auto j = LoadConfigJson(path);
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find(path + ": not valid JSON at line 3, column"),
+            std::string::npos)
+      << j.status().message();
+  EXPECT_EQ(j.status().message().find("json.exception"), std::string::npos) << j.status().message();
+}
+
+TEST(EgressConfigErrorsTest, AWrongTypeNamesTheKeyAndTheTypeItMustBe) {
+  struct Case {
+    Json config;
+    std::string want;
+  };
+  for (const auto& c : std::vector<Case>{
+           {{{"max_tunnels_per_vm", "8"}}, "'max_tunnels_per_vm' must be an integer, not a string"},
+           {{{"profiles", 3}}, "'profiles' must be an object, not an integer"},
+           {{{"profiles", {{"p", "a.test"}}}},
+            "'profiles.p' must be an array of strings (allow entries), not a string"},
+           {{{"qemu_netns", 1}}, "'qemu_netns' must be true or false, not an integer"},
+           {{{"internal_allow", {1, 2}}}, "'internal_allow' must be an array of strings"},
+           {{{"upstream_ca_file", Json::array()}}, "'upstream_ca_file' must be a string"}}) {
+    auto r = ParseConfig(c.config);
+    ASSERT_FALSE(r.ok()) << c.config.dump();
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find("json.exception"), std::string::npos)
+        << r.status().message();
+  }
 }
 
 }  // namespace

@@ -368,4 +368,36 @@ Result<OpenedDb> OpenChecked(const std::string& path) {
   return out;
 }
 
+Status QuickCheck(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close_v2(db);
+    return FailedPrecondition("the store " + path + " cannot be opened: " + msg);
+  }
+  (void)sqlite3_busy_timeout(db, 5000);
+  std::string problems;
+  {
+    Stmt check(db, "PRAGMA quick_check(5)");
+    Status prep = check.prepared();
+    for (;;) {
+      if (!prep.ok()) break;
+      auto row = check.Step();
+      if (!row.ok()) {
+        prep = row.status();
+        break;
+      }
+      if (!*row) break;
+      std::string line = check.Text(0);
+      if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+    }
+    if (!prep.ok()) problems = prep.message();
+  }
+  sqlite3_close_v2(db);
+  if (problems.empty()) return Status::Ok();
+  return FailedPrecondition("the store " + path +
+                            " is damaged: PRAGMA quick_check found: " + problems);
+}
+
 }  // namespace trybox::store

@@ -37,6 +37,11 @@ struct OpenedDb {
 // lacks, each in one transaction. kFailedPrecondition for a file refused, naming it.
 Result<OpenedDb> OpenChecked(const std::string& path);
 
+// Runs `PRAGMA quick_check` on the store at `path` through a connection of its own
+// (read-only, so nothing the caller's connection caches can hide a damaged page). OK, or
+// kFailedPrecondition naming what the check found (or that the file could not be read at all).
+Status QuickCheck(const std::string& path);
+
 // Applies the migrations after `from` (one transaction each, bumping user_version and
 // setting application_id). Applying from the latest version does nothing.
 Status Migrate(sqlite3* db, int from);

@@ -169,6 +169,18 @@ Status Store::FinishExec(const ExecRecord& e) {
   return Status::Ok();
 }
 
+Result<int64_t> Store::MarkInterruptedExecs(double now, const std::string& why) {
+  MutexLock lock(mu_);
+  Stmt s(db_,
+         "UPDATE execs SET outcome = 'interrupted', ended_at = ?, error = ? "
+         "WHERE outcome = 'running'");
+  RETURN_IF_ERROR(s.prepared());
+  s.Bind(1, now).Bind(2, why);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  (void)row;
+  return static_cast<int64_t>(sqlite3_changes(db_));
+}
+
 namespace {
 
 constexpr const char* kExecColumns =

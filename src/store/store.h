@@ -211,6 +211,9 @@ class Store {
 
   Result<int64_t> InsertExec(const ExecRecord& e);
   Status FinishExec(const ExecRecord& e);
+  // At start, before anything runs: execs still `running` belong to a daemon that ended
+  // before they did. They become `interrupted` (ended_at `now`, error `why`). Returns how many.
+  Result<int64_t> MarkInterruptedExecs(double now, const std::string& why);
   Result<std::vector<ExecRecord>> ListExecs(const std::string& vm_id);
   Result<std::optional<ExecRecord>> GetExec(int64_t id);
   // Per running VM.

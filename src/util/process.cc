@@ -16,9 +16,13 @@
 #include <unistd.h>
 
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -118,7 +122,7 @@ int RunChild(void* arg) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (opts.die_with_parent) {
+  if (opts.die_with_parent || opts.die_with_process) {
     if (::prctl(PR_SET_PDEATHSIG, opts.death_signal) != 0) ChildFail(ep, 9);
     if (::getppid() != p.parent) ::_exit(127);  // the parent died before the line above
   }
@@ -165,6 +169,12 @@ int RunChild(void* arg) {
     }
   }
   if (opts.nice != 0 && ::setpriority(PRIO_PROCESS, 0, opts.nice) != 0) ChildFail(ep, 8);
+  // Again after the ids: a change of the effective uid or gid (or entering a user namespace)
+  // clears the parent-death signal.
+  if (opts.die_with_parent || opts.die_with_process) {
+    if (::prctl(PR_SET_PDEATHSIG, opts.death_signal) != 0) ChildFail(ep, 9);
+    if (::getppid() != p.parent) ::_exit(127);
+  }
   if (p.cwd && ::chdir(p.cwd) != 0) ChildFail(ep, 3);
   // A bare name is looked up in PATH only, never in the working directory: a file of that
   // name there is not the program, and a directory the child may not search (the daemon
@@ -207,10 +217,67 @@ pid_t CloneChild(ChildPlan* plan) {
   return pid;
 }
 
+// The thread that spawns the children that die with the process (die_with_process): the
+// kernel sends the parent-death signal when the thread that made the child ends, so this one
+// never does. Made on first use, never destroyed; it only waits for work.
+class ProcessLongSpawner {
+ public:
+  static ProcessLongSpawner& Get() {
+    static ProcessLongSpawner* s = new ProcessLongSpawner;
+    return *s;
+  }
+  // Runs `job` on the spawner thread and waits for it.
+  void Run(const std::function<void()>& job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t mine = ++queued_;
+    jobs_.push_back(&job);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done_ >= mine; });
+  }
+
+ private:
+  ProcessLongSpawner() {
+    // Every signal blocked: the spawner must never run a handler (the children reset theirs).
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    std::thread([this] { Loop(); }).detach();
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !jobs_.empty(); });
+      const std::function<void()>* job = jobs_.front();
+      jobs_.pop_front();
+      lock.unlock();
+      (*job)();
+      lock.lock();
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<const std::function<void()>*> jobs_;
+  uint64_t queued_ = 0;
+  uint64_t done_ = 0;
+};
+
 }  // namespace
 
 Result<ChildProcess> ChildProcess::Spawn(const SpawnOptions& opts) {
   if (opts.argv.empty()) return InvalidArgument("spawn: empty argv");
+  if (opts.die_with_process) {
+    std::optional<Result<ChildProcess>> out;
+    ProcessLongSpawner::Get().Run([&] {
+      SpawnOptions here = opts;
+      here.die_with_process = false;
+      here.die_with_parent = true;  // the spawner thread's death is the process's
+      out.emplace(Spawn(here));
+    });
+    return std::move(*out);
+  }
   std::vector<char*> argv;
   for (const auto& a : opts.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -56,6 +56,10 @@ struct SpawnOptions {
   // child that must clean up after itself (a test's daemon, which then destroys its VMs).
   bool die_with_parent = false;
   int death_signal = SIGKILL;
+  // The child gets `death_signal` when this whole process ends, whichever thread asked for
+  // it: the spawn runs on a thread that lives as long as the process (a QEMU started by a
+  // worker thread that then ends must live on, and die with the daemon, killed or not).
+  bool die_with_process = false;
 };
 
 class ChildProcess {

@@ -278,4 +278,47 @@ TEST(SpawnTest, DieWithParentTakesTheChildWhenItsSpawnerIsKilled) {
 }
 
 }  // namespace
+// A child that a short-lived thread spawned with die_with_process outlives that thread, and
+// goes when the process is killed: QEMUs started by a daemon's worker threads (issue 51.10).
+TEST(SpawnTest, DieWithProcessOutlivesItsThreadAndGoesWithTheProcess) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t helper = ::fork();
+  if (helper == 0) {
+    ::close(fds[0]);
+    pid_t p = -1;
+    std::thread([&p] {
+      SpawnOptions o;
+      o.argv = {"/bin/sleep", "60"};
+      o.die_with_process = true;
+      auto c = ChildProcess::Spawn(o);
+      p = c.ok() ? c->Release() : -1;
+    }).join();
+    // The thread that asked has ended: the child must still run.
+    ::usleep(200 * 1000);
+    int alive = p > 0 && ::kill(p, 0) == 0 ? 1 : 0;
+    int msg[2] = {static_cast<int>(p), alive};
+    (void)!::write(fds[1], msg, sizeof msg);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  int msg[2] = {-1, 0};
+  ASSERT_EQ(::read(fds[0], msg, sizeof msg), static_cast<ssize_t>(sizeof msg));
+  ::close(fds[0]);
+  const pid_t child = msg[0];
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(msg[1], 1) << "the child died with the thread that spawned it";
+  EXPECT_TRUE(Running(child));
+  ::kill(helper, SIGKILL);
+  (void)::waitpid(helper, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = !Running(child);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "pid " << child << " outlived the killed process";
+  ::kill(child, SIGKILL);
+}
+
 }  // namespace trybox

@@ -141,6 +141,7 @@ AccelChoice ProbeAccel(const std::string& image_dir, const std::string& work_dir
                  "-append",
                  "console=ttyS0 quiet panic=-1 trybox.probe=1"};
     if (out.ok()) opts.stdout_fd = opts.stderr_fd = out->get();
+    opts.die_with_process = true;  // a killed daemon's probe goes with it
     auto child = st.ok() && out.ok() ? ChildProcess::Spawn(opts)
                                      : Result<ChildProcess>(st.ok() ? out.status() : st);
     if (child.ok()) {

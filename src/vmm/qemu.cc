@@ -350,6 +350,9 @@ Status Vm::Spawn(int state_fd) {
   opts.argv = QemuArgv(sandbox.seen);
   opts.stdout_fd = log->get();
   opts.stderr_fd = log->get();
+  // A daemon that is killed takes its QEMUs with it, whichever of its threads started them
+  // (docs/daemon.md, "What a daemon that died leaves").
+  opts.die_with_process = true;
   auto child = ChildProcess::Spawn(opts);
   if (!child.ok()) return child.status().Annotate("start QEMU");
   pid_ = child->Release();
@@ -728,9 +731,13 @@ Status Vm::Resume(std::chrono::steady_clock::time_point deadline) {
   return qmp->Execute("cont").status().Annotate("resume the VM");
 }
 
-DestroyReport Vm::Destroy() {
+DestroyReport Vm::Destroy(const std::string& why) {
   if (destroyed_) return *destroyed_;
   DestroyReport r;
+  if (!why.empty()) {
+    MutexLock lock(mu_);
+    if (death_.empty()) death_ = why;
+  }
   if (pid_ > 0) {
     ::kill(-pid_, SIGKILL);
     ::kill(pid_, SIGKILL);

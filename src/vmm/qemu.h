@@ -217,8 +217,9 @@ class Vm {
   Status Resume(std::chrono::steady_clock::time_point deadline);
 
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
-  // Idempotent: a second call returns the first report.
-  DestroyReport Destroy();
+  // Idempotent: a second call returns the first report. `why`, when given, is the guest's
+  // death reason from now on (what an exec cut off by it reports), not QEMU's exit.
+  DestroyReport Destroy(const std::string& why = "");
 
   // Last `max` bytes of the serial console log (for error messages).
   std::string ConsoleTail(size_t max = 2000) const;
