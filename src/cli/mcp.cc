@@ -9,7 +9,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -28,6 +27,7 @@
 #include "egress/http_rules.h"
 #include "util/fd.h"
 #include "util/log.h"
+#include "util/mutex.h"
 #include "util/names.h"
 #include "util/thread_annotations.h"
 
@@ -306,7 +306,7 @@ class Output {
     // `replace`: text from the daemon or the guest may hold invalid UTF-8; dump() would
     // throw on it. Control characters are escaped, so the line has no embedded newline.
     std::string line = message.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (broken_) return;
     Status st = WriteFull(fd_, line);
     if (!st.ok()) {
@@ -324,7 +324,7 @@ class Output {
 
  private:
   const int fd_;
-  std::mutex mu_;
+  Mutex mu_;
   bool broken_ GUARDED_BY(mu_) = false;
 };
 
@@ -339,7 +339,7 @@ class Call {
   // Called with the stream once opened. False if the call was stopped already (then the
   // stream has been reset).
   bool Attach(std::shared_ptr<channel::Stream> stream) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stream_ = std::move(stream);
     if (ending_ != Ending::kRunning)
       (void)stream_->Reset("cancelled by the MCP client: " + reason_);
@@ -348,7 +348,7 @@ class Call {
 
   // Resets the daemon stream; the daemon stops the run's current step. The first stop wins.
   void Stop(Ending how, const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (ending_ != Ending::kRunning) return;
     ending_ = how;
     reason_ = reason;
@@ -356,16 +356,16 @@ class Call {
   }
 
   Ending ending() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return ending_;
   }
   std::string reason() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return reason_;
   }
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::shared_ptr<channel::Stream> stream_ GUARDED_BY(mu_);
   Ending ending_ GUARDED_BY(mu_) = Ending::kRunning;
   std::string reason_ GUARDED_BY(mu_);
@@ -464,7 +464,7 @@ class Server {
   void Shutdown() {
     std::vector<std::thread> threads;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (auto& [key, call] : calls_)
         call->Stop(Call::Ending::kInputClosed, "the client closed stdin");
       for (auto& [key, t] : threads_) threads.push_back(std::move(t));
@@ -475,7 +475,7 @@ class Server {
 
  private:
   std::string version() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return version_;
   }
 
@@ -485,7 +485,7 @@ class Server {
       std::string reason;
       if (params.contains("reason") && params["reason"].is_string())
         reason = params["reason"].get<std::string>();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       // Unknown or finished requests are ignored: the race with the response is expected.
       auto it = calls_.find(params["requestId"].dump());
       if (it != calls_.end())
@@ -504,7 +504,7 @@ class Server {
       if (v == asked) chosen = asked;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (initialized_) return out_.Error(id, kInvalidRequest, "already initialized");
       initialized_ = true;
       version_ = chosen;
@@ -542,7 +542,7 @@ class Server {
     }
     const std::string key = id.dump();
     auto call = std::make_shared<Call>();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (calls_.count(key)) return out_.Error(id, kInvalidRequest, "request id already in use");
     // Threads of finished calls are joined here, so a long session does not pile them up.
     for (auto it = threads_.begin(); it != threads_.end();) {
@@ -563,7 +563,7 @@ class Server {
                                                return call->Attach(std::move(s));
                                              });
       if (result && call->ending() != Call::Ending::kCancelled) out_.Reply(id, std::move(*result));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       calls_.erase(key);
     });
   }
@@ -693,7 +693,7 @@ class Server {
   const std::vector<std::string> tools_;
   Output out_;
   mcp::Session session_;
-  std::mutex mu_;
+  Mutex mu_;
   bool initialized_ GUARDED_BY(mu_) = false;
   std::string version_ GUARDED_BY(mu_){kProtocolVersions[0]};
   // Keyed by the request id's JSON text, so 1 and "1" stay distinct.

@@ -46,17 +46,17 @@ ScriptedDaemon::ScriptedDaemon(UnixListener listener, Script script)
       // The Mux runs each handler on a detached thread; the destructor waits for them.
       mux->OnOpen([this](std::shared_ptr<channel::Stream> s, Json request) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           requests_.push_back(request);
           ++handlers_;
         }
         script_(std::move(s), request);
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         --handlers_;
-        done_.notify_all();
+        done_.SignalAll();
       });
       mux->Start();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       muxes_.push_back(std::move(mux));
     }
   });
@@ -65,13 +65,13 @@ ScriptedDaemon::ScriptedDaemon(UnixListener listener, Script script)
 ScriptedDaemon::~ScriptedDaemon() {
   listener_.Shutdown();
   acceptor_.join();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto& m : muxes_) m->Shutdown();
-  done_.wait(lock, [this] { return handlers_ == 0; });
+  while (handlers_ != 0) done_.Wait(mu_);
 }
 
 std::vector<Json> ScriptedDaemon::requests() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return requests_;
 }
 

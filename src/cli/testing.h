@@ -6,10 +6,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -19,6 +17,7 @@
 
 #include "channel/mux.h"
 #include "util/fd.h"
+#include "util/mutex.h"
 #include "util/paths.h"
 #include "util/process.h"
 #include "util/socket.h"
@@ -56,8 +55,8 @@ class ScriptedDaemon {
   Script script_;
   UnixListener listener_;
   std::thread acceptor_;
-  std::mutex mu_;
-  std::condition_variable done_;
+  Mutex mu_;
+  CondVar done_;
   int handlers_ GUARDED_BY(mu_) = 0;
   std::vector<nlohmann::json> requests_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<channel::Mux>> muxes_ GUARDED_BY(mu_);

@@ -84,22 +84,22 @@ PortRelay::~PortRelay() {
 void PortRelay::Stop(const std::string& why) {
   if (stopped_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     why_ = why;
   }
   stop_.Signal();
   // Wakes the Mux's reader, and a socket write blocked here; the Mux sees a closed peer.
   ::shutdown(socket_.get(), SHUT_RDWR);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::string PortRelay::Wait() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return stopped_.load(); });
+    MutexLock lock(mu_);
+    while (!stopped_.load()) cv_.Wait(mu_);
   }
   if (in_.joinable()) in_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return why_;
 }
 

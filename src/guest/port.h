@@ -16,16 +16,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "channel/mux.h"
 #include "guest/wakeup.h"
 #include "util/fd.h"
+#include "util/mutex.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
 
@@ -88,8 +87,8 @@ class PortRelay {
   UniqueFd socket_;
   Wakeup stop_;
   std::atomic<bool> stopped_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::string why_ GUARDED_BY(mu_);
   std::thread in_;
 };

@@ -54,12 +54,12 @@ void GrowBuffers(int fd) {
 void Server::Run() {
   int sessions = 0;
   Status egress = StartEgressListener([this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return mux_;
   });
   if (!egress.ok()) LogError("init", "egress listener: " + egress.message());
   Status transparent = StartTransparentEgress([this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return mux_;
   });
   if (!transparent.ok()) {
@@ -112,7 +112,7 @@ void Server::Run() {
       mux->OnDeath([r](const std::string& reason) { r->Stop("mux: " + reason); });
       mux->Start();
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         mux_ = mux;
       }
       Json hello_event = {{"type", "hello"},
@@ -130,7 +130,7 @@ void Server::Run() {
       mux->Shutdown();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       mux_ = nullptr;
     }
     relay->reset();
@@ -168,7 +168,7 @@ void Server::WaitForHost(int port_fd) {
 }
 
 Json Server::BootIdField() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (boot_id_.empty()) return Json::object();
   return {{"boot_id", boot_id_}};
 }
@@ -185,7 +185,7 @@ void Server::Identify(Stream& stream, const Json& request) {
     (void)stream.End(Fail("bad_request", req.status().message()));
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (ready_) {
     (void)stream.End(Fail("already_identified", "this clone already has its identity"));
     return;

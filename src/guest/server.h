@@ -8,13 +8,13 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "channel/mux.h"
 #include "guest/boot.h"
 #include "guest/port.h"
 #include "guest/reaper.h"
+#include "util/mutex.h"
 #include "util/thread_annotations.h"
 
 namespace trybox::guest {
@@ -49,7 +49,7 @@ class Server {
   // False in a template-booted guest until an identity request succeeded: until then it is
   // a copy of every other clone, and serves only ping and identity.
   std::atomic<bool> ready_;
-  std::mutex mu_;
+  Mutex mu_;
   std::string boot_id_ GUARDED_BY(mu_);                // "" until ready
   std::shared_ptr<channel::Mux> mux_ GUARDED_BY(mu_);  // the current session's, for egress
 };
