@@ -1106,8 +1106,14 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   ils->add_flag("--json", inv.json, "JSON output");
   auto* irm = image->add_subcommand("rm", "Remove an image (refused while a VM uses it)");
   irm->add_option("name", inv.image_name, "Image name")->required();
-  auto* prune = image->add_subcommand("prune", "Remove unused templates and the rootfs cache");
+  auto* prune = image->add_subcommand(
+      "prune",
+      "Remove unused templates and dead builds' leftovers (and, with --all, the rootfs cache)");
   prune->add_flag("--json", inv.json, "JSON output");
+  prune->add_flag("--dry-run", inv.dry_run, "Only list what would be removed, with its size");
+  prune->add_flag("--all,--force", inv.all,
+                  "Also remove the cached root filesystem (the next base image build then "
+                  "takes the long path again); without it a terminal is asked, else it is kept");
   auto* commit = app.add_subcommand("commit", "Save a running VM's disk state as a new image");
   commit->add_option("id", inv.id, "VM id")->required();
   commit->add_option("name", inv.image_name, "New image name")->required();
@@ -1357,7 +1363,19 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "approvals") return CmdApprovals(c, inv.json, out, err);
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
-  if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);
+  if (inv.command == "image-prune") {
+    PruneAsk ask;
+    if (!inv.all && !inv.dry_run && !inv.json && ::isatty(0) == 1 && ::isatty(2) == 1) {
+      ask = [&err](const std::string& question) {
+        err << question << " [y/N] ";
+        err.flush();
+        std::string answer;
+        if (!std::getline(std::cin, answer)) return false;
+        return answer == "y" || answer == "Y" || answer == "yes";
+      };
+    }
+    return CmdImagePrune(c, inv.dry_run, inv.all, ask, inv.json, out, err);
+  }
   // The terminal's commands own the process's terminal and streams.
   if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "exec" && inv.exec.detach) return RunDetached(c, inv.id, inv.argv, inv.exec);

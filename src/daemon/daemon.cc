@@ -129,6 +129,12 @@ Status Daemon::Init() {
   AddStoreVerbs(verbs_, *services_);
   AddHttpVerbs(verbs_, *services_);
   images_ = std::make_unique<ImageService>(p, *registry_, *templates_);
+  // A killed commit or build leaves its `.build-NAME-PID` (a whole layer) that its own
+  // name's next build would not remove; its process is gone, so nothing uses it.
+  for (const Freed& f : images_->RemoveBuildLeftovers(/*dry_run=*/false)) {
+    LogInfo("daemon", "removed " + f.path + " (" + FormatMiB(static_cast<int64_t>(f.bytes)) +
+                          "), left by a build or commit whose process is gone");
+  }
   AddImageVerbs(verbs_, *images_, *services_);
   control_.started_at = static_cast<int64_t>(store::NowSeconds());
   control_.limits = {{"memory_reserve_mib", opts_.memory_reserve_mib},
