@@ -799,6 +799,26 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
       out += "VM " + id + ": " + state + (note.empty() ? "" : " (" + note + ")") + "\n";
     }
   }
+  ASSIGN_OR_RETURN(auto memory, r.OptionalObject("memory"));
+  if (memory) {
+    ASSIGN_OR_RETURN(int64_t promised, memory->IntOr("promised_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t budget, memory->IntOr("budget_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t total, memory->IntOr("total_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t reserve, memory->IntOr("reserve_mib", 0, 0));
+    ASSIGN_OR_RETURN(bool set, memory->BoolOr("total_from_setting", false));
+    const Json& ratio =
+        memory->json().contains("overcommit") ? memory->json()["overcommit"] : Json();
+    if (!ratio.is_number()) return MalformedReply("memory.overcommit", "must be a number");
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "memory: %lld MiB promised to live VMs of a %lld MiB budget (%lld MiB%s less "
+                  "a %lld MiB reserve, overcommit ratio %g)\n",
+                  static_cast<long long>(promised), static_cast<long long>(budget),
+                  static_cast<long long>(total),
+                  set ? " as set by --memory-total" : " of host memory",
+                  static_cast<long long>(reserve), ratio.get<double>());
+    out += line;
+  }
   ASSIGN_OR_RETURN(auto pool, r.OptionalObject("spare_pool"));
   if (pool) {
     ASSIGN_OR_RETURN(bool enabled, pool->BoolOr("enabled", false));

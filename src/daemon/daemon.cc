@@ -70,15 +70,23 @@ Status Daemon::Init() {
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();
-  exec_logs_ = std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap);
+  exec_logs_ =
+      std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap, opts_.exec_log_vm_cap);
   running_ = std::make_unique<RunningExecs>();
   ASSIGN_OR_RETURN(int64_t budget, DiskBudgetBytes(opts_.disk_budget_mib, p.state));
   disks_ = std::make_unique<DiskBudget>(budget, opts_.disk_reserve_mib << 20, p.state);
   LogInfo("daemon", "host-wide disk budget for VMs: " + FormatMiB(budget));
   vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
                                      *exec_logs_, *running_, *disks_, opts_.disk_transfers);
-  admission_ =
-      std::make_unique<Admission>(AdmissionLimits{opts_.memory_reserve_mib, opts_.max_vms});
+  admission_ = std::make_unique<Admission>(AdmissionLimits{
+      opts_.memory_reserve_mib, opts_.max_vms, opts_.memory_total_mib, opts_.memory_overcommit});
+  {
+    Admission::Memory m = admission_->Describe();
+    LogInfo("daemon", "VM memory budget: " + std::to_string(m.budget_mib) + " MiB (" +
+                          std::to_string(m.total_mib) + " MiB less a " +
+                          std::to_string(m.reserve_mib) + " MiB reserve, overcommit ratio " +
+                          std::to_string(m.overcommit) + ")");
+  }
   vms_->SetAdmission(admission_.get());
   vms_->ReapLeftovers(p.vms(), p.templates());
   heartbeat_ = std::make_unique<Heartbeat>(
@@ -137,10 +145,17 @@ Status Daemon::Init() {
   }
   AddImageVerbs(verbs_, *images_, *services_);
   control_.started_at = static_cast<int64_t>(store::NowSeconds());
+  Admission::Memory mem = admission_->Describe();
   control_.limits = {{"memory_reserve_mib", opts_.memory_reserve_mib},
+                     {"memory_total_mib", mem.total_mib},
+                     {"memory_total_from_setting", mem.total_from_setting},
+                     {"memory_overcommit", opts_.memory_overcommit},
+                     {"memory_budget_mib", mem.budget_mib},
                      {"max_vms", opts_.max_vms},
                      {"disk_budget_mib", budget >> 20},
-                     {"disk_reserve_mib", opts_.disk_reserve_mib}};
+                     {"disk_reserve_mib", opts_.disk_reserve_mib},
+                     {"exec_log_cap", opts_.exec_log_cap},
+                     {"exec_log_vm_cap", opts_.exec_log_vm_cap}};
   control_.stop = [this] { Stop(); };
   AddDaemonVerbs(verbs_, *services_, control_);
   server_ = std::make_unique<ControlServer>(verbs_, [this](const std::string& id) {

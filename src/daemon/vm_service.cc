@@ -78,7 +78,11 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   // Held until the VM is registered or gone: creates still booting count against the limits.
   std::optional<Admission::Ticket> admitted;
   if (admission_) {
-    ASSIGN_OR_RETURN(auto ticket, admission_->Admit(req.memory_mib, registry_.size()));
+    int64_t promised = 0;
+    auto live = registry_.All();
+    for (const auto& vm : live) promised += vm->record().memory_mib;
+    ASSIGN_OR_RETURN(auto ticket, admission_->Admit(req.memory_mib,
+                                                    static_cast<int64_t>(live.size()), promised));
     admitted.emplace(std::move(ticket));
   }
 
@@ -206,7 +210,8 @@ Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
 std::vector<DiskUse> VmService::DiskUses() const {
   std::vector<DiskUse> out;
   for (auto& e : registry_.All()) {
-    out.push_back({e->id(), DiskBudget::VmBytes(e->vm().config().vm_dir)});
+    // Its exec logs are its writes on the host too (docs/store.md, "Exec logs").
+    out.push_back({e->id(), DiskBudget::VmBytes(e->vm().config().vm_dir) + logs_.VmBytes(e->id())});
   }
   return out;
 }
@@ -217,7 +222,8 @@ std::vector<std::string> VmService::EnforceDiskBudget() {
   while (auto over = disks_.OverBudget(DiskUses())) {
     auto e = registry_.Find(over->vm_id);
     if (!e || !registry_.Remove(over->vm_id)) break;  // gone meanwhile, or being destroyed
-    const std::string why = "destroyed by tryboxd: its disks took " + FormatMiB(over->bytes) +
+    const std::string why = "destroyed by tryboxd: its disks and exec logs took " +
+                            FormatMiB(over->bytes) +
                             " on the host, past the host-wide disk budget of " +
                             FormatMiB(disks_.budget()) + " (tryboxd --disk-budget)";
     LogError("daemon", "VM " + over->vm_id + " " + why);

@@ -130,6 +130,8 @@ class VmService {
   // Memory and VM-count admission for creates (admission.h); none when never set. Set
   // before serving.
   void SetAdmission(Admission* admission) { admission_ = admission; }
+  // Null before SetAdmission.
+  const Admission* admission() const { return admission_; }
   size_t LiveVms() const { return registry_.size(); }
 
   // Marks the VM dead in the store once, if it has died.
