@@ -56,7 +56,9 @@ void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
   });
   t.AddUnary("image_prune", [&images](const Json& j, Connection&) -> Json {
     PruneOptions opts;
-    for (auto [key, flag] : {std::pair{"dry_run", &opts.dry_run}, {"all", &opts.rootfs_cache}}) {
+    const std::pair<const char*, bool*> flags[] = {{"dry_run", &opts.dry_run},
+                                                   {"all", &opts.rootfs_cache}};
+    for (auto [key, flag] : flags) {
       if (!j.contains(key)) continue;
       if (!j[key].is_boolean())
         return ErrorReply(InvalidArgument(std::string(key) + ": not a boolean"));
