@@ -3,6 +3,7 @@
 // a per-VM cap and counted by the disk budget, dead builds' leftovers and the rootfs cache
 // under `image prune`. Real daemons, real VMs, real files.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
