@@ -95,6 +95,7 @@ Status Daemon::Init() {
         vms_->NoteCondition(vm, c, note);
       },
       Heartbeat::Options{});
+  heartbeat_->SetOnDamage([this](VmEntry& vm, int64_t failed) { vms_->NoteDamage(vm, failed); });
   heartbeat_->Start();
   // Staging trees of collects a dead daemon left (WorkspaceService::Collect makes them
   // there); none can be in use before this daemon serves.

@@ -66,10 +66,26 @@ Status GuestRefusal(const Json& end, const std::string& what) {
   return error == "no_space" ? ResourceExhausted(text) : FailedPrecondition(text);
 }
 
+Status WithHostDiskCause(const GuestChannel& guest, const Status& st) {
+  if (st.ok()) return st;
+  const std::string& m = st.message();
+  bool io = false;
+  for (const char* sign : {"Input/output error", "Read-only file system", "No space left"}) {
+    io |= m.find(sign) != std::string::npos;
+  }
+  if (!io) return st;
+  std::string cause = guest.host_no_space();
+  if (cause.empty()) cause = guest.host_disk_damage();
+  if (cause.empty()) return st;
+  return Status(st.code(), m + " (the host's disk caused it: " + cause + ")");
+}
+
 Result<Json> AwaitGuestOk(GuestChannel& guest, channel::Stream& stream, const std::string& what) {
   auto end = AwaitEnd(stream);
   if (!end.ok()) return GuestGone(guest, end.status().Annotate(what));
-  if (!end->is_object() || !end->value("ok", false)) return GuestRefusal(*end, what);
+  if (!end->is_object() || !end->value("ok", false)) {
+    return WithHostDiskCause(guest, GuestRefusal(*end, what));
+  }
   return *end;
 }
 

@@ -9,6 +9,11 @@
 // system has room again. A VM whose ping is answered again is running again. Each change
 // goes to `on_change` (VmService::NoteCondition), which records and logs it.
 //
+// It also asks QEMU how many of the VM's writes failed on the host (Vm::FailedHostWrites):
+// at every look while the file system of the VM's directory is nearly full, else every
+// `writes_every` looks. A VM with any goes once to `on_damage` (VmService::NoteDamage): its
+// guest saw I/O errors that came from the host's disk.
+//
 // Nothing here is on an exec's path: execs never wait for the heartbeat, which only wakes
 // their streams when it gives up on a guest (VmEntry::SetCondition).
 //
@@ -47,13 +52,20 @@ class Heartbeat {
     std::chrono::milliseconds timeout{5000};
     // A paused VM is resumed only while its directory's file system has this much free.
     uint64_t resume_free_bytes = uint64_t{64} << 20;
+    // Failed host writes are asked at every look under this much free, else every
+    // `writes_every` looks.
+    uint64_t low_free_bytes = uint64_t{256} << 20;
+    int writes_every = 15;
   };
+  using OnDamage = std::function<void(VmEntry&, int64_t failed_writes)>;
 
   Heartbeat(VmRegistry& registry, OnChange on_change, Options options);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
+  // Before Start().
+  void SetOnDamage(OnDamage on_damage) { on_damage_ = std::move(on_damage); }
   void Start();
   void Stop() EXCLUDES(mu_);
 
@@ -64,6 +76,7 @@ class Heartbeat {
     bool in_flight GUARDED_BY(mu) = false;
     bool answered GUARDED_BY(mu) = true;
     std::chrono::steady_clock::time_point sent GUARDED_BY(mu);
+    int looks = 0;  // the watch thread's own
   };
   void Loop() EXCLUDES(mu_);
   void Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<Slot>& slot);
@@ -71,6 +84,7 @@ class Heartbeat {
 
   VmRegistry& registry_;
   const OnChange on_change_;
+  OnDamage on_damage_;
   const Options options_;
   Mutex mu_;
   CondVar wake_;

@@ -195,6 +195,21 @@ void VmService::NoteCondition(VmEntry& vm, VmEntry::Condition c, const std::stri
   }
 }
 
+void VmService::NoteDamage(VmEntry& vm, int64_t failed_writes) {
+  auto free = vm.HostFreeBytes();
+  const std::string note =
+      std::to_string(failed_writes) +
+      " of its disk writes failed on the host: the host's file system under " +
+      vm.vm().config().vm_dir + " filled (" +
+      (free ? std::to_string(*free >> 20) + " MiB free now" : std::string("free space unknown")) +
+      "), and the guest saw each as an I/O error; its file systems may have gone read-only "
+      "and stay so now that there is room. Files can still be read out (trybox cp " +
+      vm.id() + ":PATH ., trybox collect " + vm.id() + "); then destroy it (trybox rm " + vm.id() +
+      ") and start a new VM";
+  if (!vm.MarkDamaged(note)) return;
+  LogError("daemon", "VM " + vm.id() + " is damaged: " + note);
+}
+
 Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   ASSIGN_OR_RETURN(auto e, Get(id));
   if (!registry_.Remove(id)) {

@@ -405,5 +405,95 @@ TEST(ExecLogCapE2E, TheDiskBudgetCountsAVmsExecLogs) {
   EXPECT_NE(after.err.find("disk budget of 40.0 MiB"), std::string::npos) << after.err;
 }
 
+// ---------------------------------------------------------------------------------------
+// Item 4: a host disk that fills once. The VM directory is on a small loop-mounted ext4 the
+// test makes, fills while a guest writes, frees, and unmounts.
+
+class HostDiskE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a loop file system";
+    auto d = TempDir::Make("/tmp", "tbx-loopfs-");
+    ASSERT_TRUE(d.ok());
+    loop_dir_.emplace(std::move(*d));
+    const std::string img = loop_dir_->path() + "/fs.img";
+    auto mk = RunCommand({"sh", "-c", "truncate -s 160M " + img + " && mkfs.ext4 -q -F " + img});
+    ASSERT_TRUE(mk.ok() && mk->exit.exited && mk->exit.code == 0) << (mk.ok() ? mk->output : "");
+    auto h = Harness::Start({"TRYBOX_SPARES=0"});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    h_ = std::move(*h);
+    ASSERT_TRUE(MakeDirs(h_->vms_dir(), 0700).ok());
+    auto m = RunCommand({"mount", "-o", "loop", img, h_->vms_dir()});
+    ASSERT_TRUE(m.ok() && m->exit.exited && m->exit.code == 0) << (m.ok() ? m->output : "");
+    mounted_ = true;
+    ASSERT_EQ(::chmod(h_->vms_dir().c_str(), 0700), 0);
+  }
+  void TearDown() override {
+    if (h_) (void)h_->StopDaemon();  // destroys its VMs
+    if (mounted_) (void)RunCommand({"umount", "-l", h_->vms_dir()});
+  }
+  // Fills the file system to the last byte with a file of the test's own.
+  void Fill() {
+    UniqueFd fd(::open((h_->vms_dir() + "/filler").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    ASSERT_TRUE(fd.valid());
+    std::string block(1 << 16, 'x');
+    while (::write(fd.get(), block.data(), block.size()) > 0) {
+    }
+    std::string byte(1, 'x');
+    while (::write(fd.get(), byte.data(), 1) > 0) {
+    }
+  }
+  Json Vm(const std::string& id) const {
+    CliResult ls = h_->Cli({"ls", "--json"});
+    Json vms = Json::parse(ls.out, nullptr, false);
+    for (const Json& v : vms.is_array() ? vms : Json::array()) {
+      if (v.value("id", "") == id) return v;
+    }
+    return Json::object();
+  }
+  std::optional<TempDir> loop_dir_;
+  std::unique_ptr<Harness> h_;
+  bool mounted_ = false;
+};
+
+TEST_F(HostDiskE2E, AVmWhoseWritesTheFullHostDiskFailedIsMarkedDamagedAndSaysSo) {
+  CliResult c = h_->Cli({"create"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::string id = FirstLine(c.out);
+  Fill();
+  // The guest's writes reach its disk layer on the full host file system: I/O errors.
+  CliResult w = h_->Cli({"exec", id, "--", "sh", "-c",
+                         "dd if=/dev/zero of=/root/big bs=1M count=48 conv=fsync; sync"});
+  // Marked damaged by the host, which saw its writes fail (QEMU's block statistics).
+  bool damaged = false;
+  for (int i = 0; i < 300 && !damaged; ++i) {
+    damaged = Vm(id).value("state", "") == "damaged";
+    if (!damaged) ::usleep(200 * 1000);
+  }
+  ASSERT_TRUE(damaged) << Vm(id).dump() << "\nexec: " << w.out << w.err;
+  // Space comes back; the VM stays damaged, saying why and how to get files out.
+  ASSERT_EQ(::unlink((h_->vms_dir() + "/filler").c_str()), 0);
+  Json v = Vm(id);
+  EXPECT_EQ(v.value("state", ""), "damaged") << v.dump();
+  const std::string note = v.value("note", "");
+  EXPECT_NE(note.find("disk writes failed on the host"), std::string::npos) << note;
+  EXPECT_NE(note.find("trybox cp " + id + ":PATH"), std::string::npos) << note;
+  CliResult doctor = h_->Cli({"doctor"});
+  EXPECT_NE(doctor.out.find("VM " + id + ": damaged"), std::string::npos) << doctor.out;
+  // Files can be read out; commands still run.
+  auto local = TempDir::Make("/tmp", "tbx-damaged-cp-");
+  ASSERT_TRUE(local.ok());
+  CliResult get = h_->Cli({"cp", id + ":/etc/hostname", local->path() + "/hostname"});
+  EXPECT_EQ(get.code, 0) << get.err;
+  EXPECT_EQ(h_->Cli({"exec", id, "--", "true"}).code, 0);
+  // A write the guest cannot make any more names the host's disk as its cause.
+  ASSERT_TRUE(WriteFileAtomic(local->path() + "/in.txt", std::string(1 << 20, 'y')).ok());
+  CliResult put = h_->Cli({"cp", local->path() + "/in.txt", id + ":/root/in.txt"});
+  if (put.code != 0) {
+    EXPECT_NE(put.err.find("the host's disk caused it"), std::string::npos) << put.err;
+  }
+  EXPECT_EQ(h_->Cli({"rm", id}).code, 0);
+}
+
 }  // namespace
 }  // namespace trybox::e2e
