@@ -315,17 +315,18 @@ TEST_F(RecipeChecksE2E, ABuildKilledDuringItsChecksLeavesNothingListedAndItsNext
   EXPECT_FALSE(Listed(name)) << h_->Cli({"image", "ls", "--json"}).out;
   CliResult run = h_->Cli({"run", "--image", name, "--", "true"});
   EXPECT_NE(run.code, 0) << "an image that never passed its checks boots under its name";
+  // Its VMs go with its connection.
+  bool no_vms = false;
+  for (int i = 0; i < 300 && !no_vms; ++i) {
+    no_vms = h_->Cli({"ls", "--json"}).out == "[]\n";
+    if (!no_vms) ::usleep(200 * 1000);
+  }
+  EXPECT_TRUE(no_vms);
   // What the killed build left is its staged image, unlisted, and prune names it.
   EXPECT_EQ(StagedDirs(name).size(), 1u);
   for (const std::string& staged : StagedDirs(name)) EXPECT_FALSE(Listed(staged));
   CliResult dry = h_->Cli({"image", "prune", "--dry-run"});
   EXPECT_NE(dry.out.find("unchecked_image"), std::string::npos) << dry.out;
-  // Its VMs went with its connection.
-  for (int i = 0; i < 300; ++i) {
-    CliResult ls = h_->Cli({"ls", "--json"});
-    if (ls.out == "[]\n") break;
-    ::usleep(200 * 1000);
-  }
 
   // The next run builds and checks again, and only then lists the image.
   CliResult again = h_->Cli({"image", "build", name, "-f", dir + "/recipe.json"});
