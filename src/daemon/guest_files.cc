@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <thread>
 
@@ -69,9 +70,12 @@ Status GuestRefusal(const Json& end, const std::string& what) {
 Status WithHostDiskCause(const GuestChannel& guest, const Status& st) {
   if (st.ok()) return st;
   const std::string& m = st.message();
+  std::string lower = m;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   bool io = false;
-  for (const char* sign : {"Input/output error", "Read-only file system", "No space left"}) {
-    io |= m.find(sign) != std::string::npos;
+  // The guest's words vary in case ("/root: read-only file system" from a put).
+  for (const char* sign : {"input/output error", "read-only file system", "no space left"}) {
+    io |= lower.find(sign) != std::string::npos;
   }
   if (!io) return st;
   std::string cause = guest.host_no_space();

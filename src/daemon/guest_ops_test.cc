@@ -808,6 +808,9 @@ TEST(GuestOpsTransferTest, AnIoErrorOfAVmTheHostsDiskDamagedSaysSo) {
       << st.message();
   st = WithHostDiskCause(g, FailedPrecondition("tar: /x: Read-only file system"));
   EXPECT_NE(st.message().find("the host's disk caused it"), std::string::npos);
+  // As a put reports it (seen in HostDiskE2E): lower case.
+  st = WithHostDiskCause(g, FailedPrecondition("/root: read-only file system"));
+  EXPECT_NE(st.message().find("the host's disk caused it"), std::string::npos);
   // Other failures keep their words, and their kind through a transfer's reply.
   st = WithHostDiskCause(g, NotFound("the guest could not get /nope: not found"));
   EXPECT_EQ(st.message(), "the guest could not get /nope: not found");
