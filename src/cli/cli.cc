@@ -808,6 +808,26 @@ Result<std::string> RenderDoctor(const ReplyView& r) {
              (note.empty() ? "" : " (" + OneLine(note) + ")") + "\n";
     }
   }
+  ASSIGN_OR_RETURN(auto memory, r.OptionalObject("memory"));
+  if (memory) {
+    ASSIGN_OR_RETURN(int64_t promised, memory->IntOr("promised_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t budget, memory->IntOr("budget_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t total, memory->IntOr("total_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t reserve, memory->IntOr("reserve_mib", 0, 0));
+    ASSIGN_OR_RETURN(bool set, memory->BoolOr("total_from_setting", false));
+    const Json& ratio =
+        memory->json().contains("overcommit") ? memory->json()["overcommit"] : Json();
+    if (!ratio.is_number()) return MalformedReply("memory.overcommit", "must be a number");
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "memory: %lld MiB promised to live VMs of a %lld MiB budget (%lld MiB%s less "
+                  "a %lld MiB reserve, overcommit ratio %g)\n",
+                  static_cast<long long>(promised), static_cast<long long>(budget),
+                  static_cast<long long>(total),
+                  set ? " as set by --memory-total" : " of host memory",
+                  static_cast<long long>(reserve), ratio.get<double>());
+    out += line;
+  }
   ASSIGN_OR_RETURN(auto pool, r.OptionalObject("spare_pool"));
   if (pool) {
     ASSIGN_OR_RETURN(bool enabled, pool->BoolOr("enabled", false));
@@ -1124,8 +1144,14 @@ Result<Invocation> Parse(const std::vector<std::string>& args) {
   auto* irmt = image->add_subcommand(
       "rm-template", "Remove an image's templates (a broken one, say); the next create rebuilds");
   irmt->add_option("name", inv.image_name, "Image name")->required();
-  auto* prune = image->add_subcommand("prune", "Remove unused templates and the rootfs cache");
+  auto* prune = image->add_subcommand(
+      "prune",
+      "Remove unused templates and dead builds' leftovers (and, with --all, the rootfs cache)");
   prune->add_flag("--json", inv.json, "JSON output");
+  prune->add_flag("--dry-run", inv.dry_run, "Only list what would be removed, with its size");
+  prune->add_flag("--all,--force", inv.all,
+                  "Also remove the cached root filesystem (the next base image build then "
+                  "takes the long path again); without it a terminal is asked, else it is kept");
   auto* commit = app.add_subcommand("commit", "Save a running VM's disk state as a new image");
   commit->add_option("id", inv.id, "VM id")->required();
   commit->add_option("name", inv.image_name, "New image name")->required();
@@ -1377,7 +1403,19 @@ int RunWithClient(Client& c, const Invocation& inv, std::ostream& out, std::ostr
   if (inv.command == "commit") return CmdCommit(c, inv.id, inv.image_name, inv.json, out, err);
   if (inv.command == "image-rm") return CmdImageRm(c, inv.image_name, out, err);
   if (inv.command == "image-rm-template") return CmdImageRmTemplate(c, inv.image_name, out, err);
-  if (inv.command == "image-prune") return CmdImagePrune(c, inv.json, out, err);
+  if (inv.command == "image-prune") {
+    PruneAsk ask;
+    if (!inv.all && !inv.dry_run && !inv.json && ::isatty(0) == 1 && ::isatty(2) == 1) {
+      ask = [&err](const std::string& question) {
+        err << question << " [y/N] ";
+        err.flush();
+        std::string answer;
+        if (!std::getline(std::cin, answer)) return false;
+        return answer == "y" || answer == "Y" || answer == "yes";
+      };
+    }
+    return CmdImagePrune(c, inv.dry_run, inv.all, ask, inv.json, out, err);
+  }
   // The terminal's commands own the process's terminal and streams.
   if (inv.command == "exec" && inv.exec.tty) return RunOnTerminal(c, inv.id, inv.argv, inv.exec);
   if (inv.command == "exec" && inv.exec.detach) return RunDetached(c, inv.id, inv.argv, inv.exec);

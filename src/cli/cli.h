@@ -103,7 +103,8 @@ struct Invocation {
   bool json = false;
   bool quiet = false;                    // run, create, image build: no progress on stderr
   bool probe = false;                    // doctor --probe
-  bool dry_run = false;                  // prune --dry-run
+  bool dry_run = false;                  // prune --dry-run, image prune --dry-run
+  bool all = false;                      // image prune --all
   std::string image_name = "debian-12";  // image build
   bool rebuild_rootfs = false;
   std::string recipe_file;         // image build -f RECIPE (cli/image_recipe.h)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <thread>
 
@@ -139,7 +140,14 @@ Result<std::string> RenderDaemonStatus(const Json& reply) {
   if (limits) {
     ASSIGN_OR_RETURN(int64_t reserve, limits->IntOr("memory_reserve_mib", 0, 0));
     ASSIGN_OR_RETURN(int64_t max_vms, limits->IntOr("max_vms", 0, 0));
-    out += "admission: " + std::to_string(reserve) + " MiB memory reserve, " +
+    ASSIGN_OR_RETURN(int64_t budget, limits->IntOr("memory_budget_mib", 0, 0));
+    const Json& ratio = limits->json().contains("memory_overcommit")
+                            ? limits->json()["memory_overcommit"]
+                            : Json(1.0);
+    char line[160];
+    std::snprintf(line, sizeof line, "%lld MiB VM memory budget (overcommit ratio %g), ",
+                  static_cast<long long>(budget), ratio.is_number() ? ratio.get<double>() : 1.0);
+    out += "admission: " + std::string(line) + std::to_string(reserve) + " MiB memory reserve, " +
            (max_vms > 0 ? "at most " + std::to_string(max_vms) + " VMs" : "no VM cap") + "\n";
     ASSIGN_OR_RETURN(int64_t budget, limits->IntOr("disk_budget_mib", 0, 0));
     ASSIGN_OR_RETURN(int64_t disk_reserve, limits->IntOr("disk_reserve_mib", 0, 0));

@@ -166,20 +166,22 @@ Result<RecipeBuildResult> RecipeBuild::Build() {
     replace = true;
     RecordedBuild had = RecordedBuildOf(*existing);
     existing_recipe_sha_ = had.recipe_sha256;
-    if (had.recipe_sha256 == p_->sha256 && had.base_manifest_sha256 == p_->base_sha256) {
+    const bool checked = !(existing->is_object() && existing->value("checks_pending", false));
+    if (checked && had.recipe_sha256 == p_->sha256 && had.base_manifest_sha256 == p_->base_sha256) {
       result.unchanged = true;
       return result;
     }
   }
 
   steps_ = 2 + (recipe.packages.empty() ? 0 : 1) + static_cast<int>(recipe.steps.size()) +
-           (recipe.check.empty() ? 0 : 3) + (replace && !recipe.check.empty() ? 1 : 0);
+           (recipe.check.empty() ? 0 : 4);
   {
     ASSIGN_OR_RETURN(auto c, Client::Connect(paths_));
     std::lock_guard<std::mutex> lock(client_mu_);
     client_ = std::move(c);
   }
   if (interrupted_) return Cancelled("interrupted");
+  RETURN_IF_ERROR(RemoveUncheckedLeftovers());
 
   Step("create: a VM of " + recipe.from +
        (recipe.allow.empty()
@@ -228,22 +230,23 @@ Result<RecipeBuildResult> RecipeBuild::Build() {
                                 std::to_string(rc) + "; its last output:\n" + LastLines(tail));
     }
   }
-  if (!replace || recipe.check.empty()) {
+  if (recipe.check.empty()) {
     Step("commit: freeze " + opts_.name + (replace ? " (replacing the old one)" : ""));
     RETURN_IF_ERROR(Commit(vm, opts_.name, &result));
     RETURN_IF_ERROR(Destroy(vm));
-    if (!recipe.check.empty()) RETURN_IF_ERROR(CheckFresh(opts_.name));
     return result;
   }
-  // A rebuild: the old image stays until the new one passes its checks. The build VM is
-  // frozen under a staged name, checked in a fresh VM of that, then frozen again (it has
-  // not changed) under the real name, which swaps the old image out in one rename.
-  staged_ = opts_.name.substr(0, 40) + "-next-" + RandomHex(8);
+  // The name is given only to an image that passed every check in this build: the build VM
+  // is frozen under a staged name marked checks_pending (never listed, never "unchanged"),
+  // checked in a fresh VM of that, then frozen again (it has not changed) under the real
+  // name, which swaps any old image out in one rename. A build killed before that leaves
+  // only the staged image, which the next build of the name (or image prune) removes.
+  staged_ = StagedPrefix() + RandomHex(8);
   Step("commit: freeze as " + staged_ + " until its checks pass");
-  RETURN_IF_ERROR(Commit(vm, staged_, &result));
+  RETURN_IF_ERROR(Commit(vm, staged_, &result, /*checks_pending=*/true));
   RETURN_IF_ERROR(CheckFresh(staged_));
-  Step("commit: freeze " + opts_.name + " (replacing the old one)");
-  RETURN_IF_ERROR(Commit(vm, opts_.name, &result));
+  Step("commit: freeze " + opts_.name + (replace ? " (replacing the old one)" : ""));
+  RETURN_IF_ERROR(Commit(vm, opts_.name, &result, /*checks_pending=*/false));
   RETURN_IF_ERROR(Destroy(vm));
   RETURN_IF_ERROR(client_->Call({{"verb", "image_rm"}, {"name", staged_}}).status());
   staged_.clear();
@@ -390,8 +393,28 @@ Status RecipeBuild::InstallPackages(const std::string& vm) {
   return Status::Ok();
 }
 
+std::string RecipeBuild::StagedPrefix() const { return opts_.name.substr(0, 40) + "-next-"; }
+
+Status RecipeBuild::RemoveUncheckedLeftovers() {
+  auto names = ListDir(paths_.images);
+  if (!names.ok()) return Status::Ok();  // no images directory yet
+  for (const std::string& n : *names) {
+    if (!n.starts_with(StagedPrefix())) continue;
+    auto m = ReadJsonFile(paths_.images + "/" + n + "/manifest.json");
+    if (!m.ok() || !m->is_object() || !m->value("checks_pending", false)) continue;
+    auto r = client_->Call({{"verb", "image_rm"}, {"name", n}});
+    if (r.ok()) {
+      err_ << "trybox: removed " << n << ", the unchecked image of an interrupted build\n";
+    } else if (r.status().code() != Code::kNotFound) {
+      err_ << "trybox: warning: could not remove " << n
+           << " (an interrupted build's): " << r.status().message() << "\n";
+    }
+  }
+  return Status::Ok();
+}
+
 Status RecipeBuild::Commit(const std::string& vm, const std::string& name,
-                           RecipeBuildResult* result) {
+                           RecipeBuildResult* result, bool checks_pending) {
   if (name == opts_.name) commit_started_ = true;
   ASSIGN_OR_RETURN(auto s, client_->Open({{"verb", "commit"},
                                           {"vm", vm},
@@ -400,6 +423,7 @@ Status RecipeBuild::Commit(const std::string& vm, const std::string& name,
                                           {"recipe", image::RecipeToJson(p_->recipe)},
                                           {"recipe_sha256", p_->sha256},
                                           {"packages", p_->recipe.packages},
+                                          {"checks_pending", checks_pending},
                                           {"replace", true}}));
   for (;;) {
     ASSIGN_OR_RETURN(auto m, s->Next());

@@ -8,9 +8,13 @@
 //   freeze, with the recipe, its hash and the packages) -> destroy -> create (the new image)
 //   -> checks -> destroy.
 //
-// Any failure or interruption destroys the VMs it created and removes the image if it was
-// committed, so nothing is listed. Unchanged recipe and base (hashes in the manifest): no VM
-// starts. One build runs at a time per RecipeBuild object; not thread-safe except Interrupt().
+// With checks, the image is first committed under a staged name marked checks_pending and
+// gets its own name only after every check passed in a fresh VM of it; an image listed under
+// the name has passed them in this build. Any failure or interruption destroys the VMs it
+// created and removes what it committed, so nothing is listed; a build killed outright
+// leaves only the unlisted staged image, removed by the next build of the name. Unchanged recipe
+// and base (hashes in the manifest): no VM starts. One build runs at a time per RecipeBuild object;
+// not thread-safe except Interrupt().
 #pragma once
 
 #include <atomic>
@@ -66,8 +70,13 @@ class RecipeBuild {
   // Creates a fresh VM of `image`, runs every check there (the first failure is the error),
   // and destroys it.
   Status CheckFresh(const std::string& image);
-  // Freezes `vm` as the image `name`.
-  Status Commit(const std::string& vm, const std::string& name, RecipeBuildResult* result);
+  // Freezes `vm` as the image `name` (marked checks_pending: a staged image, image/image.h).
+  Status Commit(const std::string& vm, const std::string& name, RecipeBuildResult* result,
+                bool checks_pending = false);
+  // "NAME-next-": the staged images of this name's builds.
+  std::string StagedPrefix() const;
+  // Removes staged images of this name still marked checks_pending: an interrupted build's.
+  Status RemoveUncheckedLeftovers();
   void Step(const std::string& what);
 
   Paths paths_;

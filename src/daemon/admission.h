@@ -1,10 +1,16 @@
 // Admission: whether one more VM may start now (docs/protocol/daemon.md, "Admission").
 //
-// Two limits, checked before a create boots anything, so that a refusal is immediate and
+// Three limits, checked before a create boots anything, so that a refusal is immediate and
 // never leaves a half-booted VM:
-//   - memory: MemAvailable (/proc/meminfo) must cover the VM's memory size plus a reserve
-//     the host keeps for itself; creates already admitted but still booting count against
-//     it too (their guests have not touched their memory yet).
+//   - promised memory: every live VM's memory size (registered, booted or not, plus creates
+//     admitted and still booting) and the new VM's must fit in the VM memory budget: the
+//     host's memory (MemTotal, or --memory-total) less the reserve, times the overcommit
+//     ratio (--memory-overcommit, 1.0 by default: no overcommit). A restored clone uses
+//     ~40 MiB at first, so what a guest uses now says nothing of what it may use; what it
+//     was promised is what counts. Spare clones are not counted: no one was promised them,
+//     and the spare pool's own budget (--spare-memory) bounds them.
+//   - available memory: MemAvailable (/proc/meminfo) must cover the VM's memory size plus
+//     the reserve; creates already admitted but still booting count against it too.
 //   - the VM cap: live VMs (registered, plus creates admitted and still booting) must stay
 //     under it. Spare clones are not counted: they are bounded by the spare pool's own
 //     memory budget (--spare-memory) and a create that takes one turns it into a live VM.
@@ -29,13 +35,23 @@ struct AdmissionLimits {
   int64_t memory_reserve_mib = 256;
   // Live VMs at most; 0: no cap.
   int64_t max_vms = 0;
+  // MiB of host memory the budget starts from; 0: MemTotal (/proc/meminfo).
+  int64_t memory_total_mib = 0;
+  // The VM memory budget is (total - reserve) * this; 1.0: nothing promised twice over.
+  double overcommit = 1.0;
 };
+
+// The VM memory budget in MiB for a host of `total_mib` (limits.memory_total_mib wins
+// when set); never negative.
+int64_t MemoryBudgetMib(const AdmissionLimits& limits, int64_t total_mib);
 
 // What the host has and holds when a create asks.
 struct AdmissionLoad {
   int64_t mem_available_mib = 0;
   int64_t live_vms = 0;            // registered VMs plus admitted creates still booting
   int64_t booting_memory_mib = 0;  // memory of admitted creates still booting
+  int64_t mem_total_mib = 0;       // MemTotal; 0 with limits.memory_total_mib set
+  int64_t promised_mib = 0;        // memory of the registered VMs (not the booting ones)
 };
 
 // The decision alone, a pure function: OK, or the named refusal.
@@ -69,16 +85,31 @@ class Admission {
     int64_t mib_;
   };
 
-  // Admits a create of `vm_memory_mib` beside `registered_vms` live VMs, or refuses it.
-  Result<Ticket> Admit(int64_t vm_memory_mib, int64_t registered_vms) EXCLUDES(mu_);
+  // Admits a create of `vm_memory_mib` beside `registered_vms` live VMs that were promised
+  // `registered_mib` MiB together, or refuses it.
+  Result<Ticket> Admit(int64_t vm_memory_mib, int64_t registered_vms, int64_t registered_mib)
+      EXCLUDES(mu_);
+
+  // The memory picture for doctor and daemon status.
+  struct Memory {
+    int64_t total_mib = 0;  // what the budget starts from (the setting or MemTotal)
+    bool total_from_setting = false;
+    int64_t reserve_mib = 0;
+    double overcommit = 1.0;
+    int64_t budget_mib = 0;
+    int64_t booting_mib = 0;     // promised to creates still booting
+    int64_t available_mib = -1;  // MemAvailable; -1 if unreadable
+  };
+  Memory Describe() const EXCLUDES(mu_);
 
   const AdmissionLimits& limits() const { return limits_; }
 
  private:
   void Release(int64_t mib) EXCLUDES(mu_);
+  Result<std::string> ReadMeminfo() const;
   const AdmissionLimits limits_;
   const std::string meminfo_path_;
-  Mutex mu_;
+  mutable Mutex mu_;
   int64_t booting_ GUARDED_BY(mu_) = 0;
   int64_t booting_mib_ GUARDED_BY(mu_) = 0;
 };

@@ -87,15 +87,23 @@ Status Daemon::Init() {
   lo.netns = eg.qemu_netns;
   launcher_ = std::make_unique<VmLauncher>(lo, *templates_, *uids_, *background_);
   registry_ = std::make_unique<VmRegistry>();
-  exec_logs_ = std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap);
+  exec_logs_ =
+      std::make_unique<ExecLogs>(p.state + "/execs", opts_.exec_log_cap, opts_.exec_log_vm_cap);
   running_ = std::make_unique<RunningExecs>();
   ASSIGN_OR_RETURN(int64_t budget, DiskBudgetBytes(opts_.disk_budget_mib, p.state));
   disks_ = std::make_unique<DiskBudget>(budget, opts_.disk_reserve_mib << 20, p.state);
   LogInfo("daemon", "host-wide disk budget for VMs: " + FormatMiB(budget));
   vms_ = std::make_unique<VmService>(*store_, *registry_, *launcher_, *egress_, p.images,
                                      *exec_logs_, *running_, *disks_, opts_.disk_transfers);
-  admission_ =
-      std::make_unique<Admission>(AdmissionLimits{opts_.memory_reserve_mib, opts_.max_vms});
+  admission_ = std::make_unique<Admission>(AdmissionLimits{
+      opts_.memory_reserve_mib, opts_.max_vms, opts_.memory_total_mib, opts_.memory_overcommit});
+  {
+    Admission::Memory m = admission_->Describe();
+    LogInfo("daemon", "VM memory budget: " + std::to_string(m.budget_mib) + " MiB (" +
+                          std::to_string(m.total_mib) + " MiB less a " +
+                          std::to_string(m.reserve_mib) + " MiB reserve, overcommit ratio " +
+                          std::to_string(m.overcommit) + ")");
+  }
   vms_->SetAdmission(admission_.get());
   vms_->ReapLeftovers(p.vms(), p.templates());
   heartbeat_ = std::make_unique<Heartbeat>(
@@ -104,6 +112,7 @@ Status Daemon::Init() {
         vms_->NoteCondition(vm, c, note);
       },
       Heartbeat::Options{});
+  heartbeat_->SetOnDamage([this](VmEntry& vm, int64_t failed) { vms_->NoteDamage(vm, failed); });
   heartbeat_->Start();
   // Staging trees of collects a dead daemon left (WorkspaceService::Collect makes them
   // there); none can be in use before this daemon serves.
@@ -166,12 +175,25 @@ Status Daemon::Init() {
   AddStoreVerbs(verbs_, *services_);
   AddHttpVerbs(verbs_, *services_);
   images_ = std::make_unique<ImageService>(p, *registry_, *templates_);
+  // A killed commit or build leaves its `.build-NAME-PID` (a whole layer) that its own
+  // name's next build would not remove; its process is gone, so nothing uses it.
+  for (const Freed& f : images_->RemoveBuildLeftovers(/*dry_run=*/false)) {
+    LogInfo("daemon", "removed " + f.path + " (" + FormatMiB(static_cast<int64_t>(f.bytes)) +
+                          "), left by a build or commit whose process is gone");
+  }
   AddImageVerbs(verbs_, *images_, *services_);
   control_.started_at = static_cast<int64_t>(store::NowSeconds());
+  Admission::Memory mem = admission_->Describe();
   control_.limits = {{"memory_reserve_mib", opts_.memory_reserve_mib},
+                     {"memory_total_mib", mem.total_mib},
+                     {"memory_total_from_setting", mem.total_from_setting},
+                     {"memory_overcommit", opts_.memory_overcommit},
+                     {"memory_budget_mib", mem.budget_mib},
                      {"max_vms", opts_.max_vms},
                      {"disk_budget_mib", budget >> 20},
-                     {"disk_reserve_mib", opts_.disk_reserve_mib}};
+                     {"disk_reserve_mib", opts_.disk_reserve_mib},
+                     {"exec_log_cap", opts_.exec_log_cap},
+                     {"exec_log_vm_cap", opts_.exec_log_vm_cap}};
   control_.settings = {{"log_file", opts_.log_file},
                        {"retention",
                         {{"max_age_s", opts_.retention.max_age.count()},

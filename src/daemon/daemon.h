@@ -76,6 +76,7 @@ struct Options {
   // Bytes of each exec's stdout and of its stderr kept (the first half and the last half;
   // docs/store.md, "Exec logs"); 0 keeps none.
   int64_t exec_log_cap = kDefaultExecLogCap;
+  int64_t exec_log_vm_cap = kDefaultExecLogVmCap;
   // What the record keeps of what ended (record_keeper.h; docs/store.md, "Retention").
   RetentionPolicy retention;
   // The host-wide cap on the running VMs' disks (disk_budget.h); 0: half the free space of
@@ -87,6 +88,8 @@ struct Options {
   // VMs (0: none).
   int64_t memory_reserve_mib = 256;
   int64_t max_vms = 0;
+  int64_t memory_total_mib = 0;  // 0: MemTotal (daemon/admission.h)
+  double memory_overcommit = 1.0;
   // Serve the HTTP API on this loopback address from the start ("" : only when `serve` asks;
   // docs/protocol/http.md).
   std::string http_listen;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include "util/log.h"
@@ -192,7 +193,14 @@ std::string ExecLogs::PathOf(const std::string& vm, int64_t exec_id, ExecLog::Ch
 }
 
 std::shared_ptr<ExecLog> ExecLogs::Start(const std::string& vm, int64_t exec_id) {
+  (void)TrimVm(vm);
   auto log = std::make_shared<ExecLog>();
+  log->vm_ = vm;
+  {
+    // Live before its files exist, so that no TrimVm takes them for a finished exec's.
+    MutexLock l(mu_);
+    live_[exec_id] = log;
+  }
   {
     MutexLock l(log->mu_);
     Status dir = cap_ > 0 ? MakeDirs(dir_ + "/" + vm, 0700) : Status::Ok();
@@ -218,8 +226,6 @@ std::shared_ptr<ExecLog> ExecLogs::Start(const std::string& vm, int64_t exec_id)
       f.fd = std::move(fd).value();
     }
   }
-  MutexLock l(mu_);
-  live_[exec_id] = log;
   return log;
 }
 
@@ -233,6 +239,75 @@ void ExecLogs::Finish(int64_t exec_id) {
     live_.erase(it);
   }
   log->Finish();
+  if (!log->vm_.empty()) (void)TrimVm(log->vm_);
+}
+
+namespace {
+
+constexpr const char* kTrimmedSuffix = ".trimmed";
+
+// The exec ids with a file in a VM's log directory, and the bytes each takes.
+std::map<int64_t, int64_t> LogBytesPerExec(const std::string& dir) {
+  std::map<int64_t, int64_t> out;
+  auto names = ListDir(dir);
+  if (!names.ok()) return out;
+  for (const std::string& n : *names) {
+    size_t dot = n.find('.');
+    if (dot == 0 || dot == std::string::npos) continue;
+    const std::string id = n.substr(0, dot);
+    if (id.size() > 18 || !std::all_of(id.begin(), id.end(), ::isdigit)) continue;
+    struct stat st;
+    if (::lstat((dir + "/" + n).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    out[std::stoll(id)] += static_cast<int64_t>(st.st_blocks) * 512;
+  }
+  return out;
+}
+
+std::string TrimmedReason(int64_t exec_id, int64_t vm_cap) {
+  const std::string cap = vm_cap >= (1 << 20) ? std::to_string(vm_cap >> 20) + " MiB"
+                                              : std::to_string(vm_cap) + " bytes";
+  return "the output of exec " + std::to_string(exec_id) +
+         " was trimmed: its VM's exec logs passed their cap of " + cap +
+         " together, and the oldest finished execs' logs go first (tryboxd --exec-log-vm-cap)";
+}
+
+}  // namespace
+
+int64_t ExecLogs::VmBytes(const std::string& vm) const {
+  if (!ValidateName("VM id", vm).ok()) return 0;
+  int64_t total = 0;
+  for (const auto& [id, bytes] : LogBytesPerExec(dir_ + "/" + vm)) total += bytes;
+  return total;
+}
+
+std::vector<int64_t> ExecLogs::TrimVm(const std::string& vm) {
+  std::vector<int64_t> trimmed;
+  if (vm_cap_ <= 0 || !ValidateName("VM id", vm).ok()) return trimmed;
+  MutexLock t(trim_mu_);
+  const std::string dir = dir_ + "/" + vm;
+  std::map<int64_t, int64_t> per_exec = LogBytesPerExec(dir);
+  int64_t total = 0;
+  for (const auto& [id, bytes] : per_exec) total += bytes;
+  for (const auto& [id, bytes] : per_exec) {  // oldest (lowest id) first
+    if (total <= vm_cap_) break;
+    {
+      MutexLock l(mu_);
+      if (live_.count(id)) continue;  // a running exec's log is bounded by the stream cap
+    }
+    const std::string marker = dir + "/" + std::to_string(id) + kTrimmedSuffix;
+    struct stat st;
+    if (::stat(marker.c_str(), &st) == 0) continue;  // already trimmed: only its marker
+    // An empty marker: no blocks, so a VM of many execs never fills its cap with notes.
+    if (!WriteFileAtomic(marker, "", 0600).ok()) break;  // a full disk: next time
+    for (ExecLog::Channel ch : {ExecLog::kStdout, ExecLog::kStderr}) {
+      (void)::unlink(PathOf(vm, id, ch).c_str());
+    }
+    const std::string why = TrimmedReason(id, vm_cap_);
+    LogInfo("exec-logs", "VM " + vm + ": " + why);
+    total -= bytes;
+    trimmed.push_back(id);
+  }
+  return trimmed;
 }
 
 Result<std::shared_ptr<ExecLog>> ExecLogs::Open(const std::string& vm, int64_t exec_id) {
@@ -245,6 +320,12 @@ Result<std::shared_ptr<ExecLog>> ExecLogs::Open(const std::string& vm, int64_t e
   auto log = std::make_shared<ExecLog>();
   MutexLock l(log->mu_);
   log->finished_ = true;
+  struct stat marker;
+  if (::stat((dir_ + "/" + vm + "/" + std::to_string(exec_id) + kTrimmedSuffix).c_str(), &marker) ==
+      0) {
+    for (ExecLog::File& f : log->files_) f.error = TrimmedReason(exec_id, vm_cap_);
+    return log;
+  }
   int missing = 0;
   for (ExecLog::Channel ch : {ExecLog::kStdout, ExecLog::kStderr}) {
     ExecLog::File& f = log->files_[ch];

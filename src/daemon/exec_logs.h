@@ -11,7 +11,9 @@
 // Ownership and threads: ExecLogs owns the directory and the map of live logs (its lock);
 // each ExecLog owns its files, its byte counts and its own lock and condition variable, on
 // which followers wait. One writer per log (the thread running the exec), any number of
-// readers. A log stays readable after its exec ended and until its VM's record is pruned.
+// readers. A log stays readable after its exec ended and until its VM's record is pruned,
+// or until its VM's logs together pass the per-VM cap: then the logs of its oldest finished
+// execs are trimmed first, each leaving a marker (<exec>.trimmed) a reader gets as the reason.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "daemon/guest_ops.h"
 #include "util/fd.h"
@@ -31,6 +34,8 @@ namespace trybox::daemon {
 
 // The default cap per stream: 4 MiB of head and 4 MiB of tail.
 inline constexpr int64_t kDefaultExecLogCap = 8 << 20;
+// The default cap on one VM's exec logs together (20 execs printing a lot made 77 MB).
+inline constexpr int64_t kDefaultExecLogVmCap = int64_t{64} << 20;
 
 class ExecLog : public OutputSink {
  public:
@@ -88,6 +93,7 @@ class ExecLog : public OutputSink {
 
   mutable Mutex mu_;
   CondVar cv_;
+  std::string vm_;  // set once by ExecLogs::Start
   File files_[2] GUARDED_BY(mu_);
   bool finished_ GUARDED_BY(mu_) = false;
 };
@@ -95,8 +101,10 @@ class ExecLog : public OutputSink {
 class ExecLogs {
  public:
   // `dir` holds one directory per VM. `cap_bytes` per stream, split in halves between head
-  // and tail; 0 keeps nothing (Read then says so).
-  ExecLogs(std::string dir, int64_t cap_bytes) : dir_(std::move(dir)), cap_(cap_bytes) {}
+  // and tail; 0 keeps nothing (Read then says so). `vm_cap_bytes`: the most one VM's logs
+  // take on disk together before its oldest finished execs' logs are trimmed (0: no cap).
+  ExecLogs(std::string dir, int64_t cap_bytes, int64_t vm_cap_bytes = 0)
+      : dir_(std::move(dir)), cap_(cap_bytes), vm_cap_(vm_cap_bytes) {}
 
   // The log of a new exec, live until Finish(exec_id). A file that cannot be created makes a
   // log that counts bytes and says why it kept none: the exec runs anyway.
@@ -107,14 +115,23 @@ class ExecLogs {
   Result<std::shared_ptr<ExecLog>> Open(const std::string& vm, int64_t exec_id) EXCLUDES(mu_);
   // Deletes a VM's logs (its record was pruned).
   Status RemoveVm(const std::string& vm);
+  // Bytes a VM's exec logs take on disk (allocated blocks), for the disk budget.
+  int64_t VmBytes(const std::string& vm) const;
+  // While the VM's logs pass the per-VM cap, trims the oldest finished exec's (both
+  // streams), leaving its marker. Called at each exec's start and end. Returns the execs
+  // trimmed.
+  std::vector<int64_t> TrimVm(const std::string& vm) EXCLUDES(mu_, trim_mu_);
 
   int64_t cap() const { return cap_; }
+  int64_t vm_cap() const { return vm_cap_; }
 
  private:
   std::string PathOf(const std::string& vm, int64_t exec_id, ExecLog::Channel ch) const;
 
   const std::string dir_;
   const int64_t cap_;
+  const int64_t vm_cap_;
+  Mutex trim_mu_;  // one TrimVm at a time
   Mutex mu_;
   std::map<int64_t, std::shared_ptr<ExecLog>> live_ GUARDED_BY(mu_);
 };

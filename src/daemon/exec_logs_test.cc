@@ -207,3 +207,60 @@ TEST_F(ExecLogsTest, ALogThatCannotBeCreatedStillCountsAndSaysWhy) {
 
 }  // namespace
 }  // namespace trybox::daemon
+
+namespace trybox::daemon {
+namespace {
+
+// Issue 51.6: 20 execs of a live VM printing 8 MiB each made 77 MB of logs that nothing
+// bounded. With a per-VM cap the oldest finished execs' logs go first, each leaving a note
+// a reader gets, and the VM's logs stay under the cap (what the disk budget counts).
+TEST_F(ExecLogsTest, AVmsLogsStayUnderItsCapOldestFinishedTrimmedFirstWithANote) {
+  const int64_t cap = 64 << 10;            // 64 KiB per stream
+  const int64_t vm_cap = 5 * 2 * cap / 2;  // room for about 5 execs' logs
+  ExecLogs logs(dir(), cap, vm_cap);
+  std::shared_ptr<ExecLog> live = logs.Start("vm1", 100);  // running throughout
+  live->Append(channel::kChanOut, Pattern(0, 3 * cap));
+  for (int64_t id = 1; id <= 20; ++id) {
+    auto log = logs.Start("vm1", id);
+    log->Append(channel::kChanOut, Pattern(0, 2 * cap));
+    log->Append(channel::kChanErr, "err " + std::to_string(id));
+    logs.Finish(id);
+    // The running exec's log and the newest finished one's are never trimmed.
+    EXPECT_LE(logs.VmBytes("vm1"), vm_cap + 2 * (cap + 8192) + 8192) << "after exec " << id;
+  }
+  EXPECT_LE(logs.VmBytes("vm1"), vm_cap + 2 * (cap + 8192) + 8192);
+  // The oldest is trimmed and says so.
+  auto old = logs.Open("vm1", 1);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  auto r = (*old)->Read(ExecLog::kStdout, 0, 100);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("was trimmed"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("--exec-log-vm-cap"), std::string::npos);
+  // The newest is whole.
+  auto last = logs.Open("vm1", 20);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(ReadAll(**last, ExecLog::kStderr, 0, 4096), "err 20");
+  // The live exec's log was kept: it goes on.
+  live->Append(channel::kChanOut, "more");
+  EXPECT_EQ(live->total(ExecLog::kStdout), 3 * cap + 4);
+  auto head = live->Read(ExecLog::kStdout, 0, 16);
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_EQ(head->data, Pattern(0, 16));
+  logs.Finish(100);
+}
+
+TEST_F(ExecLogsTest, WithoutAVmCapNothingIsTrimmed) {
+  ExecLogs logs(dir(), 4096);
+  for (int64_t id = 1; id <= 10; ++id) {
+    auto log = logs.Start("vm1", id);
+    log->Append(channel::kChanOut, Pattern(0, 8192));
+    logs.Finish(id);
+  }
+  auto first = logs.Open("vm1", 1);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(ReadAll(**first, ExecLog::kStdout, 0, 4096).size(), 4096u);
+}
+
+}  // namespace
+}  // namespace trybox::daemon

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <thread>
 
@@ -66,10 +67,29 @@ Status GuestRefusal(const Json& end, const std::string& what) {
   return error == "no_space" ? ResourceExhausted(text) : FailedPrecondition(text);
 }
 
+Status WithHostDiskCause(const GuestChannel& guest, const Status& st) {
+  if (st.ok()) return st;
+  const std::string& m = st.message();
+  std::string lower = m;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  bool io = false;
+  // The guest's words vary in case ("/root: read-only file system" from a put).
+  for (const char* sign : {"input/output error", "read-only file system", "no space left"}) {
+    io |= lower.find(sign) != std::string::npos;
+  }
+  if (!io) return st;
+  std::string cause = guest.host_no_space();
+  if (cause.empty()) cause = guest.host_disk_damage();
+  if (cause.empty()) return st;
+  return Status(st.code(), m + " (the host's disk caused it: " + cause + ")");
+}
+
 Result<Json> AwaitGuestOk(GuestChannel& guest, channel::Stream& stream, const std::string& what) {
   auto end = AwaitEnd(stream);
   if (!end.ok()) return GuestGone(guest, end.status().Annotate(what));
-  if (!end->is_object() || !end->value("ok", false)) return GuestRefusal(*end, what);
+  if (!end->is_object() || !end->value("ok", false)) {
+    return WithHostDiskCause(guest, GuestRefusal(*end, what));
+  }
   return *end;
 }
 

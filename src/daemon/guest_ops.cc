@@ -94,7 +94,7 @@ Json TransferErrorReply(const GuestChannel& guest, const Status& st, const std::
                         "no_space");
     }
   }
-  return ErrorReply(st, kind);
+  return ErrorReply(WithHostDiskCause(guest, st), kind);
 }
 
 const char* ExecOutcomeName(ExecOutcome o) {

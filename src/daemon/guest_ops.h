@@ -80,6 +80,9 @@ class GuestChannel {
   // Why the host's own file system under the VM cannot take more ("" while it can): a
   // transfer that fails then is named no_space, whatever the guest saw (an I/O error).
   virtual std::string host_no_space() const { return ""; }
+  // Why the VM is damaged by the host's disk ("" if it is not): some of its writes failed on
+  // the host, and its guest's file systems may stay broken after the space came back.
+  virtual std::string host_disk_damage() const { return ""; }
 };
 
 // The reason of a RESET body ("no reason given" if it has none).
@@ -211,8 +214,13 @@ Result<Json> AwaitEnd(channel::Stream& s);
 // the caller has seen that the END was not ok, or an END came where none should.
 Status GuestRefusal(const Json& end, const std::string& what);
 
-// Waits for `stream`'s END: its body when it says ok, GuestRefusal when it does not, and
-// GuestGone (the guest's death, else the broken stream, annotated with WHAT) when the
+// `st` with the host's disk named as the cause when it is an I/O error, a read-only or a
+// full file system in the guest and the host's disk is full now (host_no_space) or damaged
+// the VM before (host_disk_damage): "... Input/output error (the host's disk caused it: ...)".
+Status WithHostDiskCause(const GuestChannel& guest, const Status& st);
+
+// Waits for `stream`'s END: its body when it says ok, GuestRefusal (WithHostDiskCause) when it does
+// not, and GuestGone (the guest's death, else the broken stream, annotated with WHAT) when the
 // stream ends without one.
 Result<Json> AwaitGuestOk(GuestChannel& guest, channel::Stream& stream, const std::string& what);
 

@@ -780,3 +780,49 @@ TEST(GuestOpsTransferTest, ATransferThatFailsOnAFullHostDiskIsNamedNoSpace) {
 
 }  // namespace
 }  // namespace trybox::daemon
+
+namespace trybox::daemon {
+namespace {
+
+// A guest whose host disk filled once and has room again: some of its writes failed.
+class DamagedGuest : public GuestChannel {
+ public:
+  Result<std::shared_ptr<Stream>> Open(const Json&) override { return Unavailable("unused"); }
+  bool alive() const override { return true; }
+  std::string death_reason() const override { return ""; }
+  std::string host_disk_damage() const override {
+    return "3 of its disk writes failed on the host: the host's file system under /x filled";
+  }
+};
+
+// Issue 51.4: "the guest could not freeze /workspace: Input/output error" said nothing of
+// the host's disk that caused it.
+TEST(GuestOpsTransferTest, AnIoErrorOfAVmTheHostsDiskDamagedSaysSo) {
+  DamagedGuest g;
+  Status st = WithHostDiskCause(
+      g, FailedPrecondition("the guest could not freeze /workspace: io: Input/output error"));
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("Input/output error (the host's disk caused it: 3 of its disk "
+                              "writes failed on the host"),
+            std::string::npos)
+      << st.message();
+  st = WithHostDiskCause(g, FailedPrecondition("tar: /x: Read-only file system"));
+  EXPECT_NE(st.message().find("the host's disk caused it"), std::string::npos);
+  // As a put reports it (seen in HostDiskE2E): lower case.
+  st = WithHostDiskCause(g, FailedPrecondition("/root: read-only file system"));
+  EXPECT_NE(st.message().find("the host's disk caused it"), std::string::npos);
+  // Other failures keep their words, and their kind through a transfer's reply.
+  st = WithHostDiskCause(g, NotFound("the guest could not get /nope: not found"));
+  EXPECT_EQ(st.message(), "the guest could not get /nope: not found");
+  Json r = TransferErrorReply(g, Unavailable("tar: write error: Input/output error"), "io");
+  EXPECT_EQ(r["error"]["kind"], "io");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("the host's disk caused it"),
+            std::string::npos);
+  // A VM the host's disk never failed: unchanged.
+  HostDiskGuest roomy("");
+  st = WithHostDiskCause(roomy, FailedPrecondition("x: Input/output error"));
+  EXPECT_EQ(st.message(), "x: Input/output error");
+}
+
+}  // namespace
+}  // namespace trybox::daemon

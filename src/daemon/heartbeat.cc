@@ -114,6 +114,12 @@ void Heartbeat::Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<S
                                " MiB free); resumed: " + (st.ok() ? "ok" : st.message()));
     }
   }
+  if (on_damage_ && vm->damage().empty() &&
+      (++slot->looks % options_.writes_every == 0 ||
+       vm->HostFreeBytes().value_or(0) < options_.low_free_bytes)) {
+    auto failed = vm->vm().FailedHostWrites(Clock::now() + kQmpDeadline);
+    if (failed.ok() && *failed > 0) on_damage_(*vm, *failed);
+  }
   if (look.ping_in_flight) return;
   {
     MutexLock lock(slot->mu);

@@ -9,6 +9,11 @@
 // system has room again. A VM whose ping is answered again is running again. Each change
 // goes to `on_change` (VmService::NoteCondition), which records and logs it.
 //
+// It also asks QEMU how many of the VM's writes failed on the host (Vm::FailedHostWrites):
+// at every look while the file system of the VM's directory is nearly full, else every
+// `writes_every` looks. A VM with any goes once to `on_damage` (VmService::NoteDamage): its
+// guest saw I/O errors that came from the host's disk.
+//
 // Nothing here is on an exec's path: execs never wait for the heartbeat, which only wakes
 // their streams when it gives up on a guest (VmEntry::SetCondition).
 //
@@ -49,13 +54,20 @@ class Heartbeat {
     uint64_t resume_free_bytes = uint64_t{64} << 20;
     // Every this many answered pings the guest's clock is set to the host's (0: never).
     int clock_every = 5;
+    // Failed host writes are asked at every look under this much free, else every
+    // `writes_every` looks.
+    uint64_t low_free_bytes = uint64_t{256} << 20;
+    int writes_every = 15;
   };
+  using OnDamage = std::function<void(VmEntry&, int64_t failed_writes)>;
 
   Heartbeat(VmRegistry& registry, OnChange on_change, Options options);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
+  // Before Start().
+  void SetOnDamage(OnDamage on_damage) { on_damage_ = std::move(on_damage); }
   void Start();
   void Stop() EXCLUDES(mu_);
 
@@ -68,6 +80,7 @@ class Heartbeat {
     std::chrono::steady_clock::time_point sent GUARDED_BY(mu);
     int answered_since_clock GUARDED_BY(mu) = 0;
     bool clock_due GUARDED_BY(mu) = false;  // after an unanswered ping or a resume
+    int looks = 0;                          // the watch thread's own
   };
   void Loop() EXCLUDES(mu_);
   void Look(const std::shared_ptr<VmEntry>& vm, const std::shared_ptr<Slot>& slot);
@@ -75,6 +88,7 @@ class Heartbeat {
 
   VmRegistry& registry_;
   const OnChange on_change_;
+  OnDamage on_damage_;
   const Options options_;
   Mutex mu_;
   CondVar wake_;

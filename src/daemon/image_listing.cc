@@ -80,6 +80,8 @@ Json ImageListJson(const std::vector<ImageView>& list, const std::string& state_
                                 : "";
   Json out = Json::array();
   for (const auto& v : list) {
+    // A recipe build's staged image whose checks have not passed is not an image yet.
+    if (v.entry.valid && v.entry.manifest.checks_pending) continue;
     Json tpl = v.entry.valid && !accel.empty()
                    ? vmm::DescribeImageTemplate(state_dir + "/templates", v.entry.name, v.entry.dir,
                                                 accel, "qemu-system-x86_64", ::geteuid() == 0)

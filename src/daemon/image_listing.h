@@ -28,7 +28,8 @@ struct ImageView {
 Result<std::vector<ImageView>> ListImageViews(const std::string& images_root,
                                               std::map<std::string, int> in_use);
 
-// image_ls's `images` array: each image with its template's state as judged with the
+// image_ls's `images` array (images whose checks are pending left out: image/image.h,
+// Manifest::checks_pending): each image with its template's state as judged with the
 // accelerator kept in state_dir/accel.json ("unknown" before any choice).
 nlohmann::json ImageListJson(const std::vector<ImageView>& list, const std::string& state_dir);
 

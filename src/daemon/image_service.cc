@@ -141,6 +141,7 @@ Result<CommittedImage> ImageService::Commit(const CommitRequest& req, const Prog
   o.vm = req.vm;
   o.recipe = req.recipe;
   o.recipe_sha256 = req.recipe_sha256;
+  o.checks_pending = req.checks_pending;
   o.packages = req.packages;
   o.write_layer = [&](const std::string& layer) {
     if (progress) progress("capture", "copying the VM's writes into a layer");
@@ -250,8 +251,26 @@ std::vector<std::string> ImageService::RemoveTemplates(const std::string& name) 
   return templates_.RemoveImageTemplates(name);
 }
 
-Result<std::vector<Freed>> ImageService::Prune() {
+std::vector<Freed> ImageService::RemoveBuildLeftovers(bool dry_run) {
   std::vector<Freed> out;
+  for (const std::string& dir : {images_root_, cache_root_ + "/tmp"}) {
+    for (const image::StaleBuild& b : image::FindStaleBuilds(dir)) {
+      if (!dry_run) {
+        (void)::chmod(b.path.c_str(), 0755);  // a frozen `.build-` directory is 0555
+        Status st = RemoveTree(b.path);
+        if (!st.ok()) {
+          LogWarn("images", "could not remove a dead build's leftover: " + st.message());
+          continue;
+        }
+      }
+      out.push_back({"build_leftover", b.path, b.bytes});
+    }
+  }
+  return out;
+}
+
+Result<Pruned> ImageService::Prune(const PruneOptions& opts) {
+  Pruned out;
   ASSIGN_OR_RETURN(auto images, image::ListImages(images_root_));
   auto valid = [&](const std::string& name) {
     return std::any_of(images.begin(), images.end(),
@@ -272,8 +291,22 @@ Result<std::vector<Freed>> ImageService::Prune() {
     }
     if (keep) continue;
     uint64_t bytes = TreeBytes(path);
-    templates_.Discard(shape, "pruned");
-    out.push_back({"template", path, bytes});
+    if (!opts.dry_run) templates_.Discard(shape, "pruned");
+    out.freed.push_back({"template", path, bytes});
+  }
+  for (Freed& f : RemoveBuildLeftovers(opts.dry_run)) out.freed.push_back(std::move(f));
+  // Staged images of recipe builds that never passed their checks (a build killed during
+  // them); one that a VM still uses is a build's check in progress.
+  ASSIGN_OR_RETURN(auto views, List());
+  for (const ImageView& v : views) {
+    if (!v.entry.valid || !v.entry.manifest.checks_pending || v.in_use > 0) continue;
+    if (!v.derived.empty()) continue;
+    if (!opts.dry_run) {
+      ImageError error;
+      auto removed = Remove(v.entry.name, &error);
+      if (!removed.ok()) continue;
+    }
+    out.freed.push_back({"unchecked_image", v.entry.dir, v.own_bytes});
   }
   const std::string rootfs = cache_root_ + "/rootfs";
   if (DIR* d = ::opendir(rootfs.c_str())) {
@@ -283,10 +316,15 @@ Result<std::vector<Freed>> ImageService::Prune() {
       if (n.size() > 5 && n.compare(n.size() - 5, 5, ".ext4") == 0) names.push_back(n);
     }
     ::closedir(d);
+    std::sort(names.begin(), names.end());
     for (const std::string& n : names) {
       const std::string path = rootfs + "/" + n;
       uint64_t bytes = image::DiskBytes(path);
-      if (::unlink(path.c_str()) == 0) out.push_back({"rootfs_cache", path, bytes});
+      if (!opts.rootfs_cache) {
+        out.kept.push_back({"rootfs_cache", path, bytes});
+      } else if (opts.dry_run || ::unlink(path.c_str()) == 0) {
+        out.freed.push_back({"rootfs_cache", path, bytes});
+      }
     }
   }
   return out;

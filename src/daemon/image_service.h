@@ -46,9 +46,24 @@ struct RemovedImage {
 };
 
 struct Freed {
-  std::string what;  // "template" or "rootfs_cache"
+  // "template", "rootfs_cache", "build_leftover" (a killed build's or commit's
+  // `.build-NAME-PID`, `.old-NAME-PID` or cache/tmp directory, its process gone) or
+  // "unchecked_image" (a recipe build's staged image whose checks never passed).
+  std::string what;
   std::string path;
   uint64_t bytes = 0;
+};
+
+struct PruneOptions {
+  bool dry_run = false;  // only say what would go
+  // Also the cached root filesystems (CACHE/rootfs/*.ext4): the next base build then
+  // takes the long path again (14 minutes here). Otherwise they are listed as kept.
+  bool rootfs_cache = false;
+};
+
+struct Pruned {
+  std::vector<Freed> freed;  // removed (or, in a dry run, would be)
+  std::vector<Freed> kept;   // the rootfs cache when not asked for
 };
 
 class ImageService {
@@ -59,10 +74,12 @@ class ImageService {
                                 ImageError* error);
   Result<std::vector<ImageView>> List();
   Result<RemovedImage> Remove(const std::string& name, ImageError* error);
-  Result<std::vector<Freed>> Prune();
   // Removes the image's templates, whatever their state (a broken one included): the
   // directory names removed. The image itself stays; the next create builds a template.
   std::vector<std::string> RemoveTemplates(const std::string& name);
+  Result<Pruned> Prune(const PruneOptions& opts);
+  // Leftovers of builds and commits whose process is gone (at start and in Prune).
+  std::vector<Freed> RemoveBuildLeftovers(bool dry_run);
 
  private:
   // Running VMs per image name.

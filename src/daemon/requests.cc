@@ -406,6 +406,7 @@ Result<CommitRequest> ParseCommit(const Json& j) {
   }
   ASSIGN_OR_RETURN(r.packages, f.StringList("packages"));
   ASSIGN_OR_RETURN(r.replace, f.Bool("replace", false));
+  ASSIGN_OR_RETURN(r.checks_pending, f.Bool("checks_pending", false));
   return r;
 }
 

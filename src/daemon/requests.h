@@ -178,6 +178,7 @@ struct CommitRequest {
   std::string recipe_sha256;               // "" or 64 lowercase hex digits
   std::vector<std::string> packages;       // recorded in the manifest
   bool replace = false;                    // swap out an existing image of that name
+  bool checks_pending = false;             // a recipe build's staged image (image/image.h)
 };
 
 struct ImageNameRequest {  // image_rm

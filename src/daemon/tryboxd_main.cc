@@ -90,6 +90,14 @@ int main(int argc, char** argv) {
                  "Bytes of each exec's stdout and of its stderr kept for `trybox logs`: the "
                  "first and the last half; 0 keeps none (env TRYBOX_EXEC_LOG_CAP)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  if (const char* n = std::getenv("TRYBOX_EXEC_LOG_VM_CAP"); n && *n) {
+    opts.exec_log_vm_cap = std::atoll(n);
+  }
+  app.add_option("--exec-log-vm-cap", opts.exec_log_vm_cap,
+                 "Bytes one VM's exec logs may take together; past it the logs of its oldest "
+                 "finished execs are trimmed, each leaving a note saying so; 0: no cap (env "
+                 "TRYBOX_EXEC_LOG_VM_CAP)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   int64_t retention_s = opts.retention.max_age.count();
   if (const char* n = std::getenv("TRYBOX_RETENTION_S"); n && *n) retention_s = std::atoll(n);
   app.add_option("--retention", retention_s,
@@ -148,6 +156,22 @@ int main(int argc, char** argv) {
                  "MiB of available memory (MemAvailable) a create must leave the host beside "
                  "the VM's own memory (env TRYBOX_MEMORY_RESERVE_MIB)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  if (const char* n = std::getenv("TRYBOX_MEMORY_TOTAL_MIB"); n && *n) {
+    opts.memory_total_mib = std::atoll(n);
+  }
+  app.add_option("--memory-total", opts.memory_total_mib,
+                 "MiB of host memory the VMs' memory budget starts from; 0: MemTotal (env "
+                 "TRYBOX_MEMORY_TOTAL_MIB). The budget is this less --memory-reserve, times "
+                 "--memory-overcommit; every live VM's memory size counts against it")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  if (const char* n = std::getenv("TRYBOX_MEMORY_OVERCOMMIT"); n && *n) {
+    opts.memory_overcommit = std::atof(n);
+  }
+  app.add_option("--memory-overcommit", opts.memory_overcommit,
+                 "Ratio of the VMs' memory budget to the host's memory less the reserve; 1: "
+                 "no memory is promised twice (the default), 2: twice as much, trusting the "
+                 "guests not to use it all (env TRYBOX_MEMORY_OVERCOMMIT)")
+      ->check(CLI::Range(0.1, 64.0));
   if (const char* n = std::getenv("TRYBOX_MAX_VMS"); n && *n) opts.max_vms = std::atoll(n);
   app.add_option("--max-vms", opts.max_vms,
                  "Live VMs at most (spare clones not counted); 0: no cap (env TRYBOX_MAX_VMS)")
@@ -165,17 +189,22 @@ int main(int argc, char** argv) {
   opts.agent_idle = std::chrono::seconds(agent_idle_s);
   opts.spare_demand_window = std::chrono::seconds(demand_window_s);
   // The environment's values bypass CLI11's checks.
-  if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || retention_s < 0 ||
-      opts.retention.max_vms < 0 || opts.retention.max_runs < 0 || prune_every_s < 0 ||
-      opts.disk_budget_mib < 0 || opts.disk_budget_mib > (int64_t{1} << 30) ||
-      opts.disk_reserve_mib < 0 || opts.disk_reserve_mib > (int64_t{1} << 30) ||
-      opts.memory_reserve_mib < 0 || opts.memory_reserve_mib > (int64_t{1} << 30) ||
-      opts.max_vms < 0 || opts.max_vms > (int64_t{1} << 20) || demand_window_s <= 0 ||
+  if (opts.exec_log_cap < 0 || opts.exec_log_cap > (int64_t{1} << 40) || opts.exec_log_vm_cap < 0 ||
+      opts.exec_log_vm_cap > (int64_t{1} << 50) || retention_s < 0 || opts.retention.max_vms < 0 ||
+      opts.retention.max_runs < 0 || prune_every_s < 0 || opts.disk_budget_mib < 0 ||
+      opts.disk_budget_mib > (int64_t{1} << 30) || opts.disk_reserve_mib < 0 ||
+      opts.disk_reserve_mib > (int64_t{1} << 30) || opts.memory_reserve_mib < 0 ||
+      opts.memory_reserve_mib > (int64_t{1} << 30) || opts.max_vms < 0 ||
+      opts.max_vms > (int64_t{1} << 20) || opts.memory_total_mib < 0 ||
+      opts.memory_total_mib > (int64_t{1} << 30) || !(opts.memory_overcommit >= 0.1) ||
+      !(opts.memory_overcommit <= 64.0) || demand_window_s <= 0 ||
       demand_window_s > (int64_t{1} << 30)) {
-    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_RETENTION_S "
+    std::cerr << "tryboxd: TRYBOX_EXEC_LOG_CAP must be from 0 to 2^40, TRYBOX_EXEC_LOG_VM_CAP "
+                 "from 0 to 2^50, TRYBOX_RETENTION_S "
                  "(and _VMS, _RUNS, TRYBOX_PRUNE_INTERVAL_S) not negative, TRYBOX_DISK_BUDGET_MIB "
                  "and TRYBOX_DISK_RESERVE_MIB and "
-                 "TRYBOX_MEMORY_RESERVE_MIB from 0 to 2^30, TRYBOX_MAX_VMS from 0 to 2^20, "
+                 "TRYBOX_MEMORY_RESERVE_MIB and TRYBOX_MEMORY_TOTAL_MIB from 0 to 2^30, "
+                 "TRYBOX_MEMORY_OVERCOMMIT from 0.1 to 64, TRYBOX_MAX_VMS from 0 to 2^20, "
                  "TRYBOX_SPARE_DEMAND_WINDOW_S from 1 to 2^30\n";
     return 2;
   }

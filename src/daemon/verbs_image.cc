@@ -59,16 +59,31 @@ void AddImageVerbs(VerbTable& t, ImageService& images, Services& s) {
     if (!req.ok()) return ErrorReply(req.status());
     return {{"ok", true}, {"removed", images.RemoveTemplates(req->name)}};
   });
-  t.AddUnary("image_prune", [&images](const Json&, Connection&) -> Json {
-    auto freed = images.Prune();
-    if (!freed.ok()) return ErrorReply(freed.status());
-    Json rows = Json::array();
-    uint64_t total = 0;
-    for (const auto& f : *freed) {
-      rows.push_back({{"what", f.what}, {"path", f.path}, {"bytes", f.bytes}});
-      total += f.bytes;
+  t.AddUnary("image_prune", [&images](const Json& j, Connection&) -> Json {
+    PruneOptions opts;
+    const std::pair<const char*, bool*> flags[] = {{"dry_run", &opts.dry_run},
+                                                   {"all", &opts.rootfs_cache}};
+    for (auto [key, flag] : flags) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_boolean())
+        return ErrorReply(InvalidArgument(std::string(key) + ": not a boolean"));
+      *flag = j[key].get<bool>();
     }
-    return {{"ok", true}, {"freed", rows}, {"bytes", total}};
+    auto pruned = images.Prune(opts);
+    if (!pruned.ok()) return ErrorReply(pruned.status());
+    auto rows = [](const std::vector<Freed>& list, uint64_t* total) {
+      Json out = Json::array();
+      for (const auto& f : list) {
+        out.push_back({{"what", f.what}, {"path", f.path}, {"bytes", f.bytes}});
+        *total += f.bytes;
+      }
+      return out;
+    };
+    uint64_t freed = 0, kept = 0;
+    Json freed_rows = rows(pruned->freed, &freed);
+    Json kept_rows = rows(pruned->kept, &kept);
+    return {{"ok", true},     {"dry_run", opts.dry_run}, {"freed", freed_rows},
+            {"bytes", freed}, {"kept", kept_rows},       {"kept_bytes", kept}};
   });
 }
 

@@ -82,7 +82,18 @@ Json Doctor(Services& s, bool probe) {
       unwell.push_back({{"id", v.id}, {"state", v.state}, {"note", v.note}, {"pid", v.pid}});
     }
   }
+  Json memory = nullptr;
+  if (const Admission* adm = s.vms.admission()) {
+    Admission::Memory m = adm->Describe();
+    int64_t promised = 0;
+    for (const auto& v : s.vms.List()) promised += v.memory_mib;
+    memory = {{"total_mib", m.total_mib},        {"total_from_setting", m.total_from_setting},
+              {"reserve_mib", m.reserve_mib},    {"overcommit", m.overcommit},
+              {"budget_mib", m.budget_mib},      {"promised_mib", promised + m.booting_mib},
+              {"available_mib", m.available_mib}};
+  }
   return {{"ok", true},
+          {"memory", memory},
           {"unwell_vms", unwell},
           {"accel", accel},
           {"qemu", qv.ok() ? *qv : qv.status().message()},

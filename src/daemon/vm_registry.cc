@@ -24,6 +24,22 @@ std::optional<uint64_t> VmEntry::HostFreeBytes() const {
   return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
+bool VmEntry::MarkDamaged(const std::string& note) {
+  MutexLock lock(mu_);
+  if (record_.state == "dead" || !damage_.empty() || note.empty()) return false;
+  damage_ = note;
+  if (condition_.load() == Condition::kRunning) {
+    record_.state = "damaged";
+    record_.note = note;
+  }
+  return true;
+}
+
+std::string VmEntry::damage() const {
+  MutexLock lock(mu_);
+  return damage_;
+}
+
 std::string VmEntry::host_no_space() const {
   auto free = HostFreeBytes();
   if (!free || *free >= kHostFullBytes) return "";
@@ -51,6 +67,10 @@ bool VmEntry::SetCondition(Condition c, const std::string& note) {
     condition_ = c;
     record_.state = ConditionName(c);
     record_.note = note;
+    if (c == Condition::kRunning && !damage_.empty()) {
+      record_.state = "damaged";
+      record_.note = damage_;
+    }
     if (c != Condition::kRunning) {
       for (const auto& w : streams_) {
         if (auto s = w.lock()) wake.push_back(std::move(s));

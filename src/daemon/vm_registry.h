@@ -42,6 +42,13 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   bool unresponsive() const override { return condition_.load() != Condition::kRunning; }
   // Under kHostFullBytes free on the file system of the VM's directory.
   std::string host_no_space() const override;
+  std::string host_disk_damage() const override { return damage(); }
+  // The host's disk failed some of the VM's writes (Vm::FailedHostWrites): the guest saw
+  // I/O errors and its file systems may have gone read-only for good. Shown as the state
+  // "damaged" with `note` (the reason and how to get files out) while the VM is otherwise
+  // running; execs and copies still run. False if already damaged or dead.
+  bool MarkDamaged(const std::string& note) EXCLUDES(mu_);
+  std::string damage() const EXCLUDES(mu_);
   // Free bytes on the file system of the VM's directory (nullopt if statvfs fails).
   std::optional<uint64_t> HostFreeBytes() const;
   static constexpr uint64_t kHostFullBytes = uint64_t{4} << 20;
@@ -118,6 +125,7 @@ class VmEntry : public GuestChannel, private TransferDiskPort {
   std::map<std::string, std::string> image_env_;
   mutable Mutex mu_;
   store::VmRecord record_ GUARDED_BY(mu_);
+  std::string damage_ GUARDED_BY(mu_);
   std::vector<std::weak_ptr<channel::Stream>> streams_ GUARDED_BY(mu_);
 };
 

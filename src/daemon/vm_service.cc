@@ -78,7 +78,11 @@ Result<CreatedVm> VmService::Create(const CreateRequest& req, const Progress& pr
   // Held until the VM is registered or gone: creates still booting count against the limits.
   std::optional<Admission::Ticket> admitted;
   if (admission_) {
-    ASSIGN_OR_RETURN(auto ticket, admission_->Admit(req.memory_mib, registry_.size()));
+    int64_t promised = 0;
+    auto live = registry_.All();
+    for (const auto& vm : live) promised += vm->record().memory_mib;
+    ASSIGN_OR_RETURN(auto ticket, admission_->Admit(req.memory_mib,
+                                                    static_cast<int64_t>(live.size()), promised));
     admitted.emplace(std::move(ticket));
   }
 
@@ -191,6 +195,21 @@ void VmService::NoteCondition(VmEntry& vm, VmEntry::Condition c, const std::stri
   }
 }
 
+void VmService::NoteDamage(VmEntry& vm, int64_t failed_writes) {
+  auto free = vm.HostFreeBytes();
+  const std::string note =
+      std::to_string(failed_writes) +
+      " of its disk writes failed on the host: the host's file system under " +
+      vm.vm().config().vm_dir + " filled (" +
+      (free ? std::to_string(*free >> 20) + " MiB free now" : std::string("free space unknown")) +
+      "), and the guest saw each as an I/O error; its file systems may have gone read-only "
+      "and stay so now that there is room. Files can still be read out (trybox cp " +
+      vm.id() + ":PATH ., trybox collect " + vm.id() + "); then destroy it (trybox rm " + vm.id() +
+      ") and start a new VM";
+  if (!vm.MarkDamaged(note)) return;
+  LogError("daemon", "VM " + vm.id() + " is damaged: " + note);
+}
+
 Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
   ASSIGN_OR_RETURN(auto e, Get(id));
   if (!registry_.Remove(id)) {
@@ -206,7 +225,8 @@ Result<vmm::DestroyReport> VmService::Destroy(const std::string& id) {
 std::vector<DiskUse> VmService::DiskUses() const {
   std::vector<DiskUse> out;
   for (auto& e : registry_.All()) {
-    out.push_back({e->id(), DiskBudget::VmBytes(e->vm().config().vm_dir)});
+    // Its exec logs are its writes on the host too (docs/store.md, "Exec logs").
+    out.push_back({e->id(), DiskBudget::VmBytes(e->vm().config().vm_dir) + logs_.VmBytes(e->id())});
   }
   return out;
 }
@@ -217,7 +237,8 @@ std::vector<std::string> VmService::EnforceDiskBudget() {
   while (auto over = disks_.OverBudget(DiskUses())) {
     auto e = registry_.Find(over->vm_id);
     if (!e || !registry_.Remove(over->vm_id)) break;  // gone meanwhile, or being destroyed
-    const std::string why = "destroyed by tryboxd: its disks took " + FormatMiB(over->bytes) +
+    const std::string why = "destroyed by tryboxd: its disks and exec logs took " +
+                            FormatMiB(over->bytes) +
                             " on the host, past the host-wide disk budget of " +
                             FormatMiB(disks_.budget()) + " (tryboxd --disk-budget)";
     LogError("daemon", "VM " + over->vm_id + " " + why);

@@ -130,6 +130,8 @@ class VmService {
   // Memory and VM-count admission for creates (admission.h); none when never set. Set
   // before serving.
   void SetAdmission(Admission* admission) { admission_ = admission; }
+  // Null before SetAdmission.
+  const Admission* admission() const { return admission_; }
   size_t LiveVms() const { return registry_.size(); }
 
   // Marks the VM dead in the store once, if it has died.
@@ -137,6 +139,10 @@ class VmService {
   // The heartbeat's verdict on a VM (heartbeat.h): shown in its record and logged. Execs
   // waiting on a guest that stopped answering end as guest_unresponsive.
   void NoteCondition(VmEntry& vm, VmEntry::Condition c, const std::string& note);
+  // The heartbeat found `failed_writes` of the VM's disk writes failed on the host: the VM
+  // is marked damaged (VmEntry::MarkDamaged), with the reason and the way to get files out,
+  // and logged (docs/reliability.md, "A full disk").
+  void NoteDamage(VmEntry& vm, int64_t failed_writes);
 
   // Where images live (read-only use: the agent's prompt describes a run's image).
   const std::string& images_dir() const { return images_dir_; }

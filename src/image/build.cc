@@ -250,13 +250,32 @@ Result<AptSources> FindAptSources(const std::string& apt_dir, const std::string&
                   "/*.sources, *.list or " + apt_dir + "/sources.list");
 }
 
-std::vector<std::string> RemoveStaleBuilds(const std::string& dir) {
-  std::vector<std::string> removed;
+namespace {
+
+uint64_t TreeDiskBytes(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  uint64_t total = static_cast<uint64_t>(st.st_blocks) * 512;
+  if (!S_ISDIR(st.st_mode)) return total;
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return total;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") total += TreeDiskBytes(path + "/" + n);
+  }
+  ::closedir(d);
+  return total;
+}
+
+// Leftovers in `dir` whose process is gone and under which nothing is mounted.
+std::vector<std::string> DeadLeftovers(const std::string& dir) {
+  std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return removed;
+  if (d == nullptr) return out;
   std::vector<std::string> names;
   while (struct dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
   ::closedir(d);
+  std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     std::optional<pid_t> pid = LeftoverPid(name);
     if (!pid || ProcessExists(*pid)) continue;
@@ -265,6 +284,27 @@ std::vector<std::string> RemoveStaleBuilds(const std::string& dir) {
       LogWarn("image", "not removing " + path + ": something is still mounted under it");
       continue;
     }
+    out.push_back(path);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<StaleBuild> FindStaleBuilds(const std::string& dir) {
+  std::vector<StaleBuild> out;
+  for (std::string& path : DeadLeftovers(dir)) {
+    uint64_t bytes = TreeDiskBytes(path);
+    out.push_back({std::move(path), bytes});
+  }
+  return out;
+}
+
+std::vector<std::string> RemoveStaleBuilds(const std::string& dir) {
+  std::vector<std::string> removed;
+  for (const std::string& path : DeadLeftovers(dir)) {
+    // A frozen `.build-` directory is 0555: opened up so that a non-root daemon can empty it.
+    (void)::chmod(path.c_str(), 0755);
     if (RemoveTree(path).ok()) removed.push_back(path);
   }
   return removed;

@@ -67,4 +67,12 @@ Status InstallImageDir(const std::string& images_root, const std::string& name,
 // alone with a warning rather than recursed into. Returns the paths removed.
 std::vector<std::string> RemoveStaleBuilds(const std::string& dir);
 
+// What RemoveStaleBuilds would remove in DIR, with the bytes each takes on disk (a
+// killed commit's `.build-NAME-PID` holds a whole layer: 377 MB measured), nothing removed.
+struct StaleBuild {
+  std::string path;
+  uint64_t bytes = 0;
+};
+std::vector<StaleBuild> FindStaleBuilds(const std::string& dir);
+
 }  // namespace trybox::image

@@ -178,3 +178,29 @@ TEST_F(BuildTest, TheScratchPartIsTheSameBytesOnEveryBuild) {
 
 }  // namespace
 }  // namespace trybox::image
+
+namespace trybox::image {
+namespace {
+
+// Issue 51.9: what prune reports before removing, with the bytes on disk.
+TEST_F(BuildTest, FindStaleBuildsMeasuresWithoutRemoving) {
+  std::string dead = std::to_string(DeadPid());
+  std::string d = tmp_->path() + "/images2";
+  ASSERT_TRUE(MakeDirs(d + "/.build-img-" + dead).ok());
+  ASSERT_TRUE(MakeDirs(d + "/.build-img-" + std::to_string(::getpid())).ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(d + "/.build-img-" + dead + "/layer-1.ext4", std::string(1 << 20, 'x'), 0444)
+          .ok());
+  ASSERT_EQ(::chmod((d + "/.build-img-" + dead).c_str(), 0555), 0);
+  std::vector<StaleBuild> found = FindStaleBuilds(d);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].path, d + "/.build-img-" + dead);
+  EXPECT_GE(found[0].bytes, uint64_t{1} << 20);
+  struct stat st;
+  EXPECT_EQ(::stat(found[0].path.c_str(), &st), 0);
+  EXPECT_EQ(RemoveStaleBuilds(d), (std::vector<std::string>{found[0].path}));
+  EXPECT_NE(::stat(found[0].path.c_str(), &st), 0);
+}
+
+}  // namespace
+}  // namespace trybox::image

@@ -69,6 +69,7 @@ Status Derive(const DeriveOptions& opts, Manifest* out) {
   m.vm = opts.vm;
   m.recipe = opts.recipe;
   m.recipe_sha256 = opts.recipe_sha256;
+  m.checks_pending = opts.checks_pending;  // never inherited from the parent
   for (const std::string& p : opts.packages) {
     if (std::find(m.packages.begin(), m.packages.end(), p) == m.packages.end()) {
       m.packages.push_back(p);

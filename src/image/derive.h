@@ -30,6 +30,7 @@ struct DeriveOptions {
   nlohmann::json recipe;  // null or an object
   std::string recipe_sha256;
   std::vector<std::string> packages;  // appended to the parent's (those not listed yet)
+  bool checks_pending = false;        // Manifest::checks_pending
   // Writes the new layer as a finished ext4 at `path` (which does not exist yet). Called
   // with the lock held, once the parent is verified and its parts are linked in.
   std::function<Status(const std::string& path)> write_layer;

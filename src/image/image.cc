@@ -159,6 +159,10 @@ Status ParseDerived(const Json& j, Manifest* m) {
   if (!m->recipe_sha256.empty() && !IsSha256Hex(m->recipe_sha256)) {
     return Malformed("recipe_sha256 is neither empty nor 64 lowercase hex digits");
   }
+  if (auto pending = j.find("checks_pending"); pending != j.end()) {
+    if (!pending->is_boolean()) return Malformed("field 'checks_pending' is not a boolean");
+    m->checks_pending = pending->get<bool>();
+  }
   return Status::Ok();
 }
 
@@ -235,6 +239,7 @@ std::string ManifestToJson(const Manifest& m) {
     j["vm"] = m.vm;
     j["recipe"] = m.recipe;
     j["recipe_sha256"] = m.recipe_sha256;
+    if (m.checks_pending) j["checks_pending"] = true;
   }
   j["files"] = files;
   return j.dump(2) + "\n";

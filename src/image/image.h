@@ -84,6 +84,10 @@ struct Manifest {
   std::string vm;                          // the VM it was committed from
   nlohmann::json recipe;                   // null, or the recipe object as given
   std::string recipe_sha256;               // "" or 64 lowercase hex digits
+  // Format 2: committed by a recipe build before its checks ran (a staged image). Such an
+  // image boots (its checks run in it) but is never listed and never counts as built; the
+  // image that passed them is committed again without it. Written only when true.
+  bool checks_pending = false;
 
   bool operator==(const Manifest&) const = default;
 };

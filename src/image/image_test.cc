@@ -481,3 +481,45 @@ TEST_F(DerivedImageTest, MalformedChainNamesTheProblem) {
 
 }  // namespace
 }  // namespace trybox::image
+
+namespace trybox::image {
+namespace {
+
+// Issue 51.3: a recipe build's staged image carries checks_pending, which survives its
+// manifest and is never inherited by an image committed from it.
+TEST_F(DerivedImageTest, ChecksPendingIsRecordedAndNeverInherited) {
+  MakeImage("base");
+  DeriveOptions o;
+  o.images_root = root_;
+  o.parent = "base";
+  o.name = "staged";
+  o.vm = "vm1";
+  o.checks_pending = true;
+  o.write_layer = [](const std::string& path) { return WriteFileAtomic(path, "layer", 0644); };
+  auto staged = DeriveImage(o);
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  EXPECT_TRUE(staged->checks_pending);
+  auto read = ReadManifest(root_ + "/staged");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(read->checks_pending);
+  EXPECT_NE(ReadFileToString(root_ + "/staged/manifest.json")->find("\"checks_pending\": true"),
+            std::string::npos);
+  o.parent = "staged";
+  o.name = "child";
+  o.checks_pending = false;
+  auto child = DeriveImage(o);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  EXPECT_FALSE(child->checks_pending);
+  // Written only when true: other manifests keep their bytes.
+  EXPECT_EQ(ReadFileToString(root_ + "/child/manifest.json")->find("checks_pending"),
+            std::string::npos);
+  auto bad = ReadFileToString(root_ + "/staged/manifest.json");
+  std::string text = *bad;
+  text.replace(text.find("\"checks_pending\": true"), 22, "\"checks_pending\": 1");
+  auto parsed = ParseManifest(text);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("checks_pending"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trybox::image

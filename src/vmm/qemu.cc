@@ -724,6 +724,23 @@ Result<std::string> Vm::RunState(std::chrono::steady_clock::time_point deadline)
   return st["status"].get<std::string>();
 }
 
+Result<int64_t> Vm::FailedHostWrites(std::chrono::steady_clock::time_point deadline) {
+  if (!alive()) return Unavailable("the guest is gone: " + death_reason());
+  auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", deadline);
+  if (!qmp.ok()) return qmp.status().Annotate("ask QEMU for its block statistics");
+  ASSIGN_OR_RETURN(Json list, qmp->Execute("query-blockstats"));
+  if (!list.is_array()) return Internal("QEMU's query-blockstats reply is not an array");
+  int64_t failed = 0;
+  for (const Json& dev : list) {
+    if (!dev.is_object() || !dev.contains("stats") || !dev["stats"].is_object()) continue;
+    const Json& s = dev["stats"];
+    for (const char* k : {"failed_wr_operations", "failed_flush_operations"}) {
+      if (s.contains(k) && s[k].is_number_integer()) failed += s[k].get<int64_t>();
+    }
+  }
+  return failed;
+}
+
 Status Vm::Resume(std::chrono::steady_clock::time_point deadline) {
   if (!alive()) return Unavailable("the guest is gone: " + death_reason());
   auto qmp = Qmp::Connect(config_.vm_dir + "/qmp.sock", deadline);

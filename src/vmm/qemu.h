@@ -215,6 +215,10 @@ class Vm {
   Result<std::string> RunState(std::chrono::steady_clock::time_point deadline);
   // Resumes a VM QEMU paused (QMP cont).
   Status Resume(std::chrono::steady_clock::time_point deadline);
+  // Writes and flushes of the guest's writable drives that failed on the host since QEMU
+  // started (QMP query-blockstats: failed_wr_operations + failed_flush_operations): with
+  // werror=report each was an I/O error in the guest, caused by the host (a full disk).
+  Result<int64_t> FailedHostWrites(std::chrono::steady_clock::time_point deadline);
 
   // Kills QEMU, waits for it, removes sockets and the directory, and reports what it saw.
   // Idempotent: a second call returns the first report. `why`, when given, is the guest's
