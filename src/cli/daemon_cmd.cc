@@ -149,9 +149,9 @@ Result<std::string> RenderDaemonStatus(const Json& reply) {
                   static_cast<long long>(budget), ratio.is_number() ? ratio.get<double>() : 1.0);
     out += "admission: " + std::string(line) + std::to_string(reserve) + " MiB memory reserve, " +
            (max_vms > 0 ? "at most " + std::to_string(max_vms) + " VMs" : "no VM cap") + "\n";
-    ASSIGN_OR_RETURN(int64_t budget, limits->IntOr("disk_budget_mib", 0, 0));
+    ASSIGN_OR_RETURN(int64_t disk_budget, limits->IntOr("disk_budget_mib", 0, 0));
     ASSIGN_OR_RETURN(int64_t disk_reserve, limits->IntOr("disk_reserve_mib", 0, 0));
-    out += "disk: " + std::to_string(budget) + " MiB budget for the VMs' disks, " +
+    out += "disk: " + std::to_string(disk_budget) + " MiB budget for the VMs' disks, " +
            std::to_string(disk_reserve) + " MiB kept free for creates\n";
   }
   ASSIGN_OR_RETURN(auto retention, r.OptionalObject("retention"));
