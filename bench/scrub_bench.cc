@@ -236,8 +236,10 @@ int main(int argc, char** argv) {
     double sc = Pct(scrubbed_cpu, 50), bc = Pct(baseline_cpu, 50);
     // Payload MB/s: the decoded body for gzip (what the guest gets when scrubbed).
     std::printf(
-        "  %-15s scrubbed %8.1f MB/s   baseline %8.1f MB/s   ratio %.2f   (%zu / %zu bytes)\n",
-        c.name, bytes / 1e3 / s, bytes / 1e3 / b, s / b, got_s, got_b);
+        "  %-15s scrubbed %8.1f MB/s   baseline %8.1f MB/s   ratio %.2f   (%zu / %zu bytes);"
+        " CPU: scrubbed %8.1f MB/s   baseline %8.1f MB/s\n",
+        c.name, bytes / 1e3 / s, bytes / 1e3 / b, s / b, got_s, got_b,
+        sc > 0 ? bytes / 1e3 / sc : 0.0, bc > 0 ? bytes / 1e3 / bc : 0.0);
   }
   return 0;
 }

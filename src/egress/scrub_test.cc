@@ -227,7 +227,9 @@ TEST_F(ScrubTest, EverySplitPointOfAStreamGivesTheSameAsTheWholeText) {
           s.Feed(text, &whole);
           s.Finish(&whole);
         }
-        if (fit) EXPECT_EQ(whole.size(), text.size()) << form;
+        if (fit) {
+          EXPECT_EQ(whole.size(), text.size()) << form;
+        }
         EXPECT_EQ(whole.find(form), std::string::npos);
         for (size_t cut = 0; cut <= text.size(); ++cut) {
           ScrubStream s(scrub_, fit);

@@ -157,7 +157,7 @@ class ReflectingOrigin {
       // The value split in the middle, across two chunks sent apart.
       std::string text = "data: " + token + "\n\n";
       size_t cut = 6 + token.size() / 2;
-      char size[16];
+      char size[24];
       (void)t.Write(
           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
           "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
