@@ -37,7 +37,9 @@ Status AdmitVm(const AdmissionLimits& limits, const AdmissionLoad& load, int64_t
           std::to_string(budget) + " MiB (" + std::to_string(total) + " MiB of host memory" +
           (limits.memory_total_mib > 0 ? " as set by tryboxd --memory-total" : "") +
           " less the reserve of " + std::to_string(limits.memory_reserve_mib) +
-          " MiB, times the overcommit ratio " + ratio +
+          " MiB (tryboxd --memory-reserve, TRYBOX_MEMORY_RESERVE_MIB), times the overcommit "
+          "ratio " +
+          ratio +
           ": tryboxd --memory-overcommit, TRYBOX_MEMORY_OVERCOMMIT); ask for less memory "
           "(--memory) or destroy a VM");
     }
