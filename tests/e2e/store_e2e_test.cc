@@ -137,10 +137,13 @@ TEST(StoreE2E, PruneRemovesEachKindOfLeftoverAndNeverALiveVms) {
   EXPECT_EQ(d["rows"]["execs"], 1) << dry.out;
   EXPECT_EQ(d["rows"]["egress"], 2) << dry.out;
   EXPECT_EQ(d["rows"]["agent_runs"], 1) << dry.out;
-  EXPECT_EQ(d["dirs"]["exec_logs"], 2) << dry.out;  // the pruned VM's, one with no record
+  EXPECT_EQ(d["dirs"]["exec_logs"], 1) << dry.out;  // the pruned VM's
+  // The logs of a VM the store does not know are its only trace: moved aside, never deleted
+  // (issue 51.18), so not counted in the bytes freed.
+  EXPECT_EQ(d["dirs"]["exec_logs_moved_aside"], 1) << dry.out;
   EXPECT_EQ(d["dirs"]["run_dirs"], 1) << dry.out;
   EXPECT_EQ(d["dirs"]["collect_leftovers"], 2) << dry.out;
-  EXPECT_GE(d["bytes"].get<int64_t>(), 400000) << dry.out;
+  EXPECT_GE(d["bytes"].get<int64_t>(), 300000) << dry.out;
   // Nothing removed by the dry run.
   EXPECT_TRUE(fs::exists(state + "/execs/" + ids[0]));
   EXPECT_TRUE(fs::exists(state + "/runs/oldrun"));
@@ -153,6 +156,7 @@ TEST(StoreE2E, PruneRemovesEachKindOfLeftoverAndNeverALiveVms) {
   EXPECT_NE(real.out.find("egress rows:   2"), std::string::npos) << real.out;
   EXPECT_FALSE(fs::exists(state + "/execs/" + ids[0]));
   EXPECT_FALSE(fs::exists(state + "/execs/ba9876543210"));
+  EXPECT_TRUE(fs::exists(state + "/execs-unrecorded/ba9876543210/f"));
   EXPECT_FALSE(fs::exists(state + "/runs/oldrun"));
   EXPECT_FALSE(fs::exists(state + "/runs/newrun/collected"));
   EXPECT_FALSE(fs::exists(state + "/collect/0123456789ab-x1"));
