@@ -247,6 +247,27 @@ Status CreateNew(const std::string& path) {
   return st;
 }
 
+// What `PRAGMA quick_check(5)` reports beyond "ok", joined by "; " (or why it could not run);
+// empty when the store is whole.
+std::string QuickCheckProblems(sqlite3* db) {
+  Stmt check(db, "PRAGMA quick_check(5)");
+  Status prep = check.prepared();
+  std::string problems;
+  for (;;) {
+    if (!prep.ok()) break;
+    auto row = check.Step();
+    if (!row.ok()) {
+      prep = row.status();
+      break;
+    }
+    if (!*row) break;
+    std::string line = check.Text(0);
+    if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+  }
+  if (!prep.ok()) problems = prep.message();
+  return problems;
+}
+
 }  // namespace
 
 int LatestSchemaVersion() { return kMigrations[std::size(kMigrations) - 1].version; }
@@ -323,25 +344,8 @@ Result<OpenedDb> OpenChecked(const std::string& path) {
       return fail(Refuse(path, "is damaged (" + app_id.status().message() + ")"));
     return fail(app_id.status().Annotate("read store " + path));
   }
-  {
-    Stmt check(db, "PRAGMA quick_check(5)");
-    Status prep = check.prepared();
-    std::string problems;
-    for (;;) {
-      if (!prep.ok()) break;
-      auto row = check.Step();
-      if (!row.ok()) {
-        prep = row.status();
-        break;
-      }
-      if (!*row) break;
-      std::string line = check.Text(0);
-      if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
-    }
-    if (!prep.ok()) problems = prep.message();
-    if (!problems.empty()) {
-      return fail(Refuse(path, "is damaged: PRAGMA quick_check found: " + problems));
-    }
+  if (std::string problems = QuickCheckProblems(db); !problems.empty()) {
+    return fail(Refuse(path, "is damaged: PRAGMA quick_check found: " + problems));
   }
   ASSIGN_OR_RETURN(int64_t version, PragmaInt(db, "user_version"));
   if (*app_id != kApplicationId) {
@@ -377,23 +381,7 @@ Status QuickCheck(const std::string& path) {
     return FailedPrecondition("the store " + path + " cannot be opened: " + msg);
   }
   (void)sqlite3_busy_timeout(db, 5000);
-  std::string problems;
-  {
-    Stmt check(db, "PRAGMA quick_check(5)");
-    Status prep = check.prepared();
-    for (;;) {
-      if (!prep.ok()) break;
-      auto row = check.Step();
-      if (!row.ok()) {
-        prep = row.status();
-        break;
-      }
-      if (!*row) break;
-      std::string line = check.Text(0);
-      if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
-    }
-    if (!prep.ok()) problems = prep.message();
-  }
+  const std::string problems = QuickCheckProblems(db);
   sqlite3_close_v2(db);
   if (problems.empty()) return Status::Ok();
   return FailedPrecondition("the store " + path +
